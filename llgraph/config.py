@@ -1,0 +1,382 @@
+"""Typed, frozen model config for Llama-family decoders, and its three sources.
+
+`load_config(ref)` accepts llgraph's own JSON, an HF `config.json` (auto-detected), a GGUF file, or the name of a
+bundled preset (`8b.json`, `smollm2-135m`, ...). Every problem is a `ConfigError` with one line naming the field and
+the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
+ROPE_LAYOUTS = ("half", "interleaved")
+PRESET_DIR = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config that cannot describe a model; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding. `layout` says how pairs are formed: "half" rotates (x[i], x[i + d/2]) as HF does,
+    "interleaved" rotates (x[2i], x[2i+1]) as Meta's complex-pair code and GGUF checkpoints do."""
+
+    theta: float = 10000.0
+    type: str = "default"
+    layout: str = "half"
+    rotary_dim: int | None = None  # None: the whole head_dim; else the first rotary_dim dims (partial rotary)
+    factor: float = 1.0  # linear / ntk / dynamic / yarn / llama3
+    original_max_position_embeddings: int | None = None  # llama3, yarn; dynamic's threshold
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn: None derives it from factor / mscale
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int | None = None  # None: = num_heads (MHA)
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name: str = "llama"
+
+    def __post_init__(self):
+        # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
+        if isinstance(self.rope, dict):
+            object.__setattr__(self, "rope", _build(RopeConfig, self.rope, "rope."))
+        if isinstance(self.eos_token_ids, int):
+            object.__setattr__(self, "eos_token_ids", (self.eos_token_ids,))
+        object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        _positive(self, "num_heads")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ConfigError(
+                    f"hidden_size ({self.hidden_size}) is not divisible by num_heads ({self.num_heads}); "
+                    "set head_dim explicitly")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.rope.rotary_dim is None:
+            object.__setattr__(self, "rope", dataclasses.replace(self.rope, rotary_dim=self.head_dim))
+        self._validate()
+
+    def _validate(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings"):
+            _positive(self, name)
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_heads ({self.num_heads}) must be divisible by num_kv_heads ({self.num_kv_heads})")
+        if not self.rms_norm_eps > 0:
+            raise ConfigError(f"rms_norm_eps ({self.rms_norm_eps}) must be > 0")
+        r = self.rope
+        if r.type not in ROPE_TYPES:
+            raise ConfigError(f"rope.type '{r.type}' is unknown; use one of {', '.join(ROPE_TYPES)}")
+        if r.layout not in ROPE_LAYOUTS:
+            raise ConfigError(f"rope.layout '{r.layout}' is unknown; use 'half' (HF) or 'interleaved' (Meta/GGUF)")
+        if not r.theta > 0:
+            raise ConfigError(f"rope.theta ({r.theta}) must be > 0")
+        if r.rotary_dim <= 0 or r.rotary_dim % 2 or r.rotary_dim > self.head_dim:
+            raise ConfigError(f"rope.rotary_dim ({r.rotary_dim}) must be even and in 2..head_dim ({self.head_dim})")
+        if r.type != "default" and not r.factor > 0:
+            raise ConfigError(f"rope.factor ({r.factor}) must be > 0 for rope.type '{r.type}'")
+        if r.type in ("llama3", "yarn") and not r.original_max_position_embeddings:
+            raise ConfigError(f"rope.type '{r.type}' needs rope.original_max_position_embeddings")
+        if r.type == "llama3" and not r.high_freq_factor > r.low_freq_factor:
+            raise ConfigError(f"rope.high_freq_factor ({r.high_freq_factor}) must exceed "
+                              f"rope.low_freq_factor ({r.low_freq_factor})")
+        for t in (self.bos_token_id, *self.eos_token_ids):
+            if t is not None and not 0 <= t < self.vocab_size:
+                raise ConfigError(f"special token id {t} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    # -- derived sizes --------------------------------------------------------------------------------------------
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def param_count(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        attn += (self.q_size + 2 * self.kv_size + h) if self.attention_bias else 0
+        mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
+        per_layer = attn + mlp + 2 * h
+        return v * h * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + h
+
+    def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        return 2 * self.num_layers * self.kv_size * dtype_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _positive(cfg, name):
+    v = getattr(cfg, name)
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ConfigError(f"{name} ({v!r}) must be a positive integer")
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a JSON object, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        hint = ", ".join(prefix + k for k in unknown)
+        raise ConfigError(f"unknown config key(s) {hint}; known keys are {', '.join(sorted(known))}")
+    try:
+        return cls(**data)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"{prefix}{e}".replace("__init__() ", "")) from None
+
+
+# -- sources ---------------------------------------------------------------------------------------------------------
+
+def from_dict(data: dict) -> LlamaConfig:
+    """llgraph's own JSON (the fields of LlamaConfig), or an HF config.json when it looks like one."""
+    if _looks_like_hf(data):
+        return from_hf_dict(data)
+    return _build(LlamaConfig, data)
+
+
+def _looks_like_hf(data: dict) -> bool:
+    return isinstance(data, dict) and ("num_attention_heads" in data or "model_type" in data)
+
+
+_HF_LLAMA_TYPES = ("llama", "mistral")
+# HF keys that carry no semantics for inference of a Llama block (training or bookkeeping).
+_HF_IGNORED = {
+    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range",
+    "pad_token_id", "pretraining_tp", "hidden_act", "_name_or_path", "attention_dropout", "auto_map",
+    "quantization_config", "sliding_window", "is_llama_config", "rope_interleaved", "transformers.js_config",
+    "output_attentions", "output_hidden_states", "return_dict", "tie_word_embeddings", "bos_token_id",
+    "eos_token_id", "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "max_window_layers",
+    "use_sliding_window",
+}
+
+
+def from_hf_dict(d: dict) -> LlamaConfig:
+    mt = d.get("model_type", "llama")
+    if mt not in _HF_LLAMA_TYPES:
+        raise ConfigError(f"model_type '{mt}' is not a Llama-family decoder; llgraph supports {_HF_LLAMA_TYPES}")
+    act = d.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ConfigError(f"hidden_act '{act}' is not supported; the Llama MLP is SwiGLU (hidden_act 'silu')")
+    if d.get("sliding_window") and d.get("use_sliding_window", True) and mt == "mistral":
+        raise ConfigError("sliding_window attention is not supported; set sliding_window to null")
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ConfigError(f"HF config is missing {', '.join(missing)}")
+    eos = d.get("eos_token_id")
+    return LlamaConfig(
+        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
+        num_layers=d["num_hidden_layers"], num_heads=d["num_attention_heads"],
+        num_kv_heads=d.get("num_key_value_heads"), head_dim=d.get("head_dim"),
+        rms_norm_eps=d.get("rms_norm_eps", 1e-6), max_position_embeddings=d.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        attention_bias=bool(d.get("attention_bias", False)), mlp_bias=bool(d.get("mlp_bias", False)),
+        rope=_hf_rope(d, d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]),
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_ids=() if eos is None else (tuple(eos) if isinstance(eos, list) else (eos,)),
+        name=d.get("_name_or_path") or mt,
+    )
+
+
+def _hf_rope(d: dict, head_dim: int) -> RopeConfig:
+    """transformers 4.x spells it `rope_theta` + `rope_scaling`; 5.x `rope_parameters` (theta inside)."""
+    params = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", d.get("rope_theta", 10000.0))
+    rtype = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    partial = params.pop("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    if rtype not in ROPE_TYPES:
+        raise ConfigError(f"rope type '{rtype}' is unknown; llgraph supports {', '.join(ROPE_TYPES)}")
+    known = {f.name for f in dataclasses.fields(RopeConfig)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ConfigError(f"rope parameter(s) {', '.join(unknown)} are not supported for rope type '{rtype}'")
+    if rtype == "dynamic":  # transformers' dynamic NTK scales past max_position_embeddings
+        params["original_max_position_embeddings"] = d.get("max_position_embeddings", 2048)
+    if rtype == "yarn" and params.get("factor") is None and params.get("original_max_position_embeddings"):
+        params["factor"] = d["max_position_embeddings"] / params["original_max_position_embeddings"]
+    params = {k: v for k, v in params.items() if v is not None}
+    layout = "interleaved" if d.get("rope_interleaved") else "half"
+    return _build(RopeConfig, dict(params, theta=theta, type=rtype, layout=layout,
+                                   rotary_dim=int(head_dim * partial)), "rope.")
+
+
+def from_gguf(path: str | Path) -> LlamaConfig:
+    """Config from a GGUF file's metadata. GGUF stores Q/K rows for interleaved RoPE, so layout='interleaved'."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path), "r")
+    arch = _gguf_value(r, "general.architecture")
+    if arch != "llama":
+        raise ConfigError(f"GGUF architecture '{arch}' is not supported; llgraph reads 'llama' GGUF files")
+
+    def get(key, default=None):
+        v = _gguf_value(r, f"llama.{key}")
+        return default if v is None else v
+
+    n_head = get("attention.head_count")
+    hidden = get("embedding_length")
+    tokens = r.fields.get("tokenizer.ggml.tokens")
+    vocab = get("vocab_size") or (len(tokens.data) if tokens is not None else None)
+    tensor_names = {t.name for t in r.tensors}
+    scaling = get("rope.scaling.type", "none")
+    rope = dict(theta=float(get("rope.freq_base", 10000.0)), layout="interleaved",
+                rotary_dim=get("rope.dimension_count"))
+    if scaling == "linear":
+        rope.update(type="linear", factor=float(get("rope.scaling.factor")))
+    elif scaling == "yarn":
+        rope.update(type="yarn", factor=float(get("rope.scaling.factor")),
+                    original_max_position_embeddings=get("rope.scaling.original_context_length"))
+    elif scaling not in ("none", None):
+        raise ConfigError(f"GGUF rope.scaling.type '{scaling}' is not supported")
+    eos = _gguf_value(r, "tokenizer.ggml.eos_token_id")
+    return LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
+        num_layers=get("block_count"), num_heads=n_head, num_kv_heads=get("attention.head_count_kv", n_head),
+        head_dim=get("attention.key_length") or hidden // n_head,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=get("context_length", 2048),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        rope=RopeConfig(**{k: v for k, v in rope.items() if v is not None}),
+        bos_token_id=_gguf_value(r, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (eos,),
+        name=_gguf_value(r, "general.name") or "gguf",
+    )
+
+
+def _gguf_value(reader, key):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    v = f.contents()
+    return v.item() if hasattr(v, "item") else v
+
+
+def load_config(ref: str | Path | dict | LlamaConfig) -> LlamaConfig:
+    """A LlamaConfig from a dict, a JSON path, a GGUF path, a checkpoint folder, or a bundled preset name."""
+    if isinstance(ref, LlamaConfig):
+        return ref
+    if isinstance(ref, dict):
+        return from_dict(ref)
+    path = Path(ref)
+    if not path.exists():
+        path = _preset_path(str(ref))
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.exists():
+            raise ConfigError(f"{ref} is a folder without config.json; pass a config file or a GGUF file")
+    if path.suffix == ".gguf":
+        return from_gguf(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config {path} is not valid JSON (line {e.lineno}: {e.msg}); fix the file") from None
+    return from_dict(data)
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def _preset_path(name: str) -> Path:
+    stem = name[:-5] if name.endswith(".json") else name
+    p = PRESET_DIR / f"{stem}.json"
+    if not p.exists():
+        raise ConfigError(f"config '{name}' is neither a file nor a bundled preset; presets: {', '.join(presets())}")
+    return p
+
+
+def rope_inv_freq(cfg: LlamaConfig, seq_len: int | None = None):
+    """(inv_freq[rotary_dim/2] float64 numpy, attention_scaling) for the config's RoPE variant.
+
+    Written from the papers' formulas (position interpolation, NTK-aware, dynamic NTK, YaRN, Llama 3.1); the tests
+    check each against transformers' `modeling_rope_utils`. `seq_len` only matters for 'dynamic'.
+    """
+    import numpy as np
+
+    r, d = cfg.rope, cfg.rope.rotary_dim
+    exponent = np.arange(0, d, 2, dtype=np.float64) / d
+    base, scaling = r.theta, 1.0
+    if r.type == "ntk":  # NTK-aware static: stretch the base so the lowest frequency is interpolated by `factor`
+        base = r.theta * r.factor ** (d / (d - 2))
+    if r.type == "dynamic":  # dynamic NTK: the same stretch, by how far seq_len runs past the original length
+        orig = r.original_max_position_embeddings or cfg.max_position_embeddings
+        length = max(seq_len or orig, orig)
+        base = r.theta * ((r.factor * length / orig) - (r.factor - 1)) ** (d / (d - 2))
+    inv_freq = 1.0 / base ** exponent
+    if r.type == "linear":  # position interpolation: positions / factor
+        inv_freq = inv_freq / r.factor
+    elif r.type == "llama3":
+        orig = r.original_max_position_embeddings
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (orig / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+        smooth = np.clip(smooth, 0.0, 1.0)  # 0 for long wavelengths (scaled by 1/factor), 1 for short (kept)
+        inv_freq = (1 - smooth) * inv_freq / r.factor + smooth * inv_freq
+    elif r.type == "yarn":
+        inv_freq, scaling = _yarn(r, d, inv_freq)
+    return inv_freq, scaling
+
+
+def _yarn(r: RopeConfig, d: int, inv_freq):
+    import numpy as np
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if r.attention_factor is not None:
+        scaling = r.attention_factor
+    elif r.mscale and r.mscale_all_dim:
+        scaling = mscale(r.factor, r.mscale) / mscale(r.factor, r.mscale_all_dim)
+    else:
+        scaling = mscale(r.factor)
+    orig = r.original_max_position_embeddings
+
+    def correction_dim(rotations):  # the dimension whose wavelength makes `rotations` turns over `orig` tokens
+        return d * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(r.theta))
+
+    low, high = correction_dim(r.beta_fast), correction_dim(r.beta_slow)
+    if r.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    extrapolate = 1.0 - ramp  # 1: keep the original frequency (high freq), 0: interpolate by 1/factor
+    return inv_freq / r.factor * (1 - extrapolate) + inv_freq * extrapolate, scaling
