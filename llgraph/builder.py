@@ -1,0 +1,92 @@
+"""Config -> IR graph of the whole decoder: embedding, N blocks, final norm, lm head, KV cache in/out.
+
+One graph serves prefill (seq > 1) and decode (seq == 1): `seq` and `max_seq` are symbolic. Parameter names are
+HF's (`model.layers.0.self_attn.q_proj.weight`), so every weight source maps onto one naming.
+
+    x = embed(input_ids)                                       # [B, S, H]
+    for each layer:
+        h = x + o_proj(attention(rotary(q(norm(x))), rotary(k(norm(x))), v(norm(x)), cache))
+        x = h + down(silu(gate(norm(h))) * up(norm(h)))
+    logits = lm_head(norm(x))                                  # [B, S, V]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llgraph.config import LlamaConfig, rope_inv_freq
+from llgraph.ir import FLOAT_DTYPES, Graph, GraphBuilder
+
+BATCH, SEQ, MAX_SEQ = "batch", "seq", "max_seq"
+
+
+def cache_names(layer: int) -> tuple[str, str, str, str]:
+    """(past key, past value, present key, present value) graph I/O names, HF/Optimum style."""
+    return (f"past_key_values.{layer}.key", f"past_key_values.{layer}.value",
+            f"present.{layer}.key", f"present.{layer}.value")
+
+
+def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype '{dtype}' is not supported; use one of {', '.join(FLOAT_DTYPES)}")
+    b = GraphBuilder()
+    h, d = cfg.hidden_size, cfg.head_dim
+    ids = b.input("input_ids", "int64", (BATCH, SEQ))
+    pos = b.input("position_ids", "int64", (BATCH, SEQ))
+    for i in range(cfg.num_layers):
+        pk, pv, _, _ = cache_names(i)
+        b.input(pk, dtype, (BATCH, cfg.num_kv_heads, MAX_SEQ, d))
+        b.input(pv, dtype, (BATCH, cfg.num_kv_heads, MAX_SEQ, d))
+
+    def weight(name, *shape):
+        return b.param(name, dtype, shape)
+
+    def linear(x, prefix, out_features, in_features, bias, out):
+        w = weight(f"{prefix}.weight", out_features, in_features)
+        bb = weight(f"{prefix}.bias", out_features) if bias else None
+        return b.add("Linear", (x, w, bb), (out,))[0]
+
+    embed_w = weight("model.embed_tokens.weight", cfg.vocab_size, h)
+    (x,) = b.add("Embedding", (ids, embed_w), ("embed",))
+    inv_freq, scaling = rope_inv_freq(cfg)
+    inv = b.param("rope.inv_freq", "float32", inv_freq.shape, constant=inv_freq.astype(np.float32))
+    r = cfg.rope
+    cos, sin = b.add("RotaryCosSin", (pos, inv), ("rope.cos", "rope.sin"), scaling=float(scaling),
+                     dynamic_factor=float(r.factor) if r.type == "dynamic" else 0.0,
+                     original_max_position=r.original_max_position_embeddings or cfg.max_position_embeddings)
+
+    for i in range(cfg.num_layers):
+        p, v = f"model.layers.{i}", f"layers.{i}"
+        pk, pv, ok, ov = cache_names(i)
+        (n,) = b.add("RMSNorm", (x, weight(f"{p}.input_layernorm.weight", h)), (f"{v}.attn_norm",),
+                     eps=cfg.rms_norm_eps)
+        q = linear(n, f"{p}.self_attn.q_proj", cfg.q_size, h, cfg.attention_bias, f"{v}.q")
+        k = linear(n, f"{p}.self_attn.k_proj", cfg.kv_size, h, cfg.attention_bias, f"{v}.k")
+        vv = linear(n, f"{p}.self_attn.v_proj", cfg.kv_size, h, cfg.attention_bias, f"{v}.v")
+        interleaved = r.layout == "interleaved"
+        (q,) = b.add("Rotary", (q, cos, sin), (f"{v}.q_rot",), num_heads=cfg.num_heads, interleaved=interleaved)
+        (k,) = b.add("Rotary", (k, cos, sin), (f"{v}.k_rot",), num_heads=cfg.num_kv_heads, interleaved=interleaved)
+        attn, _, _ = b.add("GroupedAttention", (q, k, vv, pos, pk, pv), (f"{v}.attn", ok, ov),
+                           num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, scale=1.0 / math.sqrt(d),
+                           causal=True)
+        o = linear(attn, f"{p}.self_attn.o_proj", h, cfg.q_size, cfg.attention_bias, f"{v}.attn_out")
+        (x,) = b.add("Add", (x, o), (f"{v}.attn_residual",))
+        (n,) = b.add("RMSNorm", (x, weight(f"{p}.post_attention_layernorm.weight", h)), (f"{v}.mlp_norm",),
+                     eps=cfg.rms_norm_eps)
+        g = linear(n, f"{p}.mlp.gate_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.gate")
+        u = linear(n, f"{p}.mlp.up_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.up")
+        (a,) = b.add("SwiGLU", (g, u), (f"{v}.swiglu",))
+        m = linear(a, f"{p}.mlp.down_proj", h, cfg.intermediate_size, cfg.mlp_bias, f"{v}.mlp_out")
+        (x,) = b.add("Add", (x, m), (f"{v}.out",))
+
+    (n,) = b.add("RMSNorm", (x, weight("model.norm.weight", h)), ("final_norm",), eps=cfg.rms_norm_eps)
+    head = embed_w if cfg.tie_word_embeddings else weight("lm_head.weight", cfg.vocab_size, h)
+    b.add("Linear", (n, head, None), ("logits",))
+    b.output("logits")
+    for i in range(cfg.num_layers):
+        _, _, ok, ov = cache_names(i)
+        b.output(ok)
+        b.output(ov)
+    return b.build(metadata={"config": cfg.to_json(), "dtype": dtype})

@@ -1,0 +1,143 @@
+"""The PyTorch executor: the numeric reference. Runs an IR graph node by node with plain torch ops, on CPU or CUDA,
+in the graph's dtype, and records any intermediate value by name on request.
+
+The KV cache follows the static-cache contract: the tensors fed as `past_key_values.*` are written in place at the
+given positions and returned as `present.*` (the same storage; no copy of the cache per step).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from llgraph.ir import Graph, Node
+from llgraph.weights import WeightSource, iter_params
+
+TORCH_IMPLS: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {}
+
+
+def torch_impl(op: str):
+    def register(fn):
+        TORCH_IMPLS[op] = fn
+        return fn
+    return register
+
+
+class TorchExecutor:
+    def __init__(self, graph: Graph, source: WeightSource, device: str | torch.device = "cpu"):
+        missing = sorted({n.op for n in graph.nodes} - set(TORCH_IMPLS))
+        if missing:
+            raise NotImplementedError(f"the torch executor has no implementation for {missing}")
+        self.graph, self.device = graph, torch.device(device)
+        self.params = {name: t.to(self.device) for name, t in iter_params(graph, source)}
+        self._last_use = {}
+        for i, node in enumerate(graph.nodes):
+            for name in node.inputs:
+                self._last_use[name] = i
+        self._outputs = [v.name for v in graph.outputs]
+
+    @torch.inference_mode()
+    def run(self, feeds: Mapping[str, torch.Tensor], record: Iterable[str] | bool = ()) -> dict[str, torch.Tensor]:
+        """Graph outputs (and the values named in `record`, or every value if record is True) by name."""
+        missing = [v.name for v in self.graph.inputs if v.name not in feeds]
+        if missing:
+            raise ValueError(f"missing graph inputs {missing}")
+        keep = set(self._outputs) | (set(self.graph.values) if record is True else set(record or ()))
+        env: dict[str, torch.Tensor] = dict(self.params)
+        env.update(feeds)
+        for i, node in enumerate(self.graph.nodes):
+            outs = TORCH_IMPLS[node.op](node, *(env[n] if n is not None else None for n in node.inputs))
+            env.update(zip(node.outputs, outs))
+            for name in node.inputs:  # free what no later node reads (and nobody asked for)
+                if self._last_use.get(name) == i and name not in keep and name not in self.params:
+                    env.pop(name, None)
+        return {name: env[name] for name in keep if name in env}
+
+
+# -- one implementation per op (schemas in llgraph/ops.py) -------------------------------------------------------
+
+@torch_impl("Embedding")
+def _embedding(node: Node, ids, table):
+    return (F.embedding(ids, table),)
+
+
+@torch_impl("RMSNorm")
+def _rmsnorm(node: Node, x, weight):
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + node.attrs["eps"])
+    return (weight * xf.to(x.dtype),)
+
+
+@torch_impl("Linear")
+def _linear(node: Node, x, weight, bias=None):
+    return (F.linear(x, weight, bias),)
+
+
+@torch_impl("Split")
+def _split(node: Node, x):
+    return tuple(torch.split(x, list(node.attrs["sizes"]), dim=-1))
+
+
+@torch_impl("RotaryCosSin")
+def _rotary_cos_sin(node: Node, positions, inv_freq):
+    # positions: [B, S], inv_freq: [R/2] -> cos, sin: [B, S, R/2] float32
+    a = node.attrs
+    if a["dynamic_factor"] > 0:
+        length = int(positions.max()) + 1
+        orig = a["original_max_position"]
+        if length > orig:  # dynamic NTK: base * r^(d/(d-2)) == inv_freq * r^(-2i/(d-2))
+            r = a["dynamic_factor"] * length / orig - (a["dynamic_factor"] - 1)
+            d = 2 * inv_freq.shape[0]
+            two_i = torch.arange(0, d, 2, dtype=torch.float64, device=inv_freq.device)
+            inv_freq = (inv_freq.double() * r ** (-two_i / (d - 2))).float()
+    angles = positions.float()[..., None] * inv_freq
+    return angles.cos() * a["scaling"], angles.sin() * a["scaling"]
+
+
+@torch_impl("Rotary")
+def _rotary(node: Node, x, cos, sin):
+    # x: [B, S, N*D]; cos, sin: [B, S, R/2]; rotates the first R dims of each head
+    b, s, nd = x.shape
+    n = node.attrs["num_heads"]
+    xh = x.view(b, s, n, nd // n)
+    half = cos.shape[-1]
+    c, si = cos.to(x.dtype)[:, :, None, :], sin.to(x.dtype)[:, :, None, :]
+    if node.attrs["interleaved"]:
+        x1, x2 = xh[..., 0:2 * half:2], xh[..., 1:2 * half:2]
+        rot = torch.stack((x1 * c - x2 * si, x2 * c + x1 * si), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xh[..., :half], xh[..., half:2 * half]
+        rot = torch.cat((x1 * c - x2 * si, x2 * c + x1 * si), dim=-1)
+    return (torch.cat((rot, xh[..., 2 * half:]), dim=-1).view(b, s, nd),)
+
+
+@torch_impl("GroupedAttention")
+def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value):
+    # q: [B, S, Hq*D]; k, v: [B, S, Hkv*D]; positions: [B, S]; caches: [B, Hkv, M, D], written in place
+    a = node.attrs
+    b, s, _ = q.shape
+    hq, hkv = a["num_heads"], a["num_kv_heads"]
+    d = q.shape[-1] // hq
+    rows = torch.arange(b, device=q.device)[:, None]
+    past_key.transpose(1, 2)[rows, positions] = k.view(b, s, hkv, d)  # cache[b, :, positions[b, s]] = k[b, s]
+    past_value.transpose(1, 2)[rows, positions] = v.view(b, s, hkv, d)
+    length = int(positions.max()) + 1
+    slots = torch.arange(length, device=q.device)
+    limit = positions if a["causal"] else positions.max(dim=1, keepdim=True).values.expand(b, s)
+    mask = slots[None, None, :] <= limit[:, :, None]  # [B, S, L]: key slot j visible to query (b, s)
+    out = F.scaled_dot_product_attention(
+        q.view(b, s, hq, d).transpose(1, 2), past_key[:, :, :length], past_value[:, :, :length],
+        attn_mask=mask[:, None], scale=a["scale"], enable_gqa=hq != hkv)
+    return out.transpose(1, 2).reshape(b, s, hq * d), past_key, past_value
+
+
+@torch_impl("SwiGLU")
+def _swiglu(node: Node, gate, up):
+    return (F.silu(gate) * up,)
+
+
+@torch_impl("Add")
+def _add(node: Node, a, b):
+    return (a + b,)

@@ -1,0 +1,179 @@
+"""The closed op set. ONE schema per op: inputs (a trailing '?' marks optional), outputs, typed attributes, and the
+shape/dtype rule. Every backend registers an implementation per op against these names (tests/test_ops.py fails on
+a hole), and the TensorRT plugin fields are read from `attrs` here.
+
+Layouts: activations are [batch, seq, features]; heads stay packed in the feature axis ([B, S, H*D]) the way ONNX
+Runtime's GroupQueryAttention and ONNX's RotaryEmbedding/Attention take them. Linear weights are [out, in].
+The KV cache is [batch, kv_heads, max_seq, head_dim], written at slot `positions[b, s]`; query (b, s) sees the cache
+slots 0..positions[b, s] (causal) — no attention mask input is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+FLOATS = ("float32", "float16", "bfloat16")
+INTS = ("int64", "int32")
+
+
+@dataclass(frozen=True)
+class Attr:
+    name: str
+    type: type  # int, float, str, bool, or tuple (of ints)
+    doc: str = ""
+    choices: tuple = ()
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]  # ("*",): as many as the node names
+    attrs: tuple[Attr, ...]
+    infer: Callable[[Sequence[Any], Mapping[str, Any]], list[tuple[str, tuple]]]
+    doc: str
+
+
+def check_attrs(schema: OpSchema, attrs: Mapping[str, Any]) -> None:
+    names = {a.name for a in schema.attrs}
+    if set(attrs) != names:
+        missing, extra = sorted(names - set(attrs)), sorted(set(attrs) - names)
+        raise ValueError(f"attributes missing {missing} / unexpected {extra}")
+    for a in schema.attrs:
+        v = attrs[a.name]
+        ok = isinstance(v, a.type) and not (a.type is int and isinstance(v, bool))
+        if a.type is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if a.type is tuple:
+            ok = isinstance(v, tuple) and all(isinstance(x, int) for x in v)
+        if not ok:
+            raise ValueError(f"attribute {a.name}={v!r} must be {a.type.__name__}")
+        if a.choices and v not in a.choices:
+            raise ValueError(f"attribute {a.name}={v!r} must be one of {a.choices}")
+
+
+def _require(cond: bool, msg: str):
+    if not cond:
+        raise ValueError(msg)
+
+
+def _float(v, what):
+    _require(v.dtype in FLOATS, f"{what} must be a float tensor, got {v.dtype}")
+
+
+def _same(a, b, what):
+    _require(a == b, f"{what}: {a} != {b}")
+
+
+# -- shape/dtype rules ----------------------------------------------------------------------------------------------
+
+def _embedding(ins, attrs):
+    ids, table = ins
+    _require(ids.dtype in INTS, f"ids must be integer, got {ids.dtype}")
+    _require(len(table.shape) == 2, f"table must be 2-D, got {table.shape}")
+    return [(table.dtype, ids.shape + (table.shape[1],))]
+
+
+def _rmsnorm(ins, attrs):
+    x, w = ins
+    _float(x, "x")
+    _same(w.shape, (x.shape[-1],), "weight shape vs x's last dim")
+    return [(x.dtype, x.shape)]
+
+
+def _linear(ins, attrs):
+    x, w, b = ins
+    _float(x, "x")
+    _require(len(w.shape) == 2, f"weight must be [out, in], got {w.shape}")
+    _same(w.shape[1], x.shape[-1], "weight in-features vs x's last dim")
+    _same(w.dtype, x.dtype, "weight dtype vs x dtype")
+    if b is not None:
+        _same(b.shape, (w.shape[0],), "bias shape vs out-features")
+    return [(x.dtype, x.shape[:-1] + (w.shape[0],))]
+
+
+def _split(ins, attrs):
+    (x,) = ins
+    _same(sum(attrs["sizes"]), x.shape[-1], "sum of sizes vs x's last dim")
+    return [(x.dtype, x.shape[:-1] + (s,)) for s in attrs["sizes"]]
+
+
+def _rotary_cos_sin(ins, attrs):
+    pos, inv_freq = ins
+    _require(pos.dtype in INTS, f"positions must be integer, got {pos.dtype}")
+    _require(len(inv_freq.shape) == 1 and inv_freq.dtype == "float32", "inv_freq must be float32 [rotary_dim/2]")
+    out = ("float32", pos.shape + inv_freq.shape)
+    return [out, out]
+
+
+def _rotary(ins, attrs):
+    x, cos, sin = ins
+    _float(x, "x")
+    n = attrs["num_heads"]
+    _require(x.shape[-1] % n == 0, f"x's last dim {x.shape[-1]} is not num_heads ({n}) * head_dim")
+    _same(cos.shape, sin.shape, "cos vs sin shape")
+    _same(cos.shape[:-1], x.shape[:-1], "cos leading dims vs x")
+    _require(2 * cos.shape[-1] <= x.shape[-1] // n, f"rotary dim {2 * cos.shape[-1]} exceeds head_dim")
+    return [(x.dtype, x.shape)]
+
+
+def _attention(ins, attrs):
+    q, k, v, pos, past_k, past_v = ins
+    nq, nkv = attrs["num_heads"], attrs["num_kv_heads"]
+    _require(nq % nkv == 0, f"num_heads ({nq}) must be divisible by num_kv_heads ({nkv})")
+    _require(q.shape[-1] % nq == 0, "q's last dim must be num_heads * head_dim")
+    d = q.shape[-1] // nq
+    _same(k.shape, q.shape[:-1] + (nkv * d,), "k shape")
+    _same(v.shape, k.shape, "v shape")
+    _same(pos.shape, q.shape[:-1], "positions shape vs q's [batch, seq]")
+    _require(pos.dtype in INTS, "positions must be integer")
+    _same(past_k.shape, (q.shape[0], nkv, past_k.shape[2], d), "past_key shape [batch, kv_heads, max_seq, head_dim]")
+    _same(past_v.shape, past_k.shape, "past_value shape")
+    for t in (k, v, past_k, past_v):
+        _same(t.dtype, q.dtype, "dtype")
+    return [(q.dtype, q.shape), (past_k.dtype, past_k.shape), (past_v.dtype, past_v.shape)]
+
+
+def _swiglu(ins, attrs):
+    gate, up = ins
+    _float(gate, "gate")
+    _same(gate.shape, up.shape, "gate vs up shape")
+    return [(gate.dtype, gate.shape)]
+
+
+def _add(ins, attrs):
+    a, b = ins
+    _same(a.shape, b.shape, "shapes")
+    _same(a.dtype, b.dtype, "dtypes")
+    return [(a.dtype, a.shape)]
+
+
+SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
+    OpSchema("Embedding", ("ids", "table"), ("out",), (), _embedding, "table[ids]"),
+    OpSchema("RMSNorm", ("x", "weight"), ("out",), (Attr("eps", float),),
+             _rmsnorm, "x / sqrt(mean(x^2) + eps) * weight, computed in float32"),
+    OpSchema("Linear", ("x", "weight", "bias?"), ("out",), (), _linear, "x @ weight^T + bias"),
+    OpSchema("Split", ("x",), ("*",), (Attr("sizes", tuple, "sizes along the last axis"),),
+             _split, "split the last axis into consecutive pieces"),
+    OpSchema("RotaryCosSin", ("positions", "inv_freq"), ("cos", "sin"), (
+        Attr("scaling", float, "multiplies cos and sin (YaRN's attention factor)"),
+        Attr("dynamic_factor", float, "dynamic NTK factor; 0 disables"),
+        Attr("original_max_position", int, "dynamic NTK: positions past this stretch the base"),
+    ), _rotary_cos_sin,
+        "angles = positions * inv_freq (float32); with dynamic NTK, inv_freq is recomputed for "
+        "L = max(positions) + 1 > original_max_position: inv_freq * r^(-2i/(d-2)), r = factor*L/orig - (factor-1)"),
+    OpSchema("Rotary", ("x", "cos", "sin"), ("out",), (
+        Attr("num_heads", int),
+        Attr("interleaved", bool, "pairs (2i, 2i+1) as Meta/GGUF; else (i, i + r/2) as HF"),
+    ), _rotary, "rotate the first 2*cos.shape[-1] dims of each head; the rest pass through"),
+    OpSchema("GroupedAttention", ("q", "k", "v", "positions", "past_key", "past_value"),
+             ("out", "present_key", "present_value"), (
+        Attr("num_heads", int), Attr("num_kv_heads", int), Attr("scale", float), Attr("causal", bool),
+    ), _attention,
+        "write k, v into the cache at slot positions[b, s]; attend query (b, s) to cache slots "
+        "0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv head j serves query heads "
+        "j*g..(j+1)*g-1 with g = num_heads / num_kv_heads"),
+    OpSchema("SwiGLU", ("gate", "up"), ("out",), (), _swiglu, "silu(gate) * up"),
+    OpSchema("Add", ("a", "b"), ("out",), (), _add, "a + b"),
+)}

@@ -1,0 +1,86 @@
+"""Test helpers: drive llgraph's executor step by step, and build the independent HF transformers twin."""
+
+from __future__ import annotations
+
+import torch
+
+from llgraph.builder import build_graph, cache_names
+from llgraph.config import LlamaConfig
+from llgraph.executor import TorchExecutor
+from llgraph.weights import TORCH_DTYPES, WeightSource
+
+
+class Stepper:
+    """Prefill then cached decode against a static cache of max_seq slots (what the runtime loop will do)."""
+
+    def __init__(self, cfg: LlamaConfig, source: WeightSource, batch: int = 1, max_seq: int = 64,
+                 dtype: str = "float32", graph=None, device: str = "cpu"):
+        self.cfg, self.graph = cfg, graph or build_graph(cfg, dtype)
+        self.ex = TorchExecutor(self.graph, source, device)
+        shape = (batch, cfg.num_kv_heads, max_seq, cfg.head_dim)
+        self.cache = {}
+        for i in range(cfg.num_layers):
+            pk, pv, _, _ = cache_names(i)
+            self.cache[pk] = torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=device)
+            self.cache[pv] = torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=device)
+        self.pos = 0
+
+    def step(self, ids: torch.Tensor, record=()) -> dict[str, torch.Tensor]:
+        b, s = ids.shape
+        positions = torch.arange(self.pos, self.pos + s).expand(b, s)
+        out = self.ex.run({"input_ids": ids, "position_ids": positions, **self.cache}, record=record)
+        for i in range(self.cfg.num_layers):  # present is the same storage as past: nothing to copy
+            pk, pv, ok, ov = cache_names(i)
+            assert out[ok].data_ptr() == self.cache[pk].data_ptr()
+        self.pos += s
+        return out
+
+
+def hf_config(cfg: LlamaConfig):
+    """transformers' LlamaConfig for the same model, written from transformers' documented fields."""
+    from transformers import LlamaConfig as HFLlamaConfig
+
+    r = cfg.rope
+    rope = {"rope_type": r.type, "rope_theta": r.theta}
+    if r.type == "ntk":  # transformers has no static NTK type: it is the default RoPE with a stretched base
+        d = r.rotary_dim
+        rope = {"rope_type": "default", "rope_theta": r.theta * r.factor ** (d / (d - 2))}
+    elif r.type in ("linear", "dynamic"):
+        rope["factor"] = r.factor
+    elif r.type == "llama3":
+        rope.update(factor=r.factor, low_freq_factor=r.low_freq_factor, high_freq_factor=r.high_freq_factor,
+                    original_max_position_embeddings=r.original_max_position_embeddings)
+    elif r.type == "yarn":
+        rope.update(factor=r.factor, original_max_position_embeddings=r.original_max_position_embeddings,
+                    beta_fast=r.beta_fast, beta_slow=r.beta_slow)
+    return HFLlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.attention_bias, mlp_bias=cfg.mlp_bias,
+        rope_parameters=rope, bos_token_id=cfg.bos_token_id, eos_token_id=list(cfg.eos_token_ids) or None,
+    )
+
+
+def hf_model(cfg: LlamaConfig, source: WeightSource, attn: str = "eager"):
+    """LlamaForCausalLM (fp32, eager attention) holding the source's weights, in HF's half-split layout."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(hf_config(cfg)).eval()
+    model.config._attn_implementation = attn
+    state = {n: source.load(n) for n in source.names()}
+    result = model.load_state_dict(state, strict=False)
+    assert not result.unexpected_keys, result.unexpected_keys
+    assert set(result.missing_keys) <= {"lm_head.weight"} and (cfg.tie_word_embeddings or not result.missing_keys)
+    return model
+
+
+TINY = dict(name="tiny-test", vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+            num_kv_heads=2, rms_norm_eps=1e-5, max_position_embeddings=128, rope={"theta": 10000.0})
+
+
+def tiny(**changes) -> LlamaConfig:
+    """A tiny config: TINY with `changes`; a `rope` dict is merged into TINY's."""
+    rope = dict(TINY["rope"], **changes.pop("rope", {}))
+    return LlamaConfig(**dict(TINY, **changes, rope=rope))
