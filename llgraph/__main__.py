@@ -1,0 +1,5 @@
+import sys
+
+from llgraph.cli import main
+
+sys.exit(main())

@@ -1,0 +1,100 @@
+"""Graph rewrites: pure functions Graph -> Graph, verified before and after.
+
+Both packing passes are one mechanism, `pack_linears`: Linears that read the same input become one Linear whose
+weight concatenates theirs (a packed Param, still lazy), followed by a Split that restores the original value names
+so every IR value stays traceable. The groups are found from the graph's structure, never from weight names.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+from llgraph.ir import Graph, Node, Param, Value, infer, verify
+
+Pass = Callable[[Graph], Graph]
+
+
+def run_passes(graph: Graph, passes: Sequence[Pass]) -> Graph:
+    verify(graph)
+    for p in passes:
+        graph = verify(p(graph))
+    return graph
+
+
+def pack_qkv(graph: Graph) -> Graph:
+    """One [q; k; v] projection per attention: the Linears feeding each GroupedAttention's q, k, v (through Rotary)."""
+    producer = graph.producer()
+
+    def linear_behind(name):
+        node = producer.get(name)
+        if node is not None and node.op == "Rotary":
+            node = producer.get(node.inputs[0])
+        return node if node is not None and node.op == "Linear" else None
+
+    groups = [[linear_behind(n) for n in node.inputs[:3]] for node in graph.nodes if node.op == "GroupedAttention"]
+    return pack_linears(graph, groups, "qkv")
+
+
+def pack_gate_up(graph: Graph) -> Graph:
+    """One [gate; up] projection per MLP: the two Linears feeding each SwiGLU."""
+    producer = graph.producer()
+    groups = [[producer.get(n) for n in node.inputs] for node in graph.nodes if node.op == "SwiGLU"]
+    return pack_linears(graph, [[n if n is not None and n.op == "Linear" else None for n in g] for g in groups],
+                        "gate_up")
+
+
+def pack_linears(graph: Graph, groups: Sequence[Sequence[Node | None]], label: str) -> Graph:
+    """Replace each group of Linears sharing one input (and all with or all without bias) by Linear + Split."""
+    replace: dict[int, list[Node]] = {}  # id of the group's first node -> the nodes that stand in its place
+    drop: set[int] = set()
+    params = dict(graph.params)
+    values = dict(graph.values)
+    for group in groups:
+        if len(group) < 2 or any(n is None for n in group) or len({n.inputs[0] for n in group}) != 1:
+            continue
+        has_bias = [len(n.inputs) > 2 and n.inputs[2] is not None for n in group]
+        if len(set(has_bias)) != 1:
+            continue
+        x = group[0].inputs[0]
+        slots = (1, 2) if has_bias[0] else (1,)
+        packed_inputs = [x]
+        for slot in slots:
+            members = [graph.params[n.inputs[slot]] for n in group]
+            name = _packed_name([m.name for m in members], label)
+            shape = (sum(m.value.shape[0] for m in members),) + members[0].value.shape[1:]
+            value = Value(name, members[0].value.dtype, shape)
+            params[name] = Param(value, tuple(part for m in members for part in m.parts))
+            values[name] = value
+            for m in members:
+                params.pop(m.name)
+                values.pop(m.name)
+            packed_inputs.append(name)
+        outputs = [n.outputs[0] for n in group]
+        packed_out = _packed_name(outputs, label)
+        linear = Node("Linear", tuple(packed_inputs), (packed_out,))
+        split = Node("Split", (packed_out,), tuple(outputs),
+                     {"sizes": tuple(values[o].shape[-1] for o in outputs)})
+        (values[packed_out],) = infer(linear, values)
+        replace[id(group[0])] = [linear, split]
+        drop.update(id(n) for n in group[1:])
+    if not replace:
+        return graph
+    nodes = []
+    for node in graph.nodes:
+        if id(node) in replace:
+            nodes += replace[id(node)]
+        elif id(node) not in drop:
+            nodes.append(node)
+    return verify(Graph(graph.inputs, graph.outputs, params, tuple(nodes), values, graph.metadata))
+
+
+def _packed_name(names: list[str], label: str) -> str:
+    """'model.layers.0.self_attn.q_proj.weight', ...k_proj..., ...v_proj... -> 'model.layers.0.self_attn.qkv.weight'"""
+    parts = [n.split(".") for n in names]
+    prefix = os.path.commonprefix(parts)
+    suffix = os.path.commonprefix([p[len(prefix):][::-1] for p in parts])[::-1]
+    return ".".join(prefix + [label] + suffix)
+
+
+DEFAULT_PASSES: tuple[Pass, ...] = (pack_qkv, pack_gate_up)

@@ -1,0 +1,34 @@
+"""The `llgraph` command as a user runs it: output on success, one line and exit 2 on bad input."""
+
+import subprocess
+import sys
+
+
+def llgraph(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "llgraph", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_inspect_8b_reports_llama3_8b_size(tmp_path):
+    r = llgraph("inspect", "--config", "8b.json", cwd=tmp_path)  # a bundled preset, from any directory
+    print(r.stdout)
+    assert r.returncode == 0, r.stderr
+    assert "parameters: 8,030,261,248" in r.stdout
+    assert "KV cache (float16): 131,072 bytes/token" in r.stdout  # 2 (k, v) * 32 layers * 8 heads * 128 * 2 B
+    assert "GroupedAttention  32" in r.stdout and "RMSNorm           65" in r.stdout
+
+
+def test_inspect_after_packing_shows_splits(tmp_path):
+    r = llgraph("inspect", "--config", "tiny", "--passes", cwd=tmp_path)
+    assert r.returncode == 0 and "Split             4" in r.stdout
+
+
+def test_bad_config_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_layers": 1, '
+                   '"num_heads": 4, "num_kv_heads": 3}')
+    r = llgraph("inspect", "--config", str(bad))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().count("\n") == 0
+    assert "num_heads (4) must be divisible by num_kv_heads (3)" in r.stderr
+    r = llgraph("inspect", "--config", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "neither a file nor a bundled preset" in r.stderr
