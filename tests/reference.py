@@ -84,3 +84,32 @@ def tiny(**changes) -> LlamaConfig:
     """A tiny config: TINY with `changes`; a `rope` dict is merged into TINY's."""
     rope = dict(TINY["rope"], **changes.pop("rope", {}))
     return LlamaConfig(**dict(TINY, **changes, rope=rope))
+
+
+class OrtStepper:
+    """The same prefill/decode steps through ONNX Runtime on an exported folder (plain run; presents fed back)."""
+
+    def __init__(self, folder, cfg: LlamaConfig, batch: int = 1, max_seq: int = 64):
+        import numpy as np
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(folder / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+        self.cfg, self.pos = cfg, 0
+        shape = (batch, cfg.num_kv_heads, max_seq, cfg.head_dim)
+        self.cache = {n: np.zeros(shape, np.float32) for i in range(cfg.num_layers) for n in cache_names(i)[:2]}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def step(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        import numpy as np
+
+        b, s = ids.shape
+        positions = np.broadcast_to(np.arange(self.pos, self.pos + s), (b, s)).astype(np.int64)
+        feeds = {"input_ids": ids.numpy().astype(np.int64), "position_ids": positions, **self.cache}
+        out = dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
+        for i in range(self.cfg.num_layers):
+            pk, pv, ok, ov = cache_names(i)
+            self.cache[pk], self.cache[pv] = out[ok], out[ov]
+        self.pos += s
+        return {k: torch.from_numpy(v) for k, v in out.items()}

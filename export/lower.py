@@ -1,0 +1,184 @@
+"""IR -> ONNX: the one lowering mechanism every target shares.
+
+A target is a `Target`: a table op -> lowering function, an optional `plan` that picks fusions before emission
+(nodes a fusion absorbs are skipped), and the opsets it imports. Lowerings call `Emitter` methods; weights are
+streamed into the external-data file the moment a lowering asks for them, tensor by tensor, so the model is never
+in memory. ONNX value names are the IR's (`layers.3.attn_norm`), so any IR value can be traced in the ONNX graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from llgraph import __version__
+from llgraph.ir import Graph, Node
+from llgraph.weights import WeightSource, check_weights, load_param
+
+ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
+               "int64": TensorProto.INT64, "int32": TensorProto.INT32, "bool": TensorProto.BOOL}
+MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
+ALIGN = 4096  # page-aligned offsets let ONNX Runtime memory-map large initializers
+
+Lowering = Callable[["Emitter", Node], None]
+
+
+class ExportError(ValueError):
+    """Bad export request (target, dtype, output folder); one line naming the fix."""
+
+
+@dataclass
+class Target:
+    name: str
+    lowerings: dict[str, Lowering]
+    opsets: dict[str, int]
+    plan: Callable[["Emitter"], None] = lambda emitter: None
+    doc: str = ""
+
+
+@dataclass
+class Emitter:
+    graph: Graph
+    source: WeightSource
+    data: object  # the open external-data file
+    on_weight: Callable[[int], None] = lambda nbytes: None
+    max_positions: int = 0  # for targets that tabulate RoPE (ORT's GroupQueryAttention)
+    nodes: list = field(default_factory=list)
+    initializers: list = field(default_factory=list)
+    absorbed: set = field(default_factory=set)  # names of IR nodes a planned fusion emits instead
+    fused: dict = field(default_factory=dict)  # IR node name -> lowering that replaces the table's
+    _weights: dict = field(default_factory=dict)
+    _count: int = 0
+
+    # -- names and nodes ----------------------------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}/{self._count}"
+
+    def node(self, op: str, inputs, outputs=1, domain: str = "", hint: str = "", **attrs) -> list[str]:
+        """Append an ONNX node; `outputs` is a list of names or a count of fresh names. Returns the output names."""
+        if isinstance(outputs, int):
+            outputs = [self.fresh(f"{hint or op}/{op}") for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=self.fresh(hint or op),
+                                           domain=domain, **attrs))
+        return list(outputs)
+
+    def const(self, value, dtype=None, hint: str = "const") -> str:
+        """A small constant as an inline initializer."""
+        array = np.asarray(value, dtype=dtype)
+        name = self.fresh(hint)
+        self.initializers.append(onnx.numpy_helper.from_array(array, name))
+        return name
+
+    def dtype_of(self, ir_value: str) -> int:
+        return ONNX_DTYPES[self.graph.values[ir_value].dtype]
+
+    # -- weights --------------------------------------------------------------------------------------------------
+    def weight(self, param: str, transpose: bool = False, compute=None) -> str:
+        """Initializer for an IR param, written to the data file once per (param, layout). `compute(tensor)`
+        derives a tensor from it (e.g. a RoPE table), named after `compute.__name__`."""
+        key = (param, transpose, getattr(compute, "__name__", None))
+        if key in self._weights:
+            return self._weights[key]
+        tensor = load_param(self.graph.params[param], self.source)
+        if transpose:
+            tensor = tensor.t()
+        if compute is not None:
+            tensor = compute(tensor)
+        name = param + (".T" if transpose else "") + (f".{compute.__name__}" if compute else "")
+        self.initializers.append(self._write(name, tensor.contiguous()))
+        self._weights[key] = name
+        return name
+
+    def _write(self, name: str, tensor: torch.Tensor) -> TensorProto:
+        pad = -self.data.tell() % ALIGN
+        self.data.write(b"\0" * pad)
+        offset = self.data.tell()
+        raw = (tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor).numpy().tobytes()
+        self.data.write(raw)
+        self.on_weight(len(raw))
+        proto = TensorProto(name=name, data_type=ONNX_DTYPES[str(tensor.dtype).removeprefix("torch.")],
+                            dims=list(tensor.shape), data_location=TensorProto.EXTERNAL)
+        for k, v in (("location", DATA_FILE), ("offset", str(offset)), ("length", str(len(raw)))):
+            proto.external_data.add(key=k, value=v)
+        return proto
+
+
+def to_model(emitter: Emitter, target: Target, metadata: dict[str, str]) -> onnx.ModelProto:
+    g = emitter.graph
+
+    def info(v):
+        return helper.make_tensor_value_info(v.name, ONNX_DTYPES[v.dtype], list(v.shape))
+
+    graph = helper.make_graph(emitter.nodes, "llgraph", [info(v) for v in g.inputs], [info(v) for v in g.outputs],
+                              initializer=emitter.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in target.opsets.items()],
+                              producer_name="llgraph", producer_version=__version__)
+    model.ir_version = 10
+    helper.set_model_props(model, metadata)
+    return model
+
+
+def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, max_positions: int,
+          metadata: dict[str, str], progress: bool = False) -> None:
+    """Write `out_dir/model.onnx` + `model.onnx.data` (out_dir must exist and be empty)."""
+    from tqdm import tqdm
+
+    missing = sorted({n.op for n in graph.nodes} - set(target.lowerings))
+    if missing:
+        raise NotImplementedError(f"target '{target.name}' cannot lower {missing}")
+    check_weights(graph, source)
+    total = sum(int(np.prod(p.value.shape)) * (4 if p.value.dtype == "float32" else 2) for p in graph.params.values())
+    with open(out_dir / DATA_FILE, "wb") as data, \
+            tqdm(total=total, unit="B", unit_scale=True, desc=f"export {target.name}", disable=not progress) as bar:
+        em = Emitter(graph, source, data, on_weight=bar.update, max_positions=max_positions)
+        target.plan(em)
+        for node in graph.nodes:
+            if node.name in em.absorbed:
+                continue
+            em.fused.get(node.name, target.lowerings[node.op])(em, node)
+    onnx.save(to_model(em, target, metadata), out_dir / MODEL_FILE)
+
+
+def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, *, max_positions: int,
+           force: bool = False, progress: bool = False, extra_files=()) -> Path:
+    """Export into folder `out`, written under a temporary name and renamed at the end: a failure leaves nothing."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise ExportError(f"output {out} exists and is not empty; pass --force to replace it or choose another -o")
+    parent = out.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = parent / f".{out.name}.partial-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise ExportError(f"cannot write to {parent}: {e.strerror}; choose a writable -o") from None
+    try:
+        config = json.loads(graph.metadata["config"])
+        metadata = {"llgraph_version": __version__, "target": target.name, "dtype": graph.metadata["dtype"],
+                    "config": graph.metadata["config"], "weights": source.description}
+        lower(graph, source, target, tmp, max_positions=max_positions, metadata=metadata, progress=progress)
+        for f in extra_files:
+            shutil.copy(f, tmp / Path(f).name)
+        manifest = {"format": "llgraph-onnx", "llgraph_version": __version__, "target": target.name,
+                    "dtype": graph.metadata["dtype"], "model": MODEL_FILE, "data": DATA_FILE,
+                    "weights": source.description, "config": config,
+                    "inputs": [v.name for v in graph.inputs], "outputs": [v.name for v in graph.outputs]}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,141 @@
+"""Target `onnx`: standard ONNX ops only (opset 24), so any compliant runtime can run the model.
+
+RMSNormalization, RotaryEmbedding and Attention (opset 23); the static KV cache is updated with TensorScatter
+(opset 24), which writes each row's new keys at its first position, so positions within a row must be contiguous
+(the runtime's prefill and decode feed them so).
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto
+
+from llgraph.export.lower import Emitter, Target
+from llgraph.ir import Node
+
+OPSET = 24
+
+
+def _shared_beyond_linear(em: Emitter, param: str) -> bool:
+    """True when a Linear weight is also read by a non-Linear node (tied embeddings): keep it untransposed."""
+    return any(param in n.inputs and n.op != "Linear" for n in em.graph.nodes)
+
+
+def linear(em: Emitter, node: Node) -> None:
+    x, w, b = (list(node.inputs) + [None])[:3]
+    out = node.outputs[0]
+    matmul_out = em.fresh(f"{out}/matmul") if b else out
+    if _shared_beyond_linear(em, w):  # x @ W^T by Gemm on [B*S, H]; the [V, H] table is stored once
+        h = em.graph.values[x].shape[-1]
+        flat = em.node("Reshape", [x, em.const([-1, h], "int64")], hint=out)[0]
+        y = em.node("Gemm", [flat, em.weight(w)], hint=out, transB=1)[0]
+        shape = em.node("Shape", [x], hint=out, start=0, end=-1)[0]
+        n_out = em.graph.values[w].shape[0]
+        full = em.node("Concat", [shape, em.const([n_out], "int64")], hint=out, axis=0)[0]
+        em.node("Reshape", [y, full], [matmul_out], hint=out)
+    else:
+        em.node("MatMul", [x, em.weight(w, transpose=True)], [matmul_out], hint=out)
+    if b:
+        em.node("Add", [matmul_out, em.weight(b)], [out], hint=out)
+
+
+def embedding(em: Emitter, node: Node) -> None:
+    ids, table = node.inputs
+    em.node("Gather", [em.weight(table), ids], node.outputs, hint=node.name, axis=0)
+
+
+def rmsnorm(em: Emitter, node: Node) -> None:
+    x, w = node.inputs
+    em.node("RMSNormalization", [x, em.weight(w)], node.outputs, hint=node.name, axis=-1,
+            epsilon=float(node.attrs["eps"]), stash_type=1)
+
+
+def split(em: Emitter, node: Node) -> None:
+    em.node("Split", [node.inputs[0], em.const(list(node.attrs["sizes"]), "int64")], node.outputs,
+            hint=node.name, axis=-1)
+
+
+def rotary_cos_sin(em: Emitter, node: Node) -> None:
+    pos, inv = node.inputs
+    a, hint = node.attrs, node.name
+    inv_freq = em.weight(inv)
+    if a["dynamic_factor"] > 0:  # inv_freq * r^(-2i/(d-2)), r = max(factor*L/orig - (factor-1), 1), L = max(pos)+1
+        d = 2 * em.graph.values[inv].shape[0]
+        length = em.node("Cast", [em.node("ReduceMax", [pos], hint=hint, keepdims=0)[0]], hint=hint,
+                         to=TensorProto.FLOAT)[0]
+        length = em.node("Add", [length, em.const(1.0, "float32")], hint=hint)[0]
+        f, orig = float(a["dynamic_factor"]), float(a["original_max_position"])
+        r = em.node("Sub", [em.node("Mul", [length, em.const(f / orig, "float32")], hint=hint)[0],
+                            em.const(f - 1, "float32")], hint=hint)[0]
+        r = em.node("Max", [r, em.const(1.0, "float32")], hint=hint)[0]
+        exponent = em.const([-i / (d - 2) for i in range(0, d, 2)], "float32")
+        inv_freq = em.node("Mul", [inv_freq, em.node("Pow", [r, exponent], hint=hint)[0]], hint=hint)[0]
+    posf = em.node("Cast", [em.node("Unsqueeze", [pos, em.const([-1], "int64")], hint=hint)[0]], hint=hint,
+                   to=TensorProto.FLOAT)[0]
+    angles = em.node("Mul", [posf, inv_freq], hint=hint)[0]
+    for fn, out in (("Cos", node.outputs[0]), ("Sin", node.outputs[1])):
+        y = em.node(fn, [angles], hint=hint)[0]
+        em.node("Mul", [y, em.const(float(a["scaling"]), "float32")], [out], hint=hint)
+
+
+def rotary(em: Emitter, node: Node) -> None:
+    x, cos, sin = node.inputs
+    dtype = em.dtype_of(x)
+    if dtype != TensorProto.FLOAT:
+        cos, sin = (em.node("Cast", [t], hint=node.name, to=dtype)[0] for t in (cos, sin))
+    em.node("RotaryEmbedding", [x, cos, sin], node.outputs, hint=node.name, num_heads=node.attrs["num_heads"],
+            interleaved=int(node.attrs["interleaved"]),
+            rotary_embedding_dim=2 * em.graph.values[node.inputs[1]].shape[-1])
+
+
+def _heads_first(em: Emitter, x: str, heads: int, hint: str) -> str:
+    """[B, S, H*D] -> [B, H, S, D]"""
+    d = em.graph.values[x].shape[-1] // heads
+    y = em.node("Reshape", [x, em.const([0, 0, heads, d], "int64")], hint=hint)[0]
+    return em.node("Transpose", [y], hint=hint, perm=[0, 2, 1, 3])[0]
+
+
+def attention_mask(em: Emitter, pos: str, hint: str) -> tuple[str, str]:
+    """(length L = max(pos) + 1 as a 1-element int64 tensor, bool mask [B, 1, S, L]: slot j <= pos[b, s])."""
+    length = em.node("Add", [em.node("ReduceMax", [pos], hint=hint, keepdims=1)[0],
+                             em.const([1], "int64")], hint=hint)[0]
+    length = em.node("Reshape", [length, em.const([1], "int64")], hint=hint)[0]
+    slots = em.node("Range", [em.const(0, "int64"), em.node("Squeeze", [length], hint=hint)[0],
+                              em.const(1, "int64")], hint=hint)[0]
+    limit = em.node("Unsqueeze", [pos, em.const([1, 3], "int64")], hint=hint)[0]  # [B, 1, S, 1]
+    return length, em.node("LessOrEqual", [slots, limit], hint=hint)[0]
+
+
+def grouped_attention(em: Emitter, node: Node) -> None:
+    q, k, v, pos, past_k, past_v = node.inputs
+    out, present_k, present_v = node.outputs
+    a, hint = node.attrs, node.name
+    first = em.node("Gather", [pos, em.const(0, "int64")], hint=hint, axis=1)[0]  # each row's first position
+    for new, past, present in ((k, past_k, present_k), (v, past_v, present_v)):
+        em.node("TensorScatter", [past, _heads_first(em, new, a["num_kv_heads"], hint), first], [present],
+                hint=hint, axis=2)
+    length, mask = attention_mask(em, pos, hint)
+    if not a["causal"]:
+        raise NotImplementedError("non-causal GroupedAttention has no ONNX lowering yet")
+    zero, two = em.const([0], "int64"), em.const([2], "int64")
+    keys, values = (em.node("Slice", [c, zero, length, two], hint=hint)[0] for c in (present_k, present_v))
+    y = em.node("Attention", [_heads_first(em, q, a["num_heads"], hint), keys, values, mask], hint=hint,
+                scale=float(a["scale"]))[0]
+    y = em.node("Transpose", [y], hint=hint, perm=[0, 2, 1, 3])[0]
+    em.node("Reshape", [y, em.const([0, 0, -1], "int64")], [out], hint=hint)
+
+
+def swiglu(em: Emitter, node: Node) -> None:
+    gate, up = node.inputs
+    silu = em.node("Mul", [gate, em.node("Sigmoid", [gate], hint=node.name)[0]], hint=node.name)[0]
+    em.node("Mul", [silu, up], node.outputs, hint=node.name)
+
+
+def add(em: Emitter, node: Node) -> None:
+    em.node("Add", list(node.inputs), node.outputs, hint=node.name)
+
+
+LOWERINGS = {"Embedding": embedding, "RMSNorm": rmsnorm, "Linear": linear, "Split": split,
+             "RotaryCosSin": rotary_cos_sin, "Rotary": rotary, "GroupedAttention": grouped_attention,
+             "SwiGLU": swiglu, "Add": add}
+
+TARGET = Target("onnx", LOWERINGS, {"": OPSET}, doc=__doc__)
