@@ -1,1 +1,45 @@
-"""llgraph.export"""
+"""IR -> ONNX. One module per target, all on the shared mechanism in `lower.py`:
+`onnx` (standard ops only), `ort` (ONNX Runtime contrib fusions, the CPU default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llgraph.export.lower import ExportError, Target
+
+TARGETS = ("ort", "onnx")
+DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def get_target(name: str) -> Target:
+    if name == "ort":
+        from llgraph.export.ort import TARGET
+    elif name == "onnx":
+        from llgraph.export.onnx import TARGET
+    else:
+        raise ExportError(f"unknown target '{name}'; use one of {', '.join(TARGETS)}")
+    return TARGET
+
+
+def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype: str = "float32",
+                 max_seq_len: int | None = None, force: bool = False, progress: bool = False, seed: int = 0) -> Path:
+    """Config (+ checkpoint, else seeded random weights) -> an ONNX folder: model.onnx, model.onnx.data,
+    manifest.json, and the checkpoint's tokenizer files."""
+    from llgraph.builder import build_graph
+    from llgraph.config import load_config
+    from llgraph.export.lower import export
+    from llgraph.passes import DEFAULT_PASSES, run_passes
+    from llgraph.weights import open_checkpoint
+
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
+    if dtype not in DTYPES:
+        raise ExportError(f"unknown dtype '{dtype}'; use one of fp32, fp16, bf16")
+    tgt = get_target(target)
+    cfg = load_config(config)
+    if max_seq_len is not None and not 0 < max_seq_len:
+        raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
+    source = open_checkpoint(checkpoint, cfg, seed)
+    graph = run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+    return export(graph, source, tgt, out, max_positions=max_seq_len or cfg.max_position_embeddings, force=force,
+                  progress=progress, extra_files=source.tokenizer_files())

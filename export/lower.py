@@ -21,10 +21,11 @@ import torch
 from onnx import TensorProto, helper
 
 from llgraph import __version__
-from llgraph.ir import Graph, Node
+from llgraph.errors import LlgraphError
+from llgraph.ir import DTYPE_BYTES, Graph, Node
 from llgraph.weights import WeightSource, check_weights, load_param
 
-ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
+ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
                "int64": TensorProto.INT64, "int32": TensorProto.INT32, "bool": TensorProto.BOOL}
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 ALIGN = 4096  # page-aligned offsets let ONNX Runtime memory-map large initializers
@@ -32,7 +33,7 @@ ALIGN = 4096  # page-aligned offsets let ONNX Runtime memory-map large initializ
 Lowering = Callable[["Emitter", Node], None]
 
 
-class ExportError(ValueError):
+class ExportError(LlgraphError):
     """Bad export request (target, dtype, output folder); one line naming the fix."""
 
 
@@ -56,6 +57,7 @@ class Emitter:
     initializers: list = field(default_factory=list)
     absorbed: set = field(default_factory=set)  # names of IR nodes a planned fusion emits instead
     fused: dict = field(default_factory=dict)  # IR node name -> lowering that replaces the table's
+    shared: dict = field(default_factory=dict)  # values a target computes once per graph (e.g. seqlens)
     _weights: dict = field(default_factory=dict)
     _count: int = 0
 
@@ -137,7 +139,7 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
     if missing:
         raise NotImplementedError(f"target '{target.name}' cannot lower {missing}")
     check_weights(graph, source)
-    total = sum(int(np.prod(p.value.shape)) * (4 if p.value.dtype == "float32" else 2) for p in graph.params.values())
+    total = sum(int(np.prod(p.value.shape)) * DTYPE_BYTES[p.value.dtype] for p in graph.params.values())
     with open(out_dir / DATA_FILE, "wb") as data, \
             tqdm(total=total, unit="B", unit_scale=True, desc=f"export {target.name}", disable=not progress) as bar:
         em = Emitter(graph, source, data, on_weight=bar.update, max_positions=max_positions)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llgraph.config import ConfigError, load_config, presets
-from llgraph.ir import IRError
-from llgraph.weights import WeightError
+from llgraph.config import load_config, presets
+from llgraph.errors import LlgraphError
 
-USER_ERRORS = (ConfigError, WeightError, IRError, FileNotFoundError, PermissionError)
+USER_ERRORS = (LlgraphError, FileNotFoundError, PermissionError)
 
 
 def cmd_inspect(args) -> None:
@@ -33,6 +32,16 @@ def cmd_inspect(args) -> None:
         print(f"  {op:<18}{n}")
 
 
+def cmd_export(args) -> None:
+    from llgraph.export import export_model
+
+    if args.checkpoint is None:
+        print(f"no --checkpoint: exporting seeded random weights (seed {args.seed})", file=sys.stderr)
+    out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, args.target, args.dtype,
+                       args.max_seq_len, args.force, progress=True, seed=args.seed)
+    print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llgraph", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -42,11 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     i.add_argument("--passes", action="store_true", help="show the graph after QKV and gate/up packing")
     i.set_defaults(func=cmd_inspect)
+    e = sub.add_parser("export", help="export a model to an ONNX folder (model.onnx + external data + manifest)")
+    e.add_argument("--config", help="config file or preset; defaults to the checkpoint's own (config.json / GGUF)")
+    e.add_argument("--checkpoint", help="HF folder, .safetensors or .gguf; without it, seeded random weights")
+    e.add_argument("--target", default="ort", help="ort (ONNX Runtime, default) or onnx (standard ops only)")
+    e.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16")
+    e.add_argument("--max-seq-len", type=int, help="longest position the RoPE tables cover (default: the config's)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    e.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    e.add_argument("-o", "--output", required=True, help="output folder")
+    e.set_defaults(func=cmd_export)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "command", None) == "export" and not (args.config or args.checkpoint):
+        print("llgraph: error: export needs --config or --checkpoint", file=sys.stderr)
+        return 2
     try:
         args.func(args)
     except USER_ERRORS as e:

@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llgraph.errors import LlgraphError
+
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
 ROPE_LAYOUTS = ("half", "interleaved")
 PRESET_DIR = Path(__file__).parent / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(LlgraphError):
     """A config that cannot describe a model; the message names the field and the fix."""
 
 

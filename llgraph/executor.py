@@ -66,7 +66,7 @@ def _embedding(node: Node, ids, table):
 
 @torch_impl("RMSNorm")
 def _rmsnorm(node: Node, x, weight):
-    xf = x.float()
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + node.attrs["eps"])
     return (weight * xf.to(x.dtype),)
 

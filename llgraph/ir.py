@@ -10,16 +10,17 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+from llgraph.errors import LlgraphError
 from llgraph.ops import SCHEMAS, check_attrs
 
-DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")  # float64: the reference of references
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
 
 Dim = int | str
 
 
-class IRError(ValueError):
+class IRError(LlgraphError):
     """A graph that breaks an op schema or SSA form."""
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-FLOATS = ("float32", "float16", "bfloat16")
+FLOATS = ("float32", "float16", "bfloat16", "float64")
 INTS = ("int64", "int32")
 
 

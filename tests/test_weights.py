@@ -8,8 +8,7 @@ from safetensors.torch import save_file
 from llgraph.builder import build_graph
 from llgraph.bundled import bundled_model
 from llgraph.config import load_config
-from llgraph.weights import (GGUFSource, RandomSource, SafetensorsSource, WeightError, check_weights,
-                             open_checkpoint)
+from llgraph.weights import GGUFSource, RandomSource, SafetensorsSource, WeightError, check_weights, open_checkpoint
 
 
 def write_checkpoint(path, cfg, edit=lambda state: state):

@@ -1,0 +1,6 @@
+"""User-facing errors: each message is one line naming the problem and the fix. The CLI prints them and exits 2;
+any other exception is a bug and keeps its traceback."""
+
+
+class LlgraphError(ValueError):
+    pass
