@@ -25,8 +25,9 @@ from llgraph.errors import LlgraphError
 from llgraph.ir import DTYPE_BYTES, Graph, Node
 from llgraph.weights import WeightSource, check_weights, load_param
 
-ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
-               "int64": TensorProto.INT64, "int32": TensorProto.INT32, "bool": TensorProto.BOOL}
+ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+               "bfloat16": TensorProto.BFLOAT16, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
+               "bool": TensorProto.BOOL}
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 ALIGN = 4096  # page-aligned offsets let ONNX Runtime memory-map large initializers
 

@@ -20,7 +20,8 @@ from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.ir import Graph, Param
 
-TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+                "bfloat16": torch.bfloat16}
 # Tensors some checkpoints carry that no Llama graph reads: HF's old rotary buffers.
 _IGNORABLE = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
