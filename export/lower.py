@@ -30,6 +30,7 @@ ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "flo
                "bool": TensorProto.BOOL}
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 ALIGN = 4096  # page-aligned offsets let ONNX Runtime memory-map large initializers
+CHUNK_BYTES = 64 << 20  # tensors are made contiguous and written this much at a time
 
 Lowering = Callable[["Emitter", Node], None]
 
@@ -93,12 +94,12 @@ class Emitter:
         if key in self._weights:
             return self._weights[key]
         tensor = load_param(self.graph.params[param], self.source)
-        if transpose:
-            tensor = tensor.t()
         if compute is not None:
             tensor = compute(tensor)
+        if transpose:
+            tensor = tensor.t()  # a view: _write makes it contiguous a chunk at a time
         name = param + (".T" if transpose else "") + (f".{compute.__name__}" if compute else "")
-        self.initializers.append(self._write(name, tensor.contiguous()))
+        self.initializers.append(self._write(name, tensor))
         self._weights[key] = name
         return name
 
@@ -106,12 +107,17 @@ class Emitter:
         pad = -self.data.tell() % ALIGN
         self.data.write(b"\0" * pad)
         offset = self.data.tell()
-        raw = (tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor).numpy().tobytes()
-        self.data.write(raw)
-        self.on_weight(len(raw))
+        rows = max(1, CHUNK_BYTES // max(1, tensor[0].numel() * tensor.element_size())) if tensor.dim() else 1
+        for i in range(0, max(1, tensor.shape[0] if tensor.dim() else 1), rows):
+            chunk = (tensor[i:i + rows] if tensor.dim() else tensor).contiguous()
+            if chunk.dtype == torch.bfloat16:  # numpy has no bfloat16; the bytes are the same
+                chunk = chunk.view(torch.int16)
+            self.data.write(memoryview(chunk.numpy()).cast("B"))
+            self.on_weight(chunk.numel() * chunk.element_size())
+        length = self.data.tell() - offset
         proto = TensorProto(name=name, data_type=ONNX_DTYPES[str(tensor.dtype).removeprefix("torch.")],
                             dims=list(tensor.shape), data_location=TensorProto.EXTERNAL)
-        for k, v in (("location", DATA_FILE), ("offset", str(offset)), ("length", str(len(raw)))):
+        for k, v in (("location", DATA_FILE), ("offset", str(offset)), ("length", str(length))):
             proto.external_data.add(key=k, value=v)
         return proto
 

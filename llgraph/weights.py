@@ -43,58 +43,90 @@ class WeightSource:
     def shape(self, name: str) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def load(self, name: str) -> torch.Tensor:
-        """The tensor as a CPU float tensor (its stored float dtype, or float32 after dequantization)."""
+    def load(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor as a CPU float tensor: its stored float dtype (float32 after dequantization). `dtype` is a
+        hint a source may use to avoid a full-size intermediate; the caller still casts."""
         raise NotImplementedError
 
     def tokenizer_files(self) -> list[Path]:
         return []
 
 
-class SafetensorsSource(WeightSource):
-    def __init__(self, path: str | Path):
-        from safetensors import safe_open
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
+
+class SafetensorsSource(WeightSource):
+    """HF safetensors, one file or sharded with model.safetensors.index.json.
+
+    Tensors are read with plain file reads at the header's offsets rather than through a memory map: mapped pages
+    stay resident in the process as they are touched, which would make exporting an N GB checkpoint cost N GB of
+    RSS. The format (8-byte little-endian header length, JSON header, raw bytes) is read here; writing it is left
+    to the `safetensors` package."""
+
+    def __init__(self, path: str | Path):
         path = Path(path)
         self.rope_layout = "half"
         if path.is_dir():
             index = path / "model.safetensors.index.json"
             if index.exists():
-                weight_map = _read_json(index)["weight_map"]
-                files = {f: path / f for f in set(weight_map.values())}
+                files = sorted({path / f for f in _read_json(index)["weight_map"].values()})
             else:
-                files = {p.name: p for p in sorted(path.glob("*.safetensors"))}
+                files = sorted(path.glob("*.safetensors"))
                 if not files:
                     raise WeightError(f"{path} holds no *.safetensors file; pass an HF checkpoint folder or a .gguf")
-                weight_map = None
             self.folder = path
         else:
-            files, weight_map, self.folder = {path.name: path}, None, path.parent
+            files, self.folder = [path], path.parent
         self.description = f"safetensors {path}"
-        self._handles = {}
-        for f, p in files.items():
-            if not p.exists():
-                raise WeightError(f"shard {p} named in the index is missing; re-download the checkpoint")
-            try:
-                self._handles[f] = safe_open(str(p), framework="pt")
-            except Exception as e:  # safetensors raises its own error types for corrupt headers
-                raise WeightError(f"cannot read {p}: {e}; the file is not a valid safetensors file") from None
-        if weight_map is None:
-            weight_map = {k: f for f, h in self._handles.items() for k in h.keys()}
-        self._where = weight_map
+        self._entries: dict[str, tuple[Path, int, torch.dtype, tuple[int, ...]]] = {}
+        for f in files:
+            if not f.exists():
+                raise WeightError(f"shard {f} named in the index is missing; re-download the checkpoint")
+            self._entries.update(_safetensors_header(f))
 
     def names(self):
-        return list(self._where)
+        return list(self._entries)
 
     def shape(self, name):
-        return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
+        return self._entries[name][3]
 
-    def load(self, name):
-        return self._handles[self._where[name]].get_tensor(name)
+    def load(self, name, dtype=None):
+        path, offset, st_dtype, shape = self._entries[name]
+        out = torch.empty(shape, dtype=st_dtype)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            if f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != out.numel() * out.element_size():
+                raise WeightError(f"{path} ends inside tensor {name}; the file is truncated, re-download it")
+        return out
 
     def tokenizer_files(self):
-        names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+        names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                 "chat_template.jinja")
         return [self.folder / n for n in names if (self.folder / n).exists()]
+
+
+def _safetensors_header(path: Path) -> dict:
+    """name -> (file, absolute byte offset, dtype, shape) from a safetensors header."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= 100 << 20:
+                raise ValueError("bad header length")
+            header = json.loads(f.read(n))
+        size = path.stat().st_size
+        entries = {}
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            if e["dtype"] not in _ST_DTYPES:
+                raise WeightError(f"{path}: tensor {name} has dtype {e['dtype']}; llgraph reads F64/F32/F16/BF16")
+            begin, end = e["data_offsets"]
+            if not 0 <= begin <= end <= size - 8 - n:
+                raise ValueError(f"tensor {name} lies outside the file")
+            entries[name] = (path, 8 + n + begin, _ST_DTYPES[e["dtype"]], tuple(e["shape"]))
+        return entries
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise WeightError(f"cannot read {path}: {e}; the file is not a valid safetensors file") from None
 
 
 _GGUF_NAMES = {
@@ -146,14 +178,23 @@ class GGUFSource(WeightSource):
     def shape(self, name):
         return tuple(int(d) for d in reversed(self._tensors[name].shape))  # ggml lists the fastest dim first
 
-    def load(self, name):
+    def load(self, name, dtype=None):
         from gguf.quants import dequantize
 
         t = self._tensors[name]
-        data = dequantize(t.data, t.tensor_type).reshape(self.shape(name))
+        shape = self.shape(name)
+        out = np.empty(shape, np.float32)
+        rows = out.reshape(-1, shape[-1])
+        # read the bytes rather than touch the reader's memory map, whose pages would stay resident (see
+        # SafetensorsSource)
+        raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
+        blocks = raw.view(t.data.dtype).reshape(rows.shape[0], -1)
+        step = max(1, (16 << 20) // (4 * shape[-1]))  # dequantize ~16 MB of rows at a time: bounded temporaries
+        for i in range(0, rows.shape[0], step):
+            rows[i:i + step] = dequantize(blocks[i:i + step], t.tensor_type).reshape(-1, shape[-1])
         if self.rope_layout == "half" and (m := re.search(r"self_attn\.([qk])_proj", name)):
-            data = interleaved_to_half(data, self._heads if m[1] == "q" else self._kv_heads)
-        return torch.from_numpy(np.array(data, dtype=np.float32))  # a writable copy, not a view of the mmap
+            out = interleaved_to_half(out, self._heads if m[1] == "q" else self._kv_heads)
+        return torch.from_numpy(np.ascontiguousarray(out))
 
 
 def interleaved_to_half(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -164,7 +205,10 @@ def interleaved_to_half(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 class RandomSource(WeightSource):
     """Seeded random weights; tensor `name` depends only on (seed, name), so tensors can be drawn in any order.
-    Linear weights ~ N(0, std), norm weights ~ 1 + N(0, std), biases ~ N(0, std)."""
+    Linear weights ~ N(0, std), norm weights ~ 1 + N(0, std), biases ~ N(0, std). Values are drawn in float32
+    chunks and rounded into `dtype`, so a float16 draw equals the float32 one rounded, with no float32 copy."""
+
+    CHUNK = 1 << 22
 
     def __init__(self, cfg: LlamaConfig, seed: int = 0, std: float = 0.02):
         from llgraph.builder import build_graph
@@ -180,10 +224,14 @@ class RandomSource(WeightSource):
     def shape(self, name):
         return self._shapes[name]
 
-    def load(self, name):
+    def load(self, name, dtype=None):
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
-        t = torch.randn(self._shapes[name], generator=g) * self.std
-        return t + 1.0 if "norm" in name else t
+        out = torch.empty(self._shapes[name], dtype=dtype or torch.float32)
+        flat, offset = out.view(-1), 1.0 if "norm" in name else 0.0
+        for i in range(0, flat.numel(), self.CHUNK):
+            n = min(self.CHUNK, flat.numel() - i)
+            flat[i:i + n] = torch.randn(n, generator=g) * self.std + offset
+        return out
 
 
 def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, seed: int = 0) -> WeightSource:
@@ -235,12 +283,11 @@ def _few(items: list[str], n: int = 8) -> str:
 def load_param(param: Param, source: WeightSource) -> torch.Tensor:
     """The parameter's tensor in its graph dtype: its constant, its checkpoint tensor, or its parts concatenated
     along axis 0 (a packed param)."""
+    dtype = TORCH_DTYPES[param.value.dtype]
     if param.is_constant:
-        t = torch.from_numpy(np.asarray(param.constant))
-    else:
-        tensors = [source.load(p.name) for p in param.parts]
-        t = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
-    return t.to(TORCH_DTYPES[param.value.dtype])
+        return torch.from_numpy(np.asarray(param.constant)).to(dtype)
+    tensors = [source.load(p.name, dtype).to(dtype) for p in param.parts]
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
 
 
 def iter_params(graph: Graph, source: WeightSource, progress: bool = False

@@ -59,8 +59,8 @@ class InterleavedView(RandomSource):
 
     rope_layout = "interleaved"
 
-    def load(self, name):
-        t = super().load(name)
+    def load(self, name, dtype=None):
+        t = super().load(name, dtype)
         if "q_proj" in name or "k_proj" in name:
             heads = self.cfg.num_heads if "q_proj" in name else self.cfg.num_kv_heads
             d = t.shape[0] // heads
