@@ -179,6 +179,11 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
         lower(graph, source, target, tmp, max_positions=max_positions, metadata=metadata, progress=progress)
         for f in extra_files:
             shutil.copy(f, tmp / Path(f).name)
+        if target.name == "ort":
+            from llgraph.config import LlamaConfig
+            from llgraph.export.genai import write_genai_config
+
+            write_genai_config(tmp, LlamaConfig(**config), max_positions)
         manifest = {"format": "llgraph-onnx", "llgraph_version": __version__, "target": target.name,
                     "dtype": graph.metadata["dtype"], "model": MODEL_FILE, "data": DATA_FILE,
                     "weights": source.description, "config": config,

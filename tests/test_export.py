@@ -166,3 +166,34 @@ def test_smollm2_fp32_executor_vs_float64(report):
     cfg, source = load_config(path), GGUFSource(path)
     compare_steps(cfg, Stepper(cfg, source, max_seq=64, dtype="float64"), Stepper(cfg, source, max_seq=64), report,
                   "SmolLM2 fp32 executor vs float64 executor", batch=1, prompt_len=12)
+
+
+LOADER = '''
+import numpy as np
+def load_data():
+    feeds = {"input_ids": np.arange(5, dtype=np.int64)[None] % VOCAB, "position_ids": np.arange(5, dtype=np.int64)[None]}
+    for i in range(LAYERS):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kv}"] = np.zeros((1, KV_HEADS, 16, HEAD_DIM), np.float32)
+    yield feeds
+'''
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_polygraphy_lint_reports_no_errors(target, tmp_path):
+    """polygraphy lint runs the model, so it gets valid inputs (positions 0..4 in a 16-slot cache)."""
+    import shutil
+    import subprocess
+
+    cfg = tiny()
+    folder, _ = export_tiny(cfg, target, tmp_path)
+    loader = tmp_path / "loader.py"
+    loader.write_text(LOADER.replace("VOCAB", str(cfg.vocab_size)).replace("LAYERS", str(cfg.num_layers))
+                      .replace("KV_HEADS", str(cfg.num_kv_heads)).replace("HEAD_DIM", str(cfg.head_dim)))
+    report_path = tmp_path / "lint.json"
+    r = subprocess.run([shutil.which("polygraphy"), "check", "lint", str(folder / "model.onnx"),
+                        "--data-loader-script", str(loader), "-o", str(report_path)], capture_output=True, text=True)
+    report = json.loads(report_path.read_text())
+    errors = [e for e in report["lint_entries"] if e["level"] in ("exception", "error")]
+    print(f"{target}: lint {len(report['summary']['passing'])} nodes passing, {len(errors)} errors")
+    assert r.returncode == 0 and not errors and not report["summary"]["failing"], r.stdout[-2000:]
