@@ -171,7 +171,8 @@ def test_smollm2_fp32_executor_vs_float64(report):
 LOADER = '''
 import numpy as np
 def load_data():
-    feeds = {"input_ids": np.arange(5, dtype=np.int64)[None] % VOCAB, "position_ids": np.arange(5, dtype=np.int64)[None]}
+    positions = np.arange(5, dtype=np.int64)[None]
+    feeds = {"input_ids": positions % VOCAB, "position_ids": positions}
     for i in range(LAYERS):
         for kv in ("key", "value"):
             feeds[f"past_key_values.{i}.{kv}"] = np.zeros((1, KV_HEADS, 16, HEAD_DIM), np.float32)
