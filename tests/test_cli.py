@@ -32,3 +32,24 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     assert "num_heads (4) must be divisible by num_kv_heads (3)" in r.stderr
     r = llgraph("inspect", "--config", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "neither a file nor a bundled preset" in r.stderr
+
+
+def test_export_bundled_model_as_the_readme_says(tmp_path):
+    r = llgraph("export", "--checkpoint", "smollm2", "-o", "smollm2-onnx", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "smollm2-onnx"
+    assert {"model.onnx", "model.onnx.data", "manifest.json", "genai_config.json"} <= {p.name for p in out.iterdir()}
+    assert "export ort" in r.stderr  # the progress bar
+    assert [p.name for p in tmp_path.iterdir()] == ["smollm2-onnx"]  # no temporary left behind
+
+
+def test_export_errors_are_one_line_exit_2_and_leave_nothing(tmp_path):
+    for args, message in ((["--config", "tiny", "--target", "tensorrt"], "unknown target 'tensorrt'"),
+                          (["--config", "tiny", "--dtype", "int4"], "unknown dtype 'int4'"),
+                          (["--config", "tiny", "--checkpoint", "missing.gguf"], "checkpoint missing.gguf does not"),
+                          (["--config", "nope.json"], "neither a file nor a bundled preset")):
+        r = llgraph("export", *args, "-o", "out", cwd=tmp_path)
+        errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+        assert r.returncode == 2 and len(errors) == 1 and message in errors[0], r.stderr
+        assert "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
