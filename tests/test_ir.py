@@ -149,3 +149,19 @@ def test_attention_sees_only_positions_up_to_its_own(report):
     alone = run(ids[1:, :4], torch.arange(4)[None])
     report("row in a batch vs alone", max_diff(batched[1, :4], alone[0]), 1e-5)
     assert math.isfinite(batched.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype, rel", [("float16", 5e-3), ("bfloat16", 4e-2)])
+def test_executor_half_precisions_track_float64(dtype, rel, report):
+    """fp16/bf16 executor runs (prefill + 4 decode steps) stay within rel * max|logits| of the float64 run:
+    5e-3 for fp16 (10-bit mantissa), 4e-2 for bf16 (7-bit)."""
+    cfg = tiny()
+    source = RandomSource(cfg, seed=8, std=0.25)
+    low, truth = Stepper(cfg, source, dtype=dtype), Stepper(cfg, source, dtype="float64")
+    ids = torch.randint(0, cfg.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
+    worst = scale = 0.0
+    for _ in range(5):
+        a, b = low.step(ids)["logits"], truth.step(ids)["logits"]
+        worst, scale = max(worst, max_diff(a, b)), max(scale, b.abs().max().item())
+        ids = b[:, -1:].argmax(-1)
+    report(f"{dtype} executor vs float64 (|logits| up to {scale:.1f})", worst, rel * scale)

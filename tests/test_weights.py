@@ -93,3 +93,66 @@ def test_gguf_layout_must_match_the_config():
 def test_gguf_against_a_different_config_lists_misshapes():
     with pytest.raises(WeightError, match="mis-shaped model.embed_tokens.weight \\(49152, 576\\)"):
         check_weights(build_graph(load_config("tiny")), GGUFSource(bundled_model("smollm2")))
+
+
+def test_gguf_quantized_types_and_metadata(tmp_path):
+    """A llama GGUF written with gguf's own writer, its tensors in Q8_0, Q4_0, Q4_1, Q5_0, F16, BF16 and F32, q/k
+    rows permuted as llama.cpp's converter does: the config comes back from the metadata, every tensor equals gguf's
+    own quantize -> dequantize round trip, and rope_layout='half' undoes the permutation."""
+    import gguf
+    import gguf.quants as gq
+
+    from llgraph.weights import _GGUF_NAMES, interleaved_to_half
+
+    T = gguf.GGMLQuantizationType
+    types = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.F16, T.BF16]
+    cfg = tiny()
+    source = RandomSource(cfg, seed=9)
+    to_gguf = {v: k for k, v in _GGUF_NAMES.items()}
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-gguf")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope.theta)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_vocab_size(cfg.vocab_size)
+    expected = {}
+    for i, name in enumerate(source.names()):
+        x = source.load(name).numpy()
+        heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(name.split(".")[-2])
+        if heads:  # HF rows (i, i + d/2) -> GGUF rows (2i, 2i+1), as convert_hf_to_gguf permutes them
+            d = x.shape[0] // heads
+            x = x.reshape(heads, 2, d // 2, -1).swapaxes(1, 2).reshape(x.shape)
+        qtype = T.F32 if x.ndim == 1 else types[i % len(types)]
+        data = gq.quantize(x, qtype)
+        expected[name] = (gq.dequantize(data, qtype).reshape(x.shape), qtype, heads)
+        stem, kind = name.rsplit(".", 1)
+        m = stem.split(".")
+        gname = (f"blk.{m[2]}.{to_gguf['.'.join(m[3:])]}" if stem.startswith("model.layers.") else to_gguf[stem])
+        gname += f".{kind}"
+        w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    from llgraph.config import load_config
+    back = load_config(path)
+    assert (back.hidden_size, back.num_layers, back.num_heads, back.num_kv_heads, back.vocab_size) == \
+        (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size)
+    assert back.rope.layout == "interleaved" and not back.tie_word_embeddings
+    check_weights(build_graph(back), GGUFSource(path))
+    stored, half = GGUFSource(path), GGUFSource(path, rope_layout="half")
+    seen = set()
+    for name, (want, qtype, heads) in expected.items():
+        assert torch.equal(stored.load(name), torch.from_numpy(want)), (name, qtype.name)
+        if heads:
+            assert torch.equal(half.load(name), torch.from_numpy(interleaved_to_half(want, heads)))
+        seen.add(qtype.name)
+    assert seen == {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "F16", "BF16", "F32"}
