@@ -186,6 +186,7 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
             write_genai_config(tmp, LlamaConfig(**config), max_positions)
         manifest = {"format": "llgraph-onnx", "llgraph_version": __version__, "target": target.name,
                     "dtype": graph.metadata["dtype"], "model": MODEL_FILE, "data": DATA_FILE,
+                    "max_positions": max_positions,
                     "weights": source.description, "config": config,
                     "inputs": [v.name for v in graph.inputs], "outputs": [v.name for v in graph.outputs]}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))

@@ -1,0 +1,94 @@
+"""Backends for the shared loop: each allocates its static KV cache once per request and runs one step on it.
+
+- `OrtBackend`: ONNX Runtime with IO binding; the cache OrtValues are bound as both past and present, so nothing is
+  copied or allocated for the cache per step (GroupQueryAttention's shared-buffer mode writes in place).
+- `TorchBackend`: the PyTorch executor; it writes the same tensors in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from llgraph.builder import build_graph, cache_names
+from llgraph.config import LlamaConfig
+from llgraph.runtime.loop import Backend
+from llgraph.weights import TORCH_DTYPES, WeightSource
+
+DEFAULT_MAX_SEQ = 2048
+
+
+class OrtBackend(Backend):
+    def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None):
+        import onnxruntime as ort
+
+        folder = Path(folder)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        self.config = LlamaConfig(**manifest["config"])
+        self.dtype = manifest["dtype"]
+        limit = manifest.get("max_positions", self.config.max_position_embeddings)
+        self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ, limit)
+        self.vocab_size = self.config.vocab_size
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or os.cpu_count() or 1
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(folder / manifest["model"]), opts,
+                                            providers=["CPUExecutionProvider"])
+        self._ort, self._batch, self._binding = ort, None, None
+
+    def allocate(self, batch: int) -> None:
+        if batch == self._batch:
+            return  # stale slots from an earlier request are finite and masked out
+        c = self.config
+        np_dtype = {"float32": np.float32, "float16": np.float16}[self.dtype]
+        shape = [batch, c.num_kv_heads, self.max_seq_len, c.head_dim]
+        self._binding = self.session.io_binding()
+        self._binding.bind_output("logits", "cpu")  # first, so it is output 0; ORT sizes it on each run
+        self._cache = []
+        for i in range(c.num_layers):
+            pk, pv, ok, ov = cache_names(i)
+            for past, present in ((pk, ok), (pv, ov)):
+                # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
+                array = np.zeros(shape, np_dtype)
+                value = self._ort.OrtValue.ortvalue_from_numpy(array)
+                self._binding.bind_ortvalue_input(past, value)
+                self._binding.bind_ortvalue_output(present, value)
+                self._cache.append((array, value))  # the OrtValue borrows the array's memory
+        self._batch = batch
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids.numpy()))
+        self._binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids.numpy()))
+        self._binding.bind_output("logits", "cpu")  # re-bound each step: its shape follows seq; cache stays bound
+        self.session.run_with_iobinding(self._binding)
+        return torch.from_numpy(self._binding.get_outputs()[0].numpy())
+
+
+class TorchBackend(Backend):
+    def __init__(self, config: LlamaConfig, source: WeightSource, max_seq_len: int | None = None,
+                 dtype: str = "float32", device: str = "cpu", progress: bool = False):
+        from llgraph.executor import TorchExecutor
+        from llgraph.passes import DEFAULT_PASSES, run_passes
+
+        self.config, self.dtype, self.device = config, dtype, device
+        self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ, config.max_position_embeddings)
+        self.vocab_size = config.vocab_size
+        self.executor = TorchExecutor(run_passes(build_graph(config, dtype), DEFAULT_PASSES), source, device, progress)
+        self._batch, self._cache = None, {}
+
+    def allocate(self, batch: int) -> None:
+        if batch == self._batch:
+            return
+        c = self.config
+        shape = (batch, c.num_kv_heads, self.max_seq_len, c.head_dim)
+        self._cache = {name: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device)
+                       for i in range(c.num_layers) for name in cache_names(i)[:2]}
+        self._batch = batch
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        feeds = {"input_ids": input_ids.to(self.device), "position_ids": position_ids.to(self.device), **self._cache}
+        return self.executor.run(feeds)["logits"].float().cpu()

@@ -1,0 +1,77 @@
+"""Next-token selection: greedy, temperature, top-k, top-p, repetition penalty; seeded and reproducible."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llgraph.errors import LlgraphError
+
+
+class RequestError(LlgraphError):
+    """A generate() request that cannot be served; one line naming the bad value."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0 (or top_k 1) is greedy. top_k 0 and top_p 1 disable those filters. repetition_penalty follows
+    CTRL/HF: a logit of a token already in the sequence is divided by it when positive, multiplied when negative."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise RequestError(f"temperature ({self.temperature}) must be >= 0 (0 is greedy)")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise RequestError(f"top_k ({self.top_k}) must be an integer >= 0 (0 disables it)")
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p ({self.top_p}) must be in (0, 1]")
+        if not self.repetition_penalty > 0:
+            raise RequestError(f"repetition_penalty ({self.repetition_penalty}) must be > 0 (1 disables it)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    def generator(self) -> torch.Generator:
+        g = torch.Generator()
+        if self.seed is None:
+            g.seed()  # nondeterministic, from the OS
+        else:
+            g.manual_seed(self.seed)
+        return g
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits: [B, V]; seen: [B, V] bool, the tokens already in each row's sequence."""
+    if penalty == 1.0:
+        return logits
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """-inf outside the top_k largest and outside the smallest set whose probability reaches top_p."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cumulative - sorted_logits.softmax(-1) >= top_p  # keep a token while the mass before it is < top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, params: Sampling, seen: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """logits: [B, V] float -> next tokens [B] int64."""
+    logits = apply_repetition_penalty(logits.float(), seen, params.repetition_penalty)
+    if params.greedy:
+        return logits.argmax(-1)
+    logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
