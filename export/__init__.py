@@ -45,4 +45,19 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
     source = open_checkpoint(checkpoint, cfg, seed)
     graph = run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
     return export(graph, source, tgt, out, max_positions=max_seq_len or cfg.max_position_embeddings, force=force,
-                  progress=progress, extra_files=source.tokenizer_files())
+                  progress=progress, extra_files=source.tokenizer_files(),
+                  write_extras=_gguf_tokenizer(checkpoint) if str(checkpoint).endswith(".gguf") else None)
+
+
+def _gguf_tokenizer(gguf_path):
+    """Writes tokenizer.json + tokenizer_config.json built from the GGUF's own vocabulary and chat template."""
+    import json
+
+    def write(folder: Path):
+        from llgraph.runtime.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_gguf(gguf_path)
+        tok.tk.save(str(folder / "tokenizer.json"))
+        config = {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "chat_template": tok.chat_template}
+        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return write

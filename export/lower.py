@@ -159,7 +159,7 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
 
 
 def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, *, max_positions: int,
-           force: bool = False, progress: bool = False, extra_files=()) -> Path:
+           force: bool = False, progress: bool = False, extra_files=(), write_extras=None) -> Path:
     """Export into folder `out`, written under a temporary name and renamed at the end: a failure leaves nothing."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
@@ -179,6 +179,8 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
         lower(graph, source, target, tmp, max_positions=max_positions, metadata=metadata, progress=progress)
         for f in extra_files:
             shutil.copy(f, tmp / Path(f).name)
+        if write_extras is not None:
+            write_extras(tmp)
         if target.name == "ort":
             from llgraph.config import LlamaConfig
             from llgraph.export.genai import write_genai_config

@@ -42,6 +42,53 @@ def cmd_export(args) -> None:
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
+def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str):
+    """MODEL is an export folder (has manifest.json) or a checkpoint; a checkpoint for the ort backend is exported
+    once into cache_dir (keyed by the checkpoint's path, size and mtime) and reused."""
+    import hashlib
+    from pathlib import Path
+
+    from llgraph.bundled import resolve
+    from llgraph.runtime import ORTRunner, TorchRunner
+
+    path = Path(resolve(model))
+    if not path.exists():
+        raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
+    if (path / "manifest.json").exists():
+        if backend != "ort":
+            raise LlgraphError(f"{model} is an ONNX export folder; it runs with --backend ort")
+        return ORTRunner(path, max_seq_len)
+    if backend == "torch":
+        return TorchRunner(path, max_seq_len=max_seq_len, progress=True)
+    if backend == "trt":
+        raise LlgraphError("--backend trt needs a TensorRT engine (`llgraph build`), which is not in this build yet")
+    from llgraph.export import export_model
+
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    folder = Path(cache_dir).expanduser() / f"{path.stem}-ort-{key}"
+    if not (folder / "manifest.json").exists():
+        print(f"exporting {path.name} for ONNX Runtime into {folder} (once)", file=sys.stderr)
+        export_model(path, checkpoint=path, out=folder, target="ort", force=True, progress=True)
+    return ORTRunner(folder, max_seq_len)
+
+
+def cmd_generate(args) -> None:
+    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir)
+    prompt = args.prompt
+    if args.chat:
+        if runner.tokenizer is None:
+            raise LlgraphError("--chat needs a tokenizer; this model has none")
+        prompt = runner.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    pieces = runner.stream(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                           top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                           stop=args.stop or ())
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llgraph", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -62,6 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     e.add_argument("-o", "--output", required=True, help="output folder")
     e.set_defaults(func=cmd_export)
+    g = sub.add_parser("generate", help="stream a completion from an export folder or a checkpoint")
+    g.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"))
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--max-seq-len", type=int, help="KV-cache length (default 2048)")
+    g.add_argument("--cache-dir", default="~/.cache/llgraph", help="where checkpoints are exported for ort")
+    g.set_defaults(func=cmd_generate)
     return p
 
 
@@ -77,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `llgraph inspect ... | head`
         sys.stdout = None
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -1,0 +1,43 @@
+"""The runners users call: each is the shared loop (loop.Runner) on one backend.
+
+    ORTRunner("smollm2-onnx").generate("Hello", max_new_tokens=32)          # an export folder, ONNX Runtime CPU
+    TorchRunner("smollm2").generate([[1, 2, 3]], max_new_tokens=8)        # a checkpoint, the PyTorch executor
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llgraph.runtime.backends import OrtBackend, TorchBackend
+from llgraph.runtime.loop import Runner
+from llgraph.runtime.tokenizer import Tokenizer
+
+
+def _tokenizer(ref: Path) -> Tokenizer | None:
+    ref = Path(ref)
+    if ref.suffix == ".gguf" or (ref.is_dir() and (ref / "tokenizer.json").exists()):
+        return Tokenizer.load(ref)
+    return None
+
+
+class ORTRunner(Runner):
+    """ONNX Runtime on an `llgraph export` folder (either target)."""
+
+    def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None):
+        backend = OrtBackend(folder, max_seq_len, threads)
+        super().__init__(backend, _tokenizer(Path(folder)), backend.config.eos_token_ids)
+
+
+class TorchRunner(Runner):
+    """The PyTorch executor on a checkpoint (HF folder, .safetensors, .gguf, or 'smollm2')."""
+
+    def __init__(self, checkpoint, config=None, max_seq_len: int | None = None, dtype: str = "float32",
+                 device: str = "cpu", progress: bool = False):
+        from llgraph.bundled import resolve
+        from llgraph.config import load_config
+        from llgraph.weights import open_checkpoint
+
+        checkpoint = resolve(checkpoint)
+        cfg = load_config(resolve(config) or checkpoint)
+        backend = TorchBackend(cfg, open_checkpoint(checkpoint, cfg), max_seq_len, dtype, device, progress)
+        super().__init__(backend, _tokenizer(Path(checkpoint)), cfg.eos_token_ids)

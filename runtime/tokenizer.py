@@ -1,0 +1,106 @@
+"""Tokenizer and chat template: `tokenizers` from tokenizer.json, or built from a GGUF file's own vocabulary; the
+chat template (jinja2) from tokenizer_config.json / chat_template.jinja or the GGUF metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llgraph.errors import LlgraphError
+
+# llama.cpp's byte-level pre-tokenizer types that `tokenizers` expresses exactly
+_GGUF_PRE = {"default", "gpt2", "smollm"}
+
+
+class TokenizerError(LlgraphError):
+    pass
+
+
+class Tokenizer:
+    def __init__(self, tokenizer, chat_template: str | None = None, bos_token: str = "", eos_token: str = ""):
+        self.tk, self.chat_template = tokenizer, chat_template
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    # -- loading --------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "Tokenizer":
+        from tokenizers import Tokenizer as TK
+
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.exists():
+            raise TokenizerError(f"{folder} has no tokenizer.json; pass token ids, or a folder/GGUF with a tokenizer")
+        config = json.loads((folder / "tokenizer_config.json").read_text()) \
+            if (folder / "tokenizer_config.json").exists() else {}
+        template = config.get("chat_template")
+        if (folder / "chat_template.jinja").exists():
+            template = (folder / "chat_template.jinja").read_text()
+        return cls(TK.from_file(str(path)), template, _token_text(config.get("bos_token")),
+                   _token_text(config.get("eos_token")))
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+        """Byte-level BPE from `tokenizer.ggml.*`: tokens, merges, token types (3 = control -> special)."""
+        from gguf import GGUFReader
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as TK
+
+        r = GGUFReader(str(path), "r")
+
+        def field(key, default=None):
+            f = r.fields.get(key)
+            return default if f is None else f.contents()
+
+        kind, pre = field("tokenizer.ggml.model"), field("tokenizer.ggml.pre", "default")
+        if kind != "gpt2" or pre not in _GGUF_PRE:
+            raise TokenizerError(f"GGUF tokenizer '{kind}'/'{pre}' is not supported (llgraph builds byte-level BPE "
+                                 f"of pre-types {sorted(_GGUF_PRE)}); export from an HF folder with tokenizer.json")
+        tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+        merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+        tk = TK(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if pre == "smollm":  # llama.cpp splits every digit on its own before the GPT-2 regex
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), byte_level])
+        else:
+            tk.pre_tokenizer = byte_level
+        tk.decoder = decoders.ByteLevel()
+        tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                               for t, kind in zip(tokens, types) if kind == 3])
+        bos, eos = field("tokenizer.ggml.bos_token_id"), field("tokenizer.ggml.eos_token_id")
+        return cls(tk, field("tokenizer.chat_template"), tokens[bos] if bos is not None else "",
+                   tokens[eos] if eos is not None else "")
+
+    @classmethod
+    def load(cls, ref: str | Path) -> "Tokenizer":
+        ref = Path(ref)
+        return cls.from_gguf(ref) if ref.suffix == ".gguf" else cls.from_folder(ref if ref.is_dir() else ref.parent)
+
+    # -- use ------------------------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tk.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tk.decode(ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise TokenizerError("this model has no chat template; drop --chat or give a model that has one")
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TokenizerError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.globals["raise_exception"] = raise_exception
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
+                eos_token=self.eos_token)
+        except jinja2.TemplateError as e:
+            raise TokenizerError(f"chat template failed: {e}") from None
+
+
+def _token_text(value) -> str:
+    return value.get("content", "") if isinstance(value, dict) else (value or "")
