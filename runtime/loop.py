@@ -47,7 +47,9 @@ class Runner:
                  top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None):
         """One prompt (a string or a list of token ids) -> a Generation; a list of prompts -> a list of them."""
-        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
+        if len(prompts) == 0:
+            raise RequestError("the prompt is empty; give at least one token")
+        single = isinstance(prompts, str) or isinstance(prompts[0], int)
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
         results = [Generation("", [], "length") for _ in batch]

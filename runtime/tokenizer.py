@@ -92,7 +92,8 @@ class Tokenizer:
         def raise_exception(message):
             raise TokenizerError(f"chat template: {message}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = raise_exception
         try:
             return env.from_string(self.chat_template).render(

@@ -1,0 +1,154 @@
+"""The shared decode loop on every CPU backend: greedy agreement with transformers, batch invariance, streaming
+across multi-byte characters, stop strings, bad requests, and recovery from an interrupted stream."""
+
+import pytest
+import torch
+from reference import hf_model, tiny
+
+from llgraph.export import export_model
+from llgraph.runtime import ORTRunner, RequestError, Runner, TorchRunner
+from llgraph.runtime.backends import TorchBackend
+from llgraph.runtime.loop import Backend
+from llgraph.weights import RandomSource
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [60, 61, 62, 63, 64], [7]]
+
+
+@pytest.fixture(scope="module")
+def tiny_runners(tmp_path_factory):
+    """The same random tiny model (std 0.25: decisive logits) behind every CPU runner, and in transformers."""
+    cfg = tiny()
+    source = RandomSource(cfg, seed=11, std=0.25)
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path_factory.mktemp("tiny-ckpt")
+    save_file({n: source.load(n).contiguous() for n in source.names()}, str(ckpt / "model.safetensors"))
+    import json
+    (ckpt / "config.json").write_text(json.dumps(cfg.to_dict()))
+    runners = {"torch": TorchRunner(ckpt, max_seq_len=64)}
+    for target in ("ort", "onnx"):
+        folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path_factory.mktemp("x") / target, target=target)
+        runners[target] = ORTRunner(folder, max_seq_len=64)
+    return cfg, source, runners
+
+
+def hf_greedy(model, prompt, n):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0,
+                             eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+def test_greedy_equals_transformers_on_every_backend(tiny_runners):
+    cfg, source, runners = tiny_runners
+    model = hf_model(cfg, source)
+    for prompt in PROMPTS:
+        want = hf_greedy(model, prompt, 16)
+        for name, runner in runners.items():
+            got = runner.generate(prompt, 16).token_ids
+            assert got == want, (name, prompt, got, want)
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort", "onnx"])
+def test_batch_of_different_lengths_equals_each_alone(tiny_runners, backend):
+    runner = tiny_runners[2][backend]
+    batched = runner.generate(PROMPTS, 12)
+    assert [g.token_ids for g in batched] == [runner.generate(p, 12).token_ids for p in PROMPTS]
+
+
+def test_top_k_1_equals_greedy_and_seeds_reproduce(tiny_runners):
+    runner = tiny_runners[2]["ort"]
+    greedy = runner.generate(PROMPTS[0], 10).token_ids
+    assert runner.generate(PROMPTS[0], 10, temperature=0.8, top_k=1, seed=3).token_ids == greedy
+    a = runner.generate(PROMPTS[0], 10, temperature=1.5, top_p=0.9, seed=5).token_ids
+    assert runner.generate(PROMPTS[0], 10, temperature=1.5, top_p=0.9, seed=5).token_ids == a
+
+
+def test_eos_ends_a_row(tiny_runners):
+    runner = tiny_runners[2]["torch"]
+    tokens = runner.generate(PROMPTS[0], 10).token_ids
+    g = runner.generate(PROMPTS[0], 10, eos_token_ids=[tokens[3]])
+    assert g.finish_reason == "eos" and g.token_ids == tokens[:3]
+
+
+@pytest.mark.parametrize("prompt, kwargs, message", [
+    ([], {}, "the prompt is empty"),
+    ([1, 2, 300], {}, r"token ids \[300\] are outside the vocabulary \(0..96\)"),
+    ([-1], {}, r"token ids \[-1\] are outside the vocabulary"),
+    (list(range(60)), {"max_new_tokens": 10}, r"prompt \(60 tokens\) \+ max_new_tokens \(10\) exceeds the cache \(64"),
+    ([1, 2], {"max_new_tokens": 0}, r"max_new_tokens \(0\) must be a positive integer"),
+    ([1, 2], {"temperature": -1.0}, r"temperature \(-1.0\) must be >= 0"),
+    ([1, 2], {"top_p": 2.0}, r"top_p \(2.0\) must be in"),
+    ("text", {}, "this runner has no tokenizer"),
+])
+def test_bad_requests_get_one_line_errors(tiny_runners, prompt, kwargs, message):
+    with pytest.raises(RequestError, match=message) as e:
+        tiny_runners[2]["ort"].generate(prompt, **{"max_new_tokens": 4, **kwargs})
+    assert "\n" not in str(e.value)
+
+
+class ScriptedBackend(Backend):
+    """Emits a fixed token script: the logits at position p put all mass on script[p + 1 - prompt_len]."""
+
+    def __init__(self, script, prompt_len, vocab_size, max_seq_len=256):
+        self.script, self.prompt_len, self.vocab_size, self.max_seq_len = script, prompt_len, vocab_size, max_seq_len
+
+    def allocate(self, batch):
+        pass
+
+    def forward(self, input_ids, position_ids):
+        out = torch.zeros(*input_ids.shape, self.vocab_size)
+        k = (position_ids + 1 - self.prompt_len).clamp(0, len(self.script) - 1)
+        out.scatter_(-1, torch.tensor(self.script)[k][..., None], 1.0)
+        return out
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    from llgraph.bundled import bundled_model
+    from llgraph.runtime.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(bundled_model("smollm2"))
+
+
+def test_streamed_pieces_concatenate_across_multibyte_characters(smol_tokenizer):
+    text = "héllo 🙂 世界, naïve café — ok"
+    script = smol_tokenizer.encode(text)
+    assert len(script) > len(text.split())  # the emoji and CJK really are split into byte-level tokens
+    runner = Runner(ScriptedBackend(script, 1, 49152), smol_tokenizer)
+    pieces = list(runner.stream([1], len(script)))
+    print(pieces)
+    assert "".join(pieces) == text == runner.generate([1], len(script)).text
+    assert not any("\ufffd" in p for p in pieces) and len(pieces) > 5
+
+
+def test_stop_strings_end_generation_and_are_not_emitted(smol_tokenizer):
+    script = smol_tokenizer.encode("Answer: 42. END of story")
+    runner = Runner(ScriptedBackend(script, 1, 49152), smol_tokenizer)
+    g = runner.generate([1], len(script), stop=["END"])
+    assert g.text == "Answer: 42. " and g.finish_reason == "stop"
+    assert "".join(runner.stream([1], len(script), stop=["END"])) == "Answer: 42. "
+
+
+def test_interrupted_stream_leaves_the_runner_usable(tiny_runners):
+    cfg, source, runners = tiny_runners
+    backend = TorchBackend(cfg, source, max_seq_len=64)
+    calls = {"n": 0}
+    forward = backend.forward
+
+    def flaky(ids, pos):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return forward(ids, pos)
+
+    backend.forward = flaky
+    runner = Runner(backend)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in runner.stream(PROMPTS[0], 10):
+            pass
+    assert runner.generate(PROMPTS[0], 10).token_ids == runners["torch"].generate(PROMPTS[0], 10).token_ids
+    stream = runner.stream(PROMPTS[1], 10)
+    next(stream, None)
+    stream.close()  # a consumer that stops reading midway
+    assert runner.generate(PROMPTS[1], 10).token_ids == runners["torch"].generate(PROMPTS[1], 10).token_ids
