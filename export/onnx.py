@@ -15,32 +15,23 @@ from llgraph.ir import Node
 OPSET = 24
 
 
-def _shared_beyond_linear(em: Emitter, param: str) -> bool:
-    """True when a Linear weight is also read by a non-Linear node (tied embeddings): keep it untransposed."""
-    return any(param in n.inputs and n.op != "Linear" for n in em.graph.nodes)
-
-
 def linear(em: Emitter, node: Node) -> None:
+    """x @ W^T as MatMul with W stored transposed ([in, out]), the layout runtimes prepack for GEMV."""
     x, w, b = (list(node.inputs) + [None])[:3]
     out = node.outputs[0]
     matmul_out = em.fresh(f"{out}/matmul") if b else out
-    if _shared_beyond_linear(em, w):  # x @ W^T by Gemm on [B*S, H]; the [V, H] table is stored once
-        h = em.graph.values[x].shape[-1]
-        flat = em.node("Reshape", [x, em.const([-1, h], "int64")], hint=out)[0]
-        y = em.node("Gemm", [flat, em.weight(w)], hint=out, transB=1)[0]
-        shape = em.node("Shape", [x], hint=out, start=0, end=-1)[0]
-        n_out = em.graph.values[w].shape[0]
-        full = em.node("Concat", [shape, em.const([n_out], "int64")], hint=out, axis=0)[0]
-        em.node("Reshape", [y, full], [matmul_out], hint=out)
-    else:
-        em.node("MatMul", [x, em.weight(w, transpose=True)], [matmul_out], hint=out)
+    em.node("MatMul", [x, em.weight(w, transpose=True)], [matmul_out], hint=out)
     if b:
         em.node("Add", [matmul_out, em.weight(b)], [out], hint=out)
 
 
 def embedding(em: Emitter, node: Node) -> None:
+    """A table tied to the lm head is stored once, transposed for its MatMul; the Gather reads it through a
+    Transpose of a constant, which runtimes fold at load time."""
     ids, table = node.inputs
-    em.node("Gather", [em.weight(table), ids], node.outputs, hint=node.name, axis=0)
+    tied = any(n.op == "Linear" and n.inputs[1] == table for n in em.graph.nodes)
+    data = em.node("Transpose", [em.weight(table, transpose=True)], hint=node.name)[0] if tied else em.weight(table)
+    em.node("Gather", [data, ids], node.outputs, hint=node.name, axis=0)
 
 
 def rmsnorm(em: Emitter, node: Node) -> None:

@@ -1,0 +1,126 @@
+"""Decode benchmark: ORTRunner vs onnxruntime-genai (its fp32 CPU build of the same HF folder) vs transformers
+eager, same prompt, same greedy tokens, one invocation, the same thread count.
+
+    python -m llgraph.runtime.benchmark [--hf-dir DIR] [--work DIR] [--threads 2] [--new-tokens 64] [--repeats 3]
+
+Prefill tok/s = prompt tokens / time to the first token's logits; decode tok/s = (new tokens - 1) / the time of
+the decode steps after it. Each engine runs `repeats` times; the best run counts (the least disturbed by others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+PROMPT = ("Write a short story about a lighthouse keeper who discovers a message in a bottle. "
+          "Describe the weather, the sea, and what the message says.")
+
+
+def bench_llgraph(folder: Path, prompt: list[int], n: int, threads: int):
+    from llgraph.runtime import ORTRunner
+
+    runner = ORTRunner(folder, max_seq_len=len(prompt) + n + 1, threads=threads)
+    stamps = []
+    forward = runner.backend.forward
+
+    def timed(ids, pos):
+        out = forward(ids, pos)
+        stamps.append(time.perf_counter())
+        return out
+
+    runner.backend.forward = timed
+    start = time.perf_counter()
+    tokens = runner.generate(prompt, n, eos_token_ids=[]).token_ids
+    end = time.perf_counter()
+    return tokens, len(prompt) / (stamps[0] - start), (n - 1) / (end - stamps[0])
+
+
+def bench_genai(folder: Path, prompt: list[int], n: int, threads: int):
+    import onnxruntime_genai as og
+
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
+    (folder / "genai_config.json").write_text(json.dumps(config, indent=2))
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + n, do_sample=False, top_k=1, min_length=len(prompt) + n)
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(prompt)
+    first = time.perf_counter()
+    tokens = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    end = time.perf_counter()
+    return tokens, len(prompt) / (first - start), (n - 1) / (end - first)
+
+
+def bench_transformers(hf_dir: Path, prompt: list[int], n: int, threads: int):
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager").eval()
+    cache = DynamicCache(config=model.config)
+    tokens = []
+    with torch.inference_mode():
+        start = time.perf_counter()
+        logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[:, -1]
+        first = time.perf_counter()
+        for i in range(n):
+            tokens.append(int(logits.argmax(-1)))
+            if i < n - 1:
+                logits = model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True).logits[:, -1]
+        end = time.perf_counter()
+    return tokens, len(prompt) / (first - start), (n - 1) / (end - first)
+
+
+def main(argv=None) -> None:
+    from llgraph.export import export_model
+    from llgraph.export.benchmark import make_hf_folder
+    from llgraph.runtime.tokenizer import Tokenizer
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hf-dir", type=Path, help="HF checkpoint folder (default: SmolLM2 written from the GGUF)")
+    p.add_argument("--work", type=Path, default=Path("bench-decode"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    hf_dir = args.hf_dir or (args.work / "hf" if (args.work / "hf" / "config.json").exists()
+                             else make_hf_folder(args.work / "hf"))
+    ours = export_model(hf_dir, checkpoint=hf_dir, out=args.work / "llgraph-ort", target="ort", force=True)
+    genai_dir = args.work / "genai"
+    if not (genai_dir / "genai_config.json").exists():
+        import subprocess
+        import sys
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o",
+                        str(genai_dir), "-p", "fp32", "-e", "cpu"], check=True, capture_output=True)
+    prompt = Tokenizer.from_folder(hf_dir).encode(PROMPT)
+    engines = {"llgraph ORTRunner": lambda: bench_llgraph(ours, prompt, args.new_tokens, args.threads),
+               "onnxruntime-genai": lambda: bench_genai(genai_dir, prompt, args.new_tokens, args.threads),
+               "transformers eager": lambda: bench_transformers(hf_dir, prompt, args.new_tokens, args.threads)}
+    results = {}
+    for name, run in engines.items():
+        runs = [run() for _ in range(args.repeats)]
+        tokens = runs[0][0]
+        assert all(r[0] == tokens for r in runs)
+        results[name] = (tokens, max(r[1] for r in runs), max(r[2] for r in runs))
+    reference = results["transformers eager"][0]
+    genai_decode = results["onnxruntime-genai"][2]
+    hf_decode = results["transformers eager"][2]
+    print(f"\nSmolLM2-135M fp32, prompt {len(prompt)} tokens, {args.new_tokens} new tokens, {args.threads} threads, "
+          f"best of {args.repeats}")
+    print(f"{'engine':<22}{'prefill tok/s':>15}{'decode tok/s':>14}{'x genai':>9}{'x transformers':>16}  same tokens")
+    for name, (tokens, prefill, decode) in results.items():
+        print(f"{name:<22}{prefill:>15.1f}{decode:>14.1f}{decode / genai_decode:>9.2f}{decode / hf_decode:>16.2f}"
+              f"  {tokens == reference}")
+
+
+if __name__ == "__main__":
+    main()
