@@ -4,7 +4,8 @@ eager, same prompt, same greedy tokens, one invocation, the same thread count.
     python -m llgraph.runtime.benchmark [--hf-dir DIR] [--work DIR] [--threads 2] [--new-tokens 64] [--repeats 3]
 
 Prefill tok/s = prompt tokens / time to the first token's logits; decode tok/s = (new tokens - 1) / the time of
-the decode steps after it. Each engine runs `repeats` times; the best run counts (the least disturbed by others).
+the decode steps after it. Each engine is loaded once, then the engines run in turn `repeats` times (interleaved,
+so drift in the machine's speed hits each alike); each engine's best run counts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ PROMPT = ("Write a short story about a lighthouse keeper who discovers a message
           "Describe the weather, the sea, and what the message says.")
 
 
-def bench_llgraph(folder: Path, prompt: list[int], n: int, threads: int):
+def llgraph_engine(folder: Path, prompt: list[int], n: int, threads: int):
     from llgraph.runtime import ORTRunner
 
     runner = ORTRunner(folder, max_seq_len=len(prompt) + n + 1, threads=threads)
@@ -33,50 +34,60 @@ def bench_llgraph(folder: Path, prompt: list[int], n: int, threads: int):
         return out
 
     runner.backend.forward = timed
-    start = time.perf_counter()
-    tokens = runner.generate(prompt, n, eos_token_ids=[]).token_ids
-    end = time.perf_counter()
-    return tokens, len(prompt) / (stamps[0] - start), (n - 1) / (end - stamps[0])
+
+    def run():
+        stamps.clear()
+        start = time.perf_counter()
+        tokens = runner.generate(prompt, n, eos_token_ids=[]).token_ids
+        end = time.perf_counter()
+        return tokens, len(prompt) / (stamps[0] - start), (n - 1) / (end - stamps[0])
+    return run
 
 
-def bench_genai(folder: Path, prompt: list[int], n: int, threads: int):
+def genai_engine(folder: Path, prompt: list[int], n: int, threads: int):
     import onnxruntime_genai as og
 
     config = json.loads((folder / "genai_config.json").read_text())
     config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
     (folder / "genai_config.json").write_text(json.dumps(config, indent=2))
     model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + n, do_sample=False, top_k=1, min_length=len(prompt) + n)
-    generator = og.Generator(model, params)
-    start = time.perf_counter()
-    generator.append_tokens(prompt)
-    first = time.perf_counter()
-    tokens = []
-    while not generator.is_done():
-        generator.generate_next_token()
-        tokens.append(int(generator.get_next_tokens()[0]))
-    end = time.perf_counter()
-    return tokens, len(prompt) / (first - start), (n - 1) / (end - first)
+
+    def run():
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prompt) + n, do_sample=False, top_k=1, min_length=len(prompt) + n)
+        generator = og.Generator(model, params)
+        start = time.perf_counter()
+        generator.append_tokens(prompt)
+        first = time.perf_counter()
+        tokens = []
+        while not generator.is_done():
+            generator.generate_next_token()
+            tokens.append(int(generator.get_next_tokens()[0]))
+        end = time.perf_counter()
+        return tokens, len(prompt) / (first - start), (n - 1) / (end - first)
+    return run
 
 
-def bench_transformers(hf_dir: Path, prompt: list[int], n: int, threads: int):
+def transformers_engine(hf_dir: Path, prompt: list[int], n: int, threads: int):
     from transformers import AutoModelForCausalLM, DynamicCache
 
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager").eval()
-    cache = DynamicCache(config=model.config)
-    tokens = []
-    with torch.inference_mode():
-        start = time.perf_counter()
-        logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[:, -1]
-        first = time.perf_counter()
-        for i in range(n):
-            tokens.append(int(logits.argmax(-1)))
-            if i < n - 1:
-                logits = model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True).logits[:, -1]
-        end = time.perf_counter()
-    return tokens, len(prompt) / (first - start), (n - 1) / (end - first)
+
+    def run():
+        cache = DynamicCache(config=model.config)
+        tokens = []
+        with torch.inference_mode():
+            start = time.perf_counter()
+            logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[:, -1]
+            first = time.perf_counter()
+            for i in range(n):
+                tokens.append(int(logits.argmax(-1)))
+                if i < n - 1:
+                    logits = model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True).logits[:, -1]
+            end = time.perf_counter()
+        return tokens, len(prompt) / (first - start), (n - 1) / (end - first)
+    return run
 
 
 def main(argv=None) -> None:
@@ -89,7 +100,7 @@ def main(argv=None) -> None:
     p.add_argument("--work", type=Path, default=Path("bench-decode"))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     hf_dir = args.hf_dir or (args.work / "hf" if (args.work / "hf" / "config.json").exists()
@@ -102,15 +113,17 @@ def main(argv=None) -> None:
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o",
                         str(genai_dir), "-p", "fp32", "-e", "cpu"], check=True, capture_output=True)
     prompt = Tokenizer.from_folder(hf_dir).encode(PROMPT)
-    engines = {"llgraph ORTRunner": lambda: bench_llgraph(ours, prompt, args.new_tokens, args.threads),
-               "onnxruntime-genai": lambda: bench_genai(genai_dir, prompt, args.new_tokens, args.threads),
-               "transformers eager": lambda: bench_transformers(hf_dir, prompt, args.new_tokens, args.threads)}
+    engines = {"llgraph ORTRunner": llgraph_engine(ours, prompt, args.new_tokens, args.threads),
+               "onnxruntime-genai": genai_engine(genai_dir, prompt, args.new_tokens, args.threads),
+               "transformers eager": transformers_engine(hf_dir, prompt, args.new_tokens, args.threads)}
+    runs = {name: [] for name in engines}
+    for _ in range(args.repeats):  # interleaved, so drift in the machine's speed hits every engine alike
+        for name, run in engines.items():
+            runs[name].append(run())
     results = {}
-    for name, run in engines.items():
-        runs = [run() for _ in range(args.repeats)]
-        tokens = runs[0][0]
-        assert all(r[0] == tokens for r in runs)
-        results[name] = (tokens, max(r[1] for r in runs), max(r[2] for r in runs))
+    for name, rs in runs.items():
+        assert all(r[0] == rs[0][0] for r in rs)
+        results[name] = (rs[0][0], max(r[1] for r in rs), max(r[2] for r in rs))
     reference = results["transformers eager"][0]
     genai_decode = results["onnxruntime-genai"][2]
     hf_decode = results["transformers eager"][2]
