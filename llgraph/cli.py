@@ -89,6 +89,56 @@ def cmd_generate(args) -> None:
     sys.stdout.write("\n")
 
 
+def cmd_diff(args) -> int:
+    from pathlib import Path
+
+    from llgraph import diff
+    from llgraph.builder import build_graph
+    from llgraph.bundled import resolve
+    from llgraph.export import DTYPE_ALIASES
+    from llgraph.passes import DEFAULT_PASSES, run_passes
+    from llgraph.weights import open_checkpoint
+
+    model = resolve(args.model)
+    is_checkpoint = Path(model).exists() and not str(model).endswith(".json")
+    cfg = load_config(model)
+    source = open_checkpoint(model if is_checkpoint else None, cfg)
+    dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
+    graph = run_passes(build_graph(cfg), DEFAULT_PASSES)
+    sides = {"torch": lambda d: diff.torch_side(cfg, source, d, args.max_seq_len),
+             "ort": lambda d: diff.onnx_side(cfg, source, "ort", d, args.max_seq_len),
+             "onnx": lambda d: diff.onnx_side(cfg, source, "onnx", d, args.max_seq_len)}
+    for side in (args.a, args.b):
+        if side is not None and side not in sides:
+            raise LlgraphError(f"backend '{side}' cannot be run here: use torch, ort or onnx; a TensorRT run is "
+                               "compared through --save on this machine and --load on the GPU machine")
+    if args.load:
+        name, inputs, capture_a = diff.load_run(args.load)
+        print(f"loaded {len(inputs)} steps of '{name}' from {args.load}")
+    else:
+        if args.tokens:
+            prompt = [int(t) for t in args.tokens.split(",")]
+        else:
+            from llgraph.runtime.tokenizer import Tokenizer
+            if not is_checkpoint:
+                raise LlgraphError("--prompt needs a checkpoint with a tokenizer; pass --tokens 1,2,3 instead")
+            prompt = Tokenizer.load(model).encode(args.prompt)
+        name = args.a
+        inputs, capture_a = diff.greedy_steps(sides[args.a](args.a_dtype), prompt, args.steps)
+    if args.save:
+        diff.save_run(args.save, name, inputs, capture_a)
+        print(f"saved {len(inputs)} steps of '{name}' to {args.save}")
+    if args.b is None:
+        return 0
+    report = diff.compare(capture_a, diff.run_steps(sides[args.b](dtype), inputs), diff.value_order(graph),
+                          [v.name for v in graph.outputs], args.atol, args.rtol)
+    print(diff.format_report(report, name, f"{args.b} ({dtype})", args.atol, args.rtol, args.all))
+    if dtype != args.a_dtype:
+        print(f"\nerror growth through the layers at prefill ({args.b} {dtype} vs {name} {args.a_dtype}):")
+        print(diff.layer_growth(report, cfg.num_layers))
+    return 0 if report.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llgraph", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -124,6 +174,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-seq-len", type=int, help="KV-cache length (default 2048)")
     g.add_argument("--cache-dir", default="~/.cache/llgraph", help="where checkpoints are exported for ort")
     g.set_defaults(func=cmd_generate)
+    d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
+    d.add_argument("model", help="checkpoint (HF folder, .gguf, 'smollm2') or a config (random weights)")
+    d.add_argument("--a", default="torch", help="reference side (torch, ort, onnx)")
+    d.add_argument("--b", help="side under test (torch, ort, onnx); omit with --save to only record side a")
+    prompt = d.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default="The quick brown fox")
+    prompt.add_argument("--tokens", help="comma-separated token ids")
+    d.add_argument("--steps", type=int, default=4, help="decode steps after the prefill")
+    d.add_argument("--dtype", default="float32", help="side b's dtype (fp32, fp16, bf16)")
+    d.add_argument("--a-dtype", default="float32", help="side a's dtype")
+    d.add_argument("--atol", type=float, default=1e-4)
+    d.add_argument("--rtol", type=float, default=1e-3)
+    d.add_argument("--max-seq-len", type=int, default=256)
+    d.add_argument("--save", help="write side a's inputs and values (polygraphy RunResults JSON)")
+    d.add_argument("--load", help="use a saved run as side a (its inputs drive side b)")
+    d.add_argument("--all", action="store_true", help="print every value, not only failures and layer outputs")
+    d.set_defaults(func=cmd_diff)
     return p
 
 
@@ -133,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print("llgraph: error: export needs --config or --checkpoint", file=sys.stderr)
         return 2
     try:
-        args.func(args)
+        status = args.func(args)
     except USER_ERRORS as e:
         print(f"llgraph: error: {e}", file=sys.stderr)
         return 2
@@ -142,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("", file=sys.stderr)
         return 130
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

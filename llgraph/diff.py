@@ -1,0 +1,226 @@
+"""Per-value numeric comparison between two backends: where an engine starts to disagree, not just that it does.
+
+A *side* runs a fixed list of steps (prefill, then decode steps; each a dict of input_ids and position_ids) and
+returns, per step, {IR value name: array} for every value it exposes: the PyTorch executor records all of them; an
+ONNX export exposes its node outputs, whose names are the IR's. `compare` walks the values in graph order, so the
+first failing value is where the disagreement starts. Side A's greedy tokens drive the steps, so both sides see
+identical inputs. Saved runs use polygraphy's RunResults JSON, so a CPU run can be compared with a GPU run later.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from llgraph.builder import build_graph, cache_names
+from llgraph.config import LlamaConfig
+from llgraph.ir import Graph
+from llgraph.passes import DEFAULT_PASSES, run_passes
+from llgraph.weights import TORCH_DTYPES, WeightSource
+
+Step = dict[str, np.ndarray]  # input_ids, position_ids
+Values = dict[str, np.ndarray]  # value name -> array
+Capture = list[Values]  # per step
+Side = Callable[[], Callable[[Step], Values]]  # a fresh stepper (with an empty cache) per call
+
+
+@dataclass
+class ValueDiff:
+    name: str
+    shape: tuple
+    max_abs: float
+    max_rel: float
+    rel_l2: float  # |b - a| / |a| over the whole tensor: robust where a has near-zero elements
+    cosine: float
+    passed: bool
+
+
+@dataclass
+class StepReport:
+    step: int
+    values: list[ValueDiff]
+
+    @property
+    def first_divergence(self) -> ValueDiff | None:
+        return next((v for v in self.values if not v.passed), None)
+
+
+@dataclass
+class DiffReport:
+    steps: list[StepReport]
+    outputs: list[str] = field(default_factory=list)
+
+    @property
+    def first_divergence(self) -> tuple[int, ValueDiff] | None:
+        for s in self.steps:
+            if s.first_divergence is not None:
+                return s.step, s.first_divergence
+        return None
+
+    @property
+    def passed(self) -> bool:
+        """Every final output (logits, present caches) within tolerance at every step."""
+        return all(v.passed for s in self.steps for v in s.values if v.name in self.outputs)
+
+
+def value_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> ValueDiff:
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    err = np.abs(a64 - b64)
+    cos = float(a64 @ b64 / (np.linalg.norm(a64) * np.linalg.norm(b64) + 1e-30))
+    passed = bool(np.all(err <= atol + rtol * np.abs(a64)))  # numpy.allclose with A as the reference
+    rel_l2 = float(np.linalg.norm(a64 - b64) / (np.linalg.norm(a64) + 1e-30))
+    return ValueDiff(name, tuple(a.shape), float(err.max(initial=0)),
+                     float((err / (np.abs(a64) + 1e-12)).max(initial=0)), rel_l2, cos, passed)
+
+
+def compare(a: Capture, b: Capture, order: list[str], outputs: list[str], atol: float = 1e-4,
+            rtol: float = 1e-3) -> DiffReport:
+    steps = []
+    for i, (sa, sb) in enumerate(zip(a, b)):
+        names = [n for n in order if n in sa and n in sb]
+        steps.append(StepReport(i, [value_diff(n, sa[n], sb[n], atol, rtol) for n in names]))
+    return DiffReport(steps, outputs)
+
+
+def value_order(graph: Graph) -> list[str]:
+    """Every activation in the order the graph computes it (inputs and params excluded)."""
+    return [o for n in graph.nodes for o in n.outputs]
+
+
+# -- sides ----------------------------------------------------------------------------------------------------------
+
+def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", max_seq: int = 256,
+               graph: Graph | None = None) -> Side:
+    from llgraph.executor import TorchExecutor
+
+    graph = graph or run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+    ex = TorchExecutor(graph, source)
+
+    def stepper():
+        cache = {}
+
+        def step(s: Step) -> Values:
+            if not cache:
+                shape = (s["input_ids"].shape[0], cfg.num_kv_heads, max_seq, cfg.head_dim)
+                cache.update({n: torch.zeros(shape, dtype=TORCH_DTYPES[dtype]) for i in range(cfg.num_layers)
+                              for n in cache_names(i)[:2]})
+            rec = ex.run({k: torch.from_numpy(v) for k, v in s.items()} | cache, record=True)
+            return {k: v.float().numpy().copy() for k, v in rec.items()}  # present is live storage: copy
+        return step
+    return stepper
+
+
+def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype: str = "float32",
+              max_seq: int = 256, folder: str | Path | None = None, graph: Graph | None = None) -> Side:
+    """Exports (into `folder`, or a temporary one) and runs in ONNX Runtime CPU with every IR-named node output
+    exposed as a graph output."""
+    import onnx
+    import onnxruntime as ort
+
+    from llgraph.export import get_target
+    from llgraph.export.lower import ONNX_DTYPES, export
+
+    graph = graph or run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+    folder = Path(folder or tempfile.mkdtemp(prefix="llgraph-diff-")) / target
+    export(graph, source, get_target(target), folder, max_positions=max_seq, force=True)
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    present = {o.name for o in model.graph.output}
+    produced = {o for n in model.graph.node for o in n.output}
+    for name in value_order(graph):
+        if name in produced and name not in present:
+            v = graph.values[name]
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, ONNX_DTYPES[v.dtype], None))
+    tapped = folder / "model.tapped.onnx"
+    onnx.save(model, str(tapped))
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(str(tapped), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    np_dtype = np.float16 if dtype == "float16" else np.float32
+
+    def stepper():
+        cache = {}
+
+        def step(s: Step) -> Values:
+            if not cache:
+                shape = (s["input_ids"].shape[0], cfg.num_kv_heads, max_seq, cfg.head_dim)
+                cache.update({n: np.zeros(shape, np_dtype) for i in range(cfg.num_layers) for n in cache_names(i)[:2]})
+            values = dict(zip(names, session.run(names, {**s, **cache})))
+            for i in range(cfg.num_layers):
+                pk, pv, ok, ov = cache_names(i)
+                cache[pk], cache[pv] = values[ok], values[ov]
+            return {k: v.astype(np.float32) for k, v in values.items()}
+        return step
+    return stepper
+
+
+def run_steps(side: Side, inputs: list[Step]) -> Capture:
+    step = side()
+    return [step(s) for s in inputs]
+
+
+def greedy_steps(side: Side, prompt: list[int], steps: int) -> tuple[list[Step], Capture]:
+    """Prefill + `steps` decode steps, each next token chosen greedily from this side's logits."""
+    step = side()
+    inputs = [{"input_ids": np.array([prompt], np.int64), "position_ids": np.arange(len(prompt))[None]}]
+    capture = [step(inputs[0])]
+    for i in range(steps):
+        token = int(capture[-1]["logits"][0, -1].argmax())
+        inputs.append({"input_ids": np.array([[token]], np.int64),
+                       "position_ids": np.array([[len(prompt) + i]], np.int64)})
+        capture.append(step(inputs[-1]))
+    return inputs, capture
+
+
+# -- saved runs (polygraphy RunResults) --------------------------------------------------------------------------
+
+def save_run(path: str | Path, name: str, inputs: list[Step], capture: Capture) -> None:
+    from polygraphy.comparator import IterationResult, RunResults
+
+    results = RunResults()
+    results.append((name, [IterationResult(outputs=c, runner_name=name) for c in capture]))
+    results.append(("inputs", [IterationResult(outputs=s, runner_name="inputs") for s in inputs]))
+    results.save(str(path))
+
+
+def load_run(path: str | Path) -> tuple[str, list[Step], Capture]:
+    from polygraphy.comparator import RunResults
+
+    results = RunResults.load(str(path))
+    (name, iterations), (_, steps) = list(results.items())[:2]
+    return name, [dict(s.items()) for s in steps], [dict(it.items()) for it in iterations]
+
+
+# -- printing -------------------------------------------------------------------------------------------------------
+
+def format_report(report: DiffReport, a: str, b: str, atol: float, rtol: float, all_values: bool = False) -> str:
+    lines = [f"{a} vs {b}: pass = |{b} - {a}| <= {atol:g} + {rtol:g} * |{a}| everywhere"]
+    for s in report.steps:
+        lines.append(f"\nstep {s.step} ({'prefill' if s.step == 0 else 'decode'}): {len(s.values)} values")
+        lines.append(f"  {'value':<28}{'shape':<20}{'max abs':>10}{'max rel':>10}{'cosine':>10}  ")
+        shown = s.values if all_values else [v for v in s.values if not v.passed or v.name in report.outputs
+                                             or v.name.endswith(".out")]
+        for v in shown:
+            lines.append(f"  {v.name:<28}{str(list(v.shape)):<20}{v.max_abs:>10.2e}{v.max_rel:>10.2e}"
+                         f"{v.cosine:>10.6f}  {'ok' if v.passed else 'FAIL'}")
+    first = report.first_divergence
+    lines.append("\nfirst divergence: " + (f"{first[1].name} at step {first[0]} (max abs {first[1].max_abs:.2e})"
+                                            if first else "none"))
+    lines.append(f"final outputs: {'PASS' if report.passed else 'FAIL'}")
+    return "\n".join(lines)
+
+
+def layer_growth(report: DiffReport, num_layers: int, step: int = 0) -> str:
+    """How the disagreement of the residual stream grows layer by layer (one step)."""
+    values = {v.name: v for v in report.steps[step].values}
+    rows = ["layer  max abs (layers.i.out)    rel L2   1 - cosine"]
+    for i in range(num_layers):
+        v = values.get(f"layers.{i}.out")
+        if v is not None:
+            rows.append(f"{i:>5}  {v.max_abs:>22.3e}  {v.rel_l2:>8.2e}  {1 - v.cosine:>10.2e}")
+    return "\n".join(rows)
