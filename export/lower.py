@@ -45,7 +45,6 @@ class Target:
     lowerings: dict[str, Lowering]
     opsets: dict[str, int]
     plan: Callable[["Emitter"], None] = lambda emitter: None
-    doc: str = ""
 
 
 @dataclass

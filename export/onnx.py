@@ -129,4 +129,4 @@ LOWERINGS = {"Embedding": embedding, "RMSNorm": rmsnorm, "Linear": linear, "Spli
              "RotaryCosSin": rotary_cos_sin, "Rotary": rotary, "GroupedAttention": grouped_attention,
              "SwiGLU": swiglu, "Add": add}
 
-TARGET = Target("onnx", LOWERINGS, {"": OPSET}, doc=__doc__)
+TARGET = Target("onnx", LOWERINGS, {"": OPSET})

@@ -99,4 +99,4 @@ def _table(em: Emitter, cos_sin: Node, name: str, fn):
     return table
 
 
-TARGET = Target("ort", std.LOWERINGS, {"": std.OPSET, MS: 1}, plan=plan, doc=__doc__)
+TARGET = Target("ort", std.LOWERINGS, {"": std.OPSET, MS: 1}, plan=plan)

@@ -6,7 +6,7 @@ never written by hand: `GraphBuilder.add` asks the op's schema (ops.py) for them
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
@@ -111,14 +111,6 @@ class Graph:
                 total += size
         return total
 
-    def summary(self) -> str:
-        lines = [f"graph: {len(self.nodes)} nodes, {len(self.params)} params, "
-                 f"{self.param_count():,} parameters"]
-        lines += [f"  {op:<16} {n}" for op, n in sorted(self.op_counts().items())]
-        lines += ["inputs:"] + [f"  {v}" for v in self.inputs]
-        lines += ["outputs:"] + [f"  {v}" for v in self.outputs]
-        return "\n".join(lines)
-
 
 class GraphBuilder:
     """Appends nodes in order; output types come from the op's schema."""
@@ -219,7 +211,3 @@ def verify(g: Graph) -> Graph:
     if set(seen) != set(g.values):
         raise IRError(f"graph.values lists values no node defines: {sorted(set(g.values) - set(seen))[:5]}")
     return g
-
-
-def replace_graph(g: Graph, **changes) -> Graph:
-    return verify(replace(g, **changes))
