@@ -10,6 +10,7 @@ slot p >= len(b), and row b's decode token at position p overwrites slot p befor
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -49,7 +50,7 @@ class Runner:
         """One prompt (a string or a list of token ids) -> a Generation; a list of prompts -> a list of them."""
         if len(prompts) == 0:
             raise RequestError("the prompt is empty; give at least one token")
-        single = isinstance(prompts, str) or isinstance(prompts[0], int)
+        single = isinstance(prompts, str) or isinstance(prompts[0], numbers.Integral)  # numpy ints too
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
         results = [Generation("", [], "length") for _ in batch]

@@ -64,6 +64,13 @@ def test_top_k_1_equals_greedy_and_seeds_reproduce(tiny_runners):
     assert runner.generate(PROMPTS[0], 10, temperature=1.5, top_p=0.9, seed=5).token_ids == a
 
 
+def test_numpy_token_ids_are_one_prompt(tiny_runners):
+    import numpy as np
+
+    runner = tiny_runners[2]["torch"]
+    assert runner.generate(np.array(PROMPTS[0], np.int32), 5).token_ids == runner.generate(PROMPTS[0], 5).token_ids
+
+
 def test_eos_ends_a_row(tiny_runners):
     runner = tiny_runners[2]["torch"]
     tokens = runner.generate(PROMPTS[0], 10).token_ids
