@@ -1,0 +1,82 @@
+"""The plugin kernels on CPU: under TRITON_INTERPRET=1 they match the PyTorch executor's op (fp32 <= 1e-5,
+fp16 <= 1e-2); compiled ahead of time they give PTX for sm_80 and sm_90 that ptxas assembles."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from conftest import max_diff  # noqa: E402
+
+from llgraph.executor import TORCH_IMPLS  # noqa: E402
+from llgraph.ir import Node  # noqa: E402
+
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
+from llgraph.plugins import kernels  # noqa: E402
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2}
+DTYPES = list(TOL)
+
+
+def reference(op, *inputs, **attrs):
+    return TORCH_IMPLS[op](Node(op, tuple(f"i{k}" for k in range(len(inputs))), ("y",), attrs), *inputs)[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, hidden", [(1, 576), (37, 576), (5, 4096), (3, 100)])  # decode, prefill, odd
+def test_rmsnorm(dtype, tokens, hidden, report):
+    torch.manual_seed(0)
+    x, w = torch.randn(1, tokens, hidden).to(dtype) * 3, (torch.rand(hidden) + 0.5).to(dtype)
+    report(f"rmsnorm {dtype} [{tokens}, {hidden}]",
+           max_diff(kernels.rmsnorm(x, w, 1e-5), reference("RMSNorm", x, w, eps=1e-5)), TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 1536), (2, 19, 1536), (1, 3, 1000)])
+def test_swiglu(dtype, shape, report):
+    torch.manual_seed(1)
+    g, u = torch.randn(shape).to(dtype) * 4, torch.randn(shape).to(dtype)
+    report(f"swiglu {dtype} {shape}", max_diff(kernels.swiglu(g, u), reference("SwiGLU", g, u)), TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("tokens, heads, head_dim, rotary_dim", [
+    (1, 9, 64, 64), (23, 8, 128, 128), (4, 3, 64, 32), (2, 32, 128, 128)])  # decode, prefill, partial, 8B-sized
+def test_rotary(dtype, interleaved, tokens, heads, head_dim, rotary_dim, report):
+    torch.manual_seed(2)
+    x = torch.randn(1, tokens, heads * head_dim).to(dtype)
+    angles = torch.rand(1, tokens, rotary_dim // 2) * 8000  # positions near a long max_seq
+    cos, sin = angles.cos(), angles.sin()
+    got = kernels.rotary(x, cos, sin, heads, interleaved)
+    want = reference("Rotary", x, cos, sin, num_heads=heads, interleaved=interleaved)
+    report(f"rotary {dtype} interleaved={interleaved} [{tokens}, {heads}x{head_dim}] r={rotary_dim}",
+           max_diff(got, want), TOL[dtype])
+
+
+AOT = """
+from llgraph.plugins.aot import assemble, compile_kernel
+cases = [("rmsnorm", dict(BLOCK=1024)), ("swiglu", dict(BLOCK=1024)), ("rotary", dict(INTERLEAVED=False, BLOCK=64)),
+         ("rotary", dict(INTERLEAVED=True, BLOCK=32))]
+for cc in (80, 90):
+    for dtype in ("float32", "float16", "bfloat16"):
+        for kernel, constexprs in cases:
+            c = compile_kernel(kernel, dtype, cc, **constexprs)
+            target = ".target sm_90a" if cc == 90 else ".target sm_80"
+            assert target in c.ptx and c.name in c.ptx and c.num_warps > 0, (kernel, dtype, cc)
+            cubin = assemble(c.ptx, cc)
+            assert cubin[:4] == b"\\x7fELF", (kernel, dtype, cc)
+    print(f"sm_{cc}: {len(cases) * 3} kernels compiled to PTX and assembled")
+"""
+
+
+def test_aot_compiles_to_ptx_that_ptxas_assembles():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # interpreted kernels do not compile
+    r = subprocess.run([sys.executable, "-c", AOT], capture_output=True, text=True, env=env)
+    print(r.stdout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "sm_80: 12 kernels" in r.stdout and "sm_90: 12 kernels" in r.stdout
