@@ -33,6 +33,11 @@ def signature(kernel: str, dtype: str) -> dict[str, str]:
         "swiglu": {"g_ptr": p, "u_ptr": p, "y_ptr": p, "n": "i32", "BLOCK": "constexpr"},
         "rotary": {"x_ptr": p, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "y_ptr": p, "num_heads": "i32",
                    "head_dim": "i32", "half": "i32", "INTERLEAVED": "constexpr", "BLOCK": "constexpr"},
+        "cache_write": {"new_ptr": p, "pos_ptr": "*i64", "cache_ptr": p, "seq": "i32", "kv_heads": "i32",
+                        "max_seq": "i32", "head_dim": "i32", "BLOCK_D": "constexpr"},
+        "attention": {"q_ptr": p, "pos_ptr": "*i64", "k_ptr": p, "v_ptr": p, "out_ptr": p, "seq": "i32",
+                      "num_heads": "i32", "kv_heads": "i32", "max_seq": "i32", "head_dim": "i32", "scale": "fp32",
+                      "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"},
     }[kernel]
 
 

@@ -63,6 +63,49 @@ def rotary_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, num_heads, head_dim, half, INT
     tl.store(y_ptr + base + rest, tl.load(x_ptr + base + rest, mask=keep, other=0.0), mask=keep)
 
 
+@triton.jit
+def cache_write_kernel(new_ptr, pos_ptr, cache_ptr, seq, kv_heads, max_seq, head_dim, BLOCK_D: tl.constexpr):
+    """One (batch row, token, kv head) per program: cache[b, h, positions[b, s], :] = new[b, s, h, :]."""
+    b, s, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    mask = d < head_dim
+    pos = tl.load(pos_ptr + b * seq + s).to(tl.int64)
+    row = tl.load(new_ptr + ((b * seq + s) * kv_heads + h) * head_dim + d, mask=mask)
+    tl.store(cache_ptr + ((b * kv_heads + h) * max_seq + pos) * head_dim + d, row, mask=mask)
+
+
+@triton.jit
+def attention_kernel(q_ptr, pos_ptr, k_ptr, v_ptr, out_ptr, seq, num_heads, kv_heads, max_seq, head_dim, scale,
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One (batch row, token, query head) per program: causal attention over cache slots 0..positions[b, s] of kv
+    head h // (num_heads / kv_heads), with an online softmax in float32 (prefill and decode alike)."""
+    b, s, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    kvh = h // (num_heads // kv_heads)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < head_dim
+    pos = tl.load(pos_ptr + b * seq + s).to(tl.int64)
+    q = tl.load(q_ptr + ((b * seq + s) * num_heads + h) * head_dim + d, mask=dmask, other=0.0).to(tl.float32)
+    base = (b * kv_heads + kvh) * max_seq * head_dim
+    m = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)  # running max
+    total = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)  # running sum of exp
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for start in range(0, pos + 1, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        nmask = n <= pos
+        kv_offs = base + n[:, None] * head_dim + d[None, :]
+        k = tl.load(k_ptr + kv_offs, mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        scores = tl.where(nmask, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        p = tl.exp(scores - m_new)
+        correction = tl.exp(m - m_new)
+        v = tl.load(v_ptr + kv_offs, mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        acc = acc * correction + tl.sum(p[:, None] * v, axis=0)
+        total = total * correction + tl.sum(p, axis=0)
+        m = m_new
+    out = acc / total
+    tl.store(out_ptr + ((b * seq + s) * num_heads + h) * head_dim + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
 # -- launchers (the JIT path; the plugins' `impl` calls these) ------------------------------------------------------
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -92,3 +135,19 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
                                        head_dim, half, INTERLEAVED=interleaved,
                                        BLOCK=triton.next_power_of_2(max(half, head_dim - 2 * half, 1)))
     return y
+
+
+def grouped_attention(q, k, v, positions, past_key, past_value, num_heads: int, num_kv_heads: int, scale: float):
+    """GroupedAttention: q [B, S, Hq*D]; k, v [B, S, Hkv*D]; positions [B, S]; caches [B, Hkv, M, D], written in
+    place at the positions. Returns out [B, S, Hq*D]."""
+    b, s, _ = q.shape
+    head_dim, max_seq = past_key.shape[-1], past_key.shape[2]
+    pos = positions.contiguous()
+    block_d = triton.next_power_of_2(head_dim)
+    for new, cache in ((k, past_key), (v, past_value)):
+        cache_write_kernel[(b, s, num_kv_heads)](new.contiguous(), pos, cache, s, num_kv_heads, max_seq, head_dim,
+                                                 BLOCK_D=block_d)
+    out = torch.empty_like(q)
+    attention_kernel[(b, s, num_heads)](q.contiguous(), pos, past_key, past_value, out, s, num_heads, num_kv_heads,
+                                        max_seq, head_dim, scale, BLOCK_N=32, BLOCK_D=block_d)
+    return out
