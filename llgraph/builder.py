@@ -28,6 +28,18 @@ def cache_names(layer: int) -> tuple[str, str, str, str]:
             f"present.{layer}.key", f"present.{layer}.value")
 
 
+def cache_pairs(cfg: LlamaConfig) -> list[tuple[str, str]]:
+    """(past input, present output) names of every cache tensor, layer by layer, key before value."""
+    return [pair for i in range(cfg.num_layers) for pair in zip(cache_names(i)[:2], cache_names(i)[2:])]
+
+
+def new_cache(cfg: LlamaConfig, batch: int, max_seq: int, alloc) -> dict:
+    """The static cache as graph feeds: past name -> alloc(shape), shape [batch, kv_heads, max_seq, head_dim].
+    `alloc` makes one zeroed buffer (torch.zeros with a dtype, np.zeros, ...)."""
+    shape = (batch, cfg.num_kv_heads, max_seq, cfg.head_dim)
+    return {past: alloc(shape) for past, _ in cache_pairs(cfg)}
+
+
 def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dtype '{dtype}' is not supported; use one of {', '.join(FLOAT_DTYPES)}")

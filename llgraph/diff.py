@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from llgraph.builder import build_graph, cache_names
+from llgraph.builder import build_graph, cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.ir import Graph
 from llgraph.passes import DEFAULT_PASSES, run_passes
@@ -106,9 +106,8 @@ def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", m
 
         def step(s: Step) -> Values:
             if not cache:
-                shape = (s["input_ids"].shape[0], cfg.num_kv_heads, max_seq, cfg.head_dim)
-                cache.update({n: torch.zeros(shape, dtype=TORCH_DTYPES[dtype]) for i in range(cfg.num_layers)
-                              for n in cache_names(i)[:2]})
+                cache.update(new_cache(cfg, s["input_ids"].shape[0], max_seq,
+                                       lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[dtype])))
             rec = ex.run({k: torch.from_numpy(v) for k, v in s.items()} | cache, record=True)
             return {k: v.float().numpy().copy() for k, v in rec.items()}  # present is live storage: copy
         return step
@@ -148,12 +147,10 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
 
         def step(s: Step) -> Values:
             if not cache:
-                shape = (s["input_ids"].shape[0], cfg.num_kv_heads, max_seq, cfg.head_dim)
-                cache.update({n: np.zeros(shape, np_dtype) for i in range(cfg.num_layers) for n in cache_names(i)[:2]})
+                cache.update(new_cache(cfg, s["input_ids"].shape[0], max_seq, lambda shape: np.zeros(shape, np_dtype)))
             values = dict(zip(names, session.run(names, {**s, **cache})))
-            for i in range(cfg.num_layers):
-                pk, pv, ok, ov = cache_names(i)
-                cache[pk], cache[pv] = values[ok], values[ov]
+            for past, present in cache_pairs(cfg):
+                cache[past] = values[present]
             return {k: v.astype(np.float32) for k, v in values.items()}
         return step
     return stepper

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llgraph.builder import build_graph, cache_names
+from llgraph.builder import build_graph, cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.runtime.loop import Backend
 from llgraph.weights import TORCH_DTYPES, WeightSource
@@ -43,21 +43,15 @@ class OrtBackend(Backend):
     def allocate(self, batch: int) -> None:
         if batch == self._batch:
             return  # stale slots from an earlier request are finite and masked out
-        c = self.config
         np_dtype = {"float32": np.float32, "float16": np.float16}[self.dtype]
-        shape = [batch, c.num_kv_heads, self.max_seq_len, c.head_dim]
         self._binding = self.session.io_binding()
         self._binding.bind_output("logits", "cpu")  # first, so it is output 0; ORT sizes it on each run
-        self._cache = []
-        for i in range(c.num_layers):
-            pk, pv, ok, ov = cache_names(i)
-            for past, present in ((pk, ok), (pv, ov)):
-                # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
-                array = np.zeros(shape, np_dtype)
-                value = self._ort.OrtValue.ortvalue_from_numpy(array)
-                self._binding.bind_ortvalue_input(past, value)
-                self._binding.bind_ortvalue_output(present, value)
-                self._cache.append((array, value))  # the OrtValue borrows the array's memory
+        # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
+        self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, np_dtype))
+        for past, present in cache_pairs(self.config):
+            value = self._ort.OrtValue.ortvalue_from_numpy(self._arrays[past])  # borrows the array's memory
+            self._binding.bind_ortvalue_input(past, value)
+            self._binding.bind_ortvalue_output(present, value)
         self._batch = batch
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -83,10 +77,8 @@ class TorchBackend(Backend):
     def allocate(self, batch: int) -> None:
         if batch == self._batch:
             return
-        c = self.config
-        shape = (batch, c.num_kv_heads, self.max_seq_len, c.head_dim)
-        self._cache = {name: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device)
-                       for i in range(c.num_layers) for name in cache_names(i)[:2]}
+        self._cache = new_cache(self.config, batch, self.max_seq_len,
+                                lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device))
         self._batch = batch
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:

@@ -121,7 +121,8 @@ class Runner:
                     reason, token = "eos", None
                 else:
                     texts[row].append(token)
-                    if stop and _cut_at_stop(self._text(texts[row]), stop) != self._text(texts[row]):
+                    text = self._text(texts[row]) if stop else ""
+                    if any(s in text for s in stop):
                         reason = "stop"
                 if reason is None and step == max_new_tokens - 1:
                     reason = "length"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llgraph.builder import build_graph, cache_names
+from llgraph.builder import build_graph, cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.executor import TorchExecutor
 from llgraph.weights import TORCH_DTYPES, WeightSource
@@ -17,21 +17,16 @@ class Stepper:
                  dtype: str = "float32", graph=None, device: str = "cpu"):
         self.cfg, self.graph = cfg, graph or build_graph(cfg, dtype)
         self.ex = TorchExecutor(self.graph, source, device)
-        shape = (batch, cfg.num_kv_heads, max_seq, cfg.head_dim)
-        self.cache = {}
-        for i in range(cfg.num_layers):
-            pk, pv, _, _ = cache_names(i)
-            self.cache[pk] = torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=device)
-            self.cache[pv] = torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=device)
+        self.cache = new_cache(cfg, batch, max_seq,
+                               lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=device))
         self.pos = 0
 
     def step(self, ids: torch.Tensor, record=()) -> dict[str, torch.Tensor]:
         b, s = ids.shape
         positions = torch.arange(self.pos, self.pos + s).expand(b, s)
         out = self.ex.run({"input_ids": ids, "position_ids": positions, **self.cache}, record=record)
-        for i in range(self.cfg.num_layers):  # present is the same storage as past: nothing to copy
-            pk, pv, ok, ov = cache_names(i)
-            assert out[ok].data_ptr() == self.cache[pk].data_ptr()
+        for past, present in cache_pairs(self.cfg):  # present is the same storage as past: nothing to copy
+            assert out[present].data_ptr() == self.cache[past].data_ptr()
         self.pos += s
         return out
 
@@ -97,8 +92,7 @@ class OrtStepper:
         opts.log_severity_level = 3
         self.session = ort.InferenceSession(str(folder / "model.onnx"), opts, providers=["CPUExecutionProvider"])
         self.cfg, self.pos = cfg, 0
-        shape = (batch, cfg.num_kv_heads, max_seq, cfg.head_dim)
-        self.cache = {n: np.zeros(shape, np.float32) for i in range(cfg.num_layers) for n in cache_names(i)[:2]}
+        self.cache = new_cache(cfg, batch, max_seq, lambda shape: np.zeros(shape, np.float32))
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def step(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -108,8 +102,7 @@ class OrtStepper:
         positions = np.broadcast_to(np.arange(self.pos, self.pos + s), (b, s)).astype(np.int64)
         feeds = {"input_ids": ids.numpy().astype(np.int64), "position_ids": positions, **self.cache}
         out = dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
-        for i in range(self.cfg.num_layers):
-            pk, pv, ok, ov = cache_names(i)
-            self.cache[pk], self.cache[pv] = out[ok], out[ov]
+        for past, present in cache_pairs(self.cfg):
+            self.cache[past] = out[present]
         self.pos += s
         return {k: torch.from_numpy(v) for k, v in out.items()}

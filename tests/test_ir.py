@@ -10,7 +10,7 @@ import torch
 from conftest import max_diff
 from reference import Stepper, tiny
 
-from llgraph.builder import build_graph
+from llgraph.builder import build_graph, new_cache
 from llgraph.executor import TORCH_IMPLS, TorchExecutor
 from llgraph.ir import Graph, GraphBuilder, IRError, Node, verify
 from llgraph.ops import SCHEMAS
@@ -140,9 +140,7 @@ def test_attention_sees_only_positions_up_to_its_own(report):
     ids = torch.randint(0, cfg.vocab_size, (2, 6))
 
     def run(ids, positions):
-        b = ids.shape[0]
-        cache = {f"past_key_values.{i}.{kv}": torch.zeros(b, cfg.num_kv_heads, 16, cfg.head_dim)
-                 for i in range(cfg.num_layers) for kv in ("key", "value")}
+        cache = new_cache(cfg, ids.shape[0], 16, torch.zeros)
         return ex.run({"input_ids": ids, "position_ids": positions, **cache})["logits"]
 
     batched = run(ids, torch.arange(6).expand(2, 6))
