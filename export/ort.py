@@ -20,6 +20,7 @@ from onnx import TensorProto
 from llgraph.export import onnx as std
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
+from llgraph.weights import TORCH_DTYPES
 
 MS = "com.microsoft"
 
@@ -58,7 +59,8 @@ def _plan_attention(em: Emitter, node: Node, producer, only_read_by) -> None:
     if packed:
         em.absorbed.add(split.name)
     qkv = (split.inputs[0], "", "") if packed else (q, k, v)
-    em.fused[node.name] = lambda em, n: group_query_attention(em, n, qkv, qr if fuse_rotary else None)
+    rotary = (qr, producer[qr.inputs[1]]) if fuse_rotary else None  # (a Rotary, its RotaryCosSin)
+    em.fused[node.name] = lambda em, n: group_query_attention(em, n, qkv, rotary)
 
 
 def _seqlens(em: Emitter, pos: str) -> tuple[str, str]:
@@ -72,25 +74,24 @@ def _seqlens(em: Emitter, pos: str) -> tuple[str, str]:
     return em.shared[pos]
 
 
-def group_query_attention(em: Emitter, node: Node, qkv, rotary: Node | None) -> None:
+def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node] | None) -> None:
     q, k, v, pos, past_k, past_v = node.inputs
     a = node.attrs
     seqlens, total = _seqlens(em, pos)
     inputs = [*qkv, past_k, past_v, seqlens, total]
     attrs = {}
     if rotary is not None:
-        cos_sin = em.graph.producer()[rotary.inputs[1]]
+        rot, cos_sin = rotary
         inputs += [em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "cos_cache", torch.cos)),
                    em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "sin_cache", torch.sin))]
-        attrs = {"do_rotary": 1, "rotary_interleaved": int(rotary.attrs["interleaved"])}
+        attrs = {"do_rotary": 1, "rotary_interleaved": int(rot.attrs["interleaved"])}
     em.node("GroupQueryAttention", inputs, node.outputs, domain=MS, hint=node.name, num_heads=a["num_heads"],
             kv_num_heads=a["num_kv_heads"], scale=float(a["scale"]), **attrs)
 
 
 def _table(em: Emitter, cos_sin: Node, name: str, fn):
     """RoPE table [max_positions, rotary_dim/2] in the model's dtype, from the inv_freq constant."""
-    dtype = {TensorProto.FLOAT: torch.float32, TensorProto.FLOAT16: torch.float16,
-             TensorProto.BFLOAT16: torch.bfloat16}[em.dtype_of(em.graph.inputs[2].name)]
+    dtype = TORCH_DTYPES[em.graph.metadata["dtype"]]
 
     def table(inv_freq):
         angles = torch.arange(em.max_positions, dtype=torch.float32)[:, None] * inv_freq.float()[None]
