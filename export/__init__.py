@@ -26,11 +26,10 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
                  max_seq_len: int | None = None, force: bool = False, progress: bool = False, seed: int = 0) -> Path:
     """Config (+ checkpoint, else seeded random weights) -> an ONNX folder: model.onnx, model.onnx.data,
     manifest.json, and the checkpoint's tokenizer files."""
-    from llgraph.builder import build_graph
     from llgraph.bundled import resolve
     from llgraph.config import load_config
     from llgraph.export.lower import export
-    from llgraph.passes import DEFAULT_PASSES, run_passes
+    from llgraph.passes import model_graph
     from llgraph.weights import open_checkpoint
 
     checkpoint = resolve(checkpoint)
@@ -43,7 +42,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
     source = open_checkpoint(checkpoint, cfg, seed)
-    graph = run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+    graph = model_graph(cfg, dtype)
     return export(graph, source, tgt, out, max_positions=max_seq_len or cfg.max_position_embeddings, force=force,
                   progress=progress, extra_files=source.tokenizer_files(),
                   write_extras=_gguf_tokenizer(checkpoint) if str(checkpoint).endswith(".gguf") else None)

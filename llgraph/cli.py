@@ -93,10 +93,9 @@ def cmd_diff(args) -> int:
     from pathlib import Path
 
     from llgraph import diff
-    from llgraph.builder import build_graph
     from llgraph.bundled import resolve
     from llgraph.export import DTYPE_ALIASES
-    from llgraph.passes import DEFAULT_PASSES, run_passes
+    from llgraph.passes import model_graph
     from llgraph.weights import open_checkpoint
 
     model = resolve(args.model)
@@ -104,7 +103,7 @@ def cmd_diff(args) -> int:
     cfg = load_config(model)
     source = open_checkpoint(model if is_checkpoint else None, cfg)
     dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
-    graph = run_passes(build_graph(cfg), DEFAULT_PASSES)
+    graph = model_graph(cfg)
     sides = {"torch": lambda d: diff.torch_side(cfg, source, d, args.max_seq_len),
              "ort": lambda d: diff.onnx_side(cfg, source, "ort", d, args.max_seq_len),
              "onnx": lambda d: diff.onnx_side(cfg, source, "onnx", d, args.max_seq_len)}

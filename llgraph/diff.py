@@ -17,10 +17,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from llgraph.builder import build_graph, cache_pairs, new_cache
+from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.ir import Graph
-from llgraph.passes import DEFAULT_PASSES, run_passes
+from llgraph.passes import model_graph
 from llgraph.weights import TORCH_DTYPES, WeightSource
 
 Step = dict[str, np.ndarray]  # input_ids, position_ids
@@ -98,7 +98,7 @@ def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", m
                graph: Graph | None = None) -> Side:
     from llgraph.executor import TorchExecutor
 
-    graph = graph or run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+    graph = graph or model_graph(cfg, dtype)
     ex = TorchExecutor(graph, source)
 
     def stepper():
@@ -124,7 +124,7 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
     from llgraph.export import get_target
     from llgraph.export.lower import ONNX_DTYPES, export
 
-    graph = graph or run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+    graph = graph or model_graph(cfg, dtype)
     folder = Path(folder or tempfile.mkdtemp(prefix="llgraph-diff-")) / target
     export(graph, source, get_target(target), folder, max_positions=max_seq, force=True)
     model = onnx.load(str(folder / "model.onnx"), load_external_data=False)

@@ -98,3 +98,10 @@ def _packed_name(names: list[str], label: str) -> str:
 
 
 DEFAULT_PASSES: tuple[Pass, ...] = (pack_qkv, pack_gate_up)
+
+
+def model_graph(cfg, dtype: str = "float32") -> Graph:
+    """The graph every backend runs: the builder's graph for `cfg` after DEFAULT_PASSES."""
+    from llgraph.builder import build_graph
+
+    return run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llgraph.builder import build_graph, cache_pairs, new_cache
+from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
+from llgraph.passes import model_graph
 from llgraph.runtime.loop import Backend
 from llgraph.weights import TORCH_DTYPES, WeightSource
 
@@ -66,12 +67,11 @@ class TorchBackend(Backend):
     def __init__(self, config: LlamaConfig, source: WeightSource, max_seq_len: int | None = None,
                  dtype: str = "float32", device: str = "cpu", progress: bool = False):
         from llgraph.executor import TorchExecutor
-        from llgraph.passes import DEFAULT_PASSES, run_passes
 
         self.config, self.dtype, self.device = config, dtype, device
         self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ, config.max_position_embeddings)
         self.vocab_size = config.vocab_size
-        self.executor = TorchExecutor(run_passes(build_graph(config, dtype), DEFAULT_PASSES), source, device, progress)
+        self.executor = TorchExecutor(model_graph(config, dtype), source, device, progress)
         self._batch, self._cache = None, {}
 
     def allocate(self, batch: int) -> None:

@@ -8,9 +8,8 @@ import pytest
 from reference import tiny
 
 from llgraph import diff
-from llgraph.builder import build_graph
 from llgraph.ir import Graph, Node
-from llgraph.passes import DEFAULT_PASSES, run_passes
+from llgraph.passes import model_graph
 from llgraph.weights import RandomSource
 
 PROMPT = [5, 6, 7, 8, 9]
@@ -20,7 +19,7 @@ PROMPT = [5, 6, 7, 8, 9]
 def setup():
     cfg = tiny()
     source = RandomSource(cfg, seed=3, std=0.25)
-    graph = run_passes(build_graph(cfg), DEFAULT_PASSES)
+    graph = model_graph(cfg)
     inputs, reference = diff.greedy_steps(diff.torch_side(cfg, source), PROMPT, 3)
     return cfg, source, graph, inputs, reference
 

@@ -9,10 +9,9 @@ import torch
 from conftest import max_diff
 from reference import OrtStepper, Stepper, tiny
 
-from llgraph.builder import build_graph
 from llgraph.export import TARGETS, export_model
 from llgraph.export.lower import ExportError, export
-from llgraph.passes import DEFAULT_PASSES, run_passes
+from llgraph.passes import model_graph
 from llgraph.weights import RandomSource
 
 TOL = 1e-4
@@ -32,7 +31,7 @@ CONFIGS = {
 
 def export_tiny(cfg, target, path, seed=3):
     source = RandomSource(cfg, seed=seed, std=0.25)
-    graph = run_passes(build_graph(cfg), DEFAULT_PASSES)
+    graph = model_graph(cfg)
     return export(graph, source, _target(target), path / target, max_positions=128), source
 
 
@@ -212,7 +211,7 @@ def test_half_precision_exports(target, tmp_path, report):
     cfg = tiny()
     source = RandomSource(cfg, seed=3, std=0.25)
     for dtype in ("float16", "bfloat16"):
-        graph = run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+        graph = model_graph(cfg, dtype)
         folder = export(graph, source, _target(target), tmp_path / dtype, max_positions=128)
         onnx.checker.check_model(str(folder / "model.onnx"), full_check=True)
         onnx.shape_inference.infer_shapes_path(str(folder / "model.onnx"), str(tmp_path / f"{dtype}.onnx"),
