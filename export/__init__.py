@@ -1,5 +1,6 @@
 """IR -> ONNX. One module per target, all on the shared mechanism in `lower.py`:
-`onnx` (standard ops only), `ort` (ONNX Runtime contrib fusions, the CPU default)."""
+`onnx` (standard ops only), `ort` (ONNX Runtime contrib fusions, the CPU default), `trt` (TensorRT plugin nodes
+with their reference decompositions as model-local functions)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from llgraph.export.lower import ExportError, Target
 
-TARGETS = ("ort", "onnx")
+TARGETS = ("ort", "onnx", "trt")
 DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -17,6 +18,8 @@ def get_target(name: str) -> Target:
         from llgraph.export.ort import TARGET
     elif name == "onnx":
         from llgraph.export.onnx import TARGET
+    elif name == "trt":
+        from llgraph.export.trt import TARGET
     else:
         raise ExportError(f"unknown target '{name}'; use one of {', '.join(TARGETS)}")
     return TARGET

@@ -59,6 +59,7 @@ class Emitter:
     absorbed: set = field(default_factory=set)  # names of IR nodes a planned fusion emits instead
     fused: dict = field(default_factory=dict)  # IR node name -> lowering that replaces the table's
     shared: dict = field(default_factory=dict)  # values a target computes once per graph (e.g. seqlens)
+    functions: dict = field(default_factory=dict)  # model-local ONNX functions by name (the `trt` target's)
     _weights: dict = field(default_factory=dict)
     _count: int = 0
 
@@ -130,7 +131,8 @@ def to_model(emitter: Emitter, target: Target, metadata: dict[str, str]) -> onnx
     graph = helper.make_graph(emitter.nodes, "llgraph", [info(v) for v in g.inputs], [info(v) for v in g.outputs],
                               initializer=emitter.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in target.opsets.items()],
-                              producer_name="llgraph", producer_version=__version__)
+                              producer_name="llgraph", producer_version=__version__,
+                              functions=list(emitter.functions.values()))
     model.ir_version = 10
     helper.set_model_props(model, metadata)
     return model

@@ -95,7 +95,7 @@ def test_ort_target_fuses_attention_and_norms(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(target="trt"), "unknown target 'trt'"),
+    (dict(target="tensorrt"), "unknown target 'tensorrt'"),
     (dict(dtype="fp8"), "unknown dtype 'fp8'"),
     (dict(max_seq_len=0), "--max-seq-len (0) must be a positive"),
 ])

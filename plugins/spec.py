@@ -1,0 +1,42 @@
+"""What a TensorRT plugin is, read from the op schemas (llgraph/ops.py): one definition serves the `trt` export
+(node attributes) and the QDP registrations (plugins/qdp.py), so the two cannot drift apart.
+
+A plugin is named after its op (`llgraph::RMSNorm`); its inputs are the op's inputs and its fields are exactly the
+op's attributes, in schema order, with the schema's Python types. ONNX has no bool attribute, so a bool field travels
+as an INT attribute (0/1) and TensorRT's QDP creator turns it back into a bool.
+"""
+
+from __future__ import annotations
+
+from onnx import AttributeProto
+
+from llgraph.ops import SCHEMAS
+
+NAMESPACE = "llgraph"
+VERSION = "1"
+PLUGIN_OPS = ("RMSNorm", "Rotary", "GroupedAttention", "SwiGLU")
+ONNX_ATTR_TYPES = {int: AttributeProto.INT, float: AttributeProto.FLOAT, bool: AttributeProto.INT}
+
+
+def plugin_id(op: str) -> str:
+    return f"{NAMESPACE}::{op}"
+
+
+def fields(op: str) -> dict[str, type]:
+    """The plugin's fields: attribute name -> Python type (int, float or bool), in schema order."""
+    return {a.name: a.type for a in SCHEMAS[op].attrs}
+
+
+def inputs(op: str) -> tuple[str, ...]:
+    return tuple(name.rstrip("?") for name in SCHEMAS[op].inputs)
+
+
+def outputs(op: str) -> tuple[str, ...]:
+    return SCHEMAS[op].outputs
+
+
+def onnx_attrs(op: str, attrs: dict) -> dict:
+    """A node's attribute values as the plugin node carries them: the fields (bools as 0/1) plus the parser's
+    plugin_namespace and plugin_version."""
+    values = {name: (int(attrs[name]) if kind is bool else kind(attrs[name])) for name, kind in fields(op).items()}
+    return {**values, "plugin_namespace": NAMESPACE, "plugin_version": VERSION}
