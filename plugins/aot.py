@@ -3,6 +3,10 @@ TensorRT plugin's `aot_impl` returns so an engine runs without Python. Needs no 
 ptxas (Triton's bundled copy, else the one on PATH).
 
 Must run without TRITON_INTERPRET: interpreted kernels cannot be compiled.
+
+Triton (3.3+) appends two hidden pointer parameters to every kernel (global and profile scratch). A TensorRT AOT
+launch passes only inputs, scalars and outputs, so `compile_op` refuses a kernel that would use either scratch
+buffer; with both sizes 0 the kernel never reads those parameters.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from llgraph.plugins import kernels
 
 POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
+FIXED_POINTERS = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64"}  # the same in every model dtype
 
 
 @dataclass(frozen=True)
@@ -26,31 +31,32 @@ class Compiled:
     shared_bytes: int
 
 
-def signature(kernel: str, dtype: str) -> dict[str, str]:
-    p = POINTER[dtype]
-    return {
-        "rmsnorm": {"x_ptr": p, "w_ptr": p, "y_ptr": p, "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr"},
-        "swiglu": {"g_ptr": p, "u_ptr": p, "y_ptr": p, "n": "i32", "BLOCK": "constexpr"},
-        "rotary": {"x_ptr": p, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "y_ptr": p, "num_heads": "i32",
-                   "head_dim": "i32", "half": "i32", "INTERLEAVED": "constexpr", "BLOCK": "constexpr"},
-        "cache_write": {"new_ptr": p, "pos_ptr": "*i64", "cache_ptr": p, "seq": "i32", "kv_heads": "i32",
-                        "max_seq": "i32", "head_dim": "i32", "BLOCK_D": "constexpr"},
-        "attention": {"q_ptr": p, "pos_ptr": "*i64", "k_ptr": p, "v_ptr": p, "out_ptr": p, "seq": "i32",
-                      "num_heads": "i32", "kv_heads": "i32", "max_seq": "i32", "head_dim": "i32", "scale": "fp32",
-                      "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"},
-    }[kernel]
+def signature(kernel, dtype: str) -> dict[str, str]:
+    """Triton's signature for `kernel` in model dtype `dtype`, read from its parameters: pointers by name (RoPE
+    tables fp32, positions int64, the rest the model's dtype), scalars int32, constexprs as such."""
+    def kind(p):
+        if p.is_constexpr:
+            return "constexpr"
+        return FIXED_POINTERS.get(p.name, POINTER[dtype]) if p.name.endswith("_ptr") else "i32"
+    return {p.name: kind(p) for p in kernel.params}
 
 
-def compile_kernel(kernel: str, dtype: str, cc: int, **constexprs) -> Compiled:
+def compile_op(op: str, dtype: str, shapes: dict, attrs: dict, cc: int) -> tuple[Compiled, kernels.Launch]:
+    """PTX for plugin op `op` on `shapes` (ints or TensorRT shape expressions) for compute capability `cc`, with
+    the launch that goes with it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = getattr(kernels, f"{kernel}_kernel")
-    source = ASTSource(fn=fn, signature=signature(kernel, dtype), constexprs=constexprs)
+    launch = kernels.plan(op, shapes, attrs)
+    source = ASTSource(fn=launch.kernel, signature=signature(launch.kernel, dtype), constexprs=launch.constexprs)
     compiled = triton.compile(source, target=GPUTarget("cuda", cc, 32))
+    meta = compiled.metadata
+    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+        raise RuntimeError(f"{launch.kernel.__name__} needs Triton scratch memory, which a TensorRT AOT launch "
+                           "does not pass; use the JIT plugin (impl) for it")
     return Compiled(compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.num_warps,
-                    compiled.metadata.shared)
+                    compiled.metadata.shared), launch
 
 
 def ptxas_candidates() -> list[str]:
