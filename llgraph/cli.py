@@ -49,19 +49,22 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
     from pathlib import Path
 
     from llgraph.bundled import resolve
-    from llgraph.runtime import ORTRunner, TorchRunner
+    from llgraph.runtime import ORTRunner, TorchRunner, TRTRunner
 
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
     if (path / "manifest.json").exists():
+        if backend == "trt":
+            return TRTRunner(path)
         if backend != "ort":
-            raise LlgraphError(f"{model} is an ONNX export folder; it runs with --backend ort")
+            raise LlgraphError(f"{model} is an ONNX export folder; it runs with --backend ort (or trt once built)")
         return ORTRunner(path, max_seq_len)
     if backend == "torch":
         return TorchRunner(path, max_seq_len=max_seq_len, progress=True)
     if backend == "trt":
-        raise LlgraphError("--backend trt needs a TensorRT engine (`llgraph build`), which is not in this build yet")
+        raise LlgraphError(f"--backend trt runs a built engine: `llgraph export --checkpoint {model} --target trt "
+                           "--dtype fp16 -o OUT`, then `llgraph build OUT`, then pass OUT")
     from llgraph.export import export_model
 
     stat = path.stat()
@@ -71,6 +74,13 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
         print(f"exporting {path.name} for ONNX Runtime into {folder} (once)", file=sys.stderr)
         export_model(path, checkpoint=path, out=folder, target="ort", force=True, progress=True)
     return ORTRunner(folder, max_seq_len)
+
+
+def cmd_build(args) -> None:
+    from llgraph.runtime.trt import build_engine
+
+    engine = build_engine(args.folder, args.output, args.max_batch, args.max_seq_len, args.opt_prefill, args.jit)
+    print(f"wrote {engine} ({engine.stat().st_size / 2**20:.1f} MiB)")
 
 
 def cmd_generate(args) -> None:
@@ -106,11 +116,14 @@ def cmd_diff(args) -> int:
     graph = model_graph(cfg)
     sides = {"torch": lambda d: diff.torch_side(cfg, source, d, args.max_seq_len),
              "ort": lambda d: diff.onnx_side(cfg, source, "ort", d, args.max_seq_len),
-             "onnx": lambda d: diff.onnx_side(cfg, source, "onnx", d, args.max_seq_len)}
+             "onnx": lambda d: diff.onnx_side(cfg, source, "onnx", d, args.max_seq_len),
+             "trt": lambda d: diff.engine_side(args.engine)}
     for side in (args.a, args.b):
         if side is not None and side not in sides:
-            raise LlgraphError(f"backend '{side}' cannot be run here: use torch, ort or onnx; a TensorRT run is "
-                               "compared through --save on this machine and --load on the GPU machine")
+            raise LlgraphError(f"unknown backend '{side}'; use torch, ort, onnx or trt")
+    if "trt" in (args.a, args.b) and not args.engine:
+        raise LlgraphError("--b trt needs --engine FOLDER (a --target trt export with `llgraph build` run on it); "
+                           "to compare across machines, --save here and --load on the GPU machine")
     if args.load:
         name, inputs, capture_a = diff.load_run(args.load)
         print(f"loaded {len(inputs)} steps of '{name}' from {args.load}")
@@ -151,13 +164,23 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--config", help="config file or preset; defaults to the checkpoint's own (config.json / GGUF)")
     e.add_argument("--checkpoint", help="HF folder, .safetensors, .gguf, or 'smollm2' (the bundled SmolLM2-135M "
                    "GGUF); without it, seeded random weights")
-    e.add_argument("--target", default="ort", help="ort (ONNX Runtime, default) or onnx (standard ops only)")
+    e.add_argument("--target", default="ort", help="ort (ONNX Runtime, default), onnx (standard ops only) or trt "
+                   "(TensorRT plugin nodes; ONNX Runtime runs it too)")
     e.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16")
     e.add_argument("--max-seq-len", type=int, help="longest position the RoPE tables cover (default: the config's)")
     e.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     e.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     e.add_argument("-o", "--output", required=True, help="output folder")
     e.set_defaults(func=cmd_export)
+    b = sub.add_parser("build", help="build a TensorRT engine from a --target trt export folder (needs a GPU)")
+    b.add_argument("folder", help="an export folder made with --target trt")
+    b.add_argument("-o", "--output", help="engine path (default FOLDER/model.engine)")
+    b.add_argument("--max-batch", type=int, default=8)
+    b.add_argument("--max-seq-len", type=int, help="KV-cache length (default min(2048, the export's range))")
+    b.add_argument("--opt-prefill", type=int, default=128, help="prompt length the prefill profile is tuned for")
+    b.add_argument("--jit", action="store_true", help="plugins call Triton from Python at run time (default: "
+                   "AOT PTX inside the engine, no Python needed)")
+    b.set_defaults(func=cmd_build)
     g = sub.add_parser("generate", help="stream a completion from an export folder or a checkpoint")
     g.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
     g.add_argument("--prompt", required=True)
@@ -176,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
     d.add_argument("model", help="checkpoint (HF folder, .gguf, 'smollm2') or a config (random weights)")
     d.add_argument("--a", default="torch", help="reference side (torch, ort, onnx)")
-    d.add_argument("--b", help="side under test (torch, ort, onnx); omit with --save to only record side a")
+    d.add_argument("--b", help="side under test (torch, ort, onnx, trt); omit with --save to only record side a")
+    d.add_argument("--engine", help="for trt: the export folder holding the built engine (its dtype is the engine's)")
     prompt = d.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default="The quick brown fox")
     prompt.add_argument("--tokens", help="comma-separated token ids")

@@ -156,6 +156,29 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
     return stepper
 
 
+def engine_side(folder: str | Path) -> Side:
+    """A TensorRT engine built from a `trt` export folder (needs tensorrt and a GPU). It exposes the final outputs:
+    logits and the present caches."""
+    from llgraph.runtime.trt import TRTBackend
+
+    backend = TRTBackend(folder)
+
+    def stepper():
+        fresh = [True]
+
+        def step(s: Step) -> Values:
+            if fresh[0]:
+                backend.allocate(s["input_ids"].shape[0])
+                fresh[0] = False
+            logits = backend.forward(torch.from_numpy(s["input_ids"]), torch.from_numpy(s["position_ids"]))
+            values = {"logits": logits.numpy()}
+            for past, present in cache_pairs(backend.config):
+                values[present] = backend.cache[past].float().cpu().numpy()
+            return values
+        return step
+    return stepper
+
+
 def run_steps(side: Side, inputs: list[Step]) -> Capture:
     step = side()
     return [step(s) for s in inputs]

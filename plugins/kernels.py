@@ -156,7 +156,7 @@ def plan(op: str, shapes: dict, attrs: dict) -> Launch:
         return Launch(rotary_kernel, (b * s, heads), (heads, head_dim, half),
                       dict(INTERLEAVED=bool(attrs["interleaved"]), BLOCK=block))
     if op == "GroupedAttention":
-        (b, s, _), (_, kv_heads, max_seq, head_dim) = shapes["q"], shapes["past_key"]
+        (b, s, _), (_, _, max_seq, head_dim) = shapes["q"], shapes["past_key"]
         return Launch(attention_kernel, (b, s, attrs["num_heads"]), (s, max_seq), dict(
             NUM_HEADS=attrs["num_heads"], KV_HEADS=attrs["num_kv_heads"], HEAD_DIM=static(head_dim),
             SCALE=float(attrs["scale"]), BLOCK_N=32, BLOCK_D=triton.next_power_of_2(static(head_dim))))

@@ -77,9 +77,9 @@ def _register(trtp, op: str) -> None:
         return (args[names[0]].like(),)
 
     def impl(args):
-        from llgraph.plugins import kernels
-
         import torch
+
+        from llgraph.plugins import kernels
 
         with torch.cuda.stream(torch.cuda.ExternalStream(args["stream"])):
             kernels.launch(op, {n: _as_torch(args[n]) for n in names}, [_as_torch(t) for t in args["outputs"]],

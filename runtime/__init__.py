@@ -1,7 +1,10 @@
-"""One cached decode loop (loop.py) behind every runner: ORTRunner (CPU default), TorchRunner (the reference)."""
+"""One cached decode loop (loop.py) behind every runner: ORTRunner (CPU default), TRTRunner (a TensorRT engine on
+a GPU), TorchRunner (the reference)."""
 
 from llgraph.runtime.loop import Generation, Runner
 from llgraph.runtime.runners import ORTRunner, TorchRunner
 from llgraph.runtime.sampling import RequestError, Sampling
+from llgraph.runtime.trt import TRTRunner, build_engine
 
-__all__ = ["Generation", "ORTRunner", "RequestError", "Runner", "Sampling", "TorchRunner"]
+__all__ = ["Generation", "ORTRunner", "RequestError", "Runner", "Sampling", "TRTRunner", "TorchRunner",
+           "build_engine"]

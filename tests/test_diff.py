@@ -102,7 +102,7 @@ def test_cli_saves_loads_and_exits_nonzero_on_failure(tmp_path):
     r = cli("tiny", "--load", "run.json", "--b", "ort", "--atol", "0", "--rtol", "0", cwd=tmp_path)
     assert r.returncode == 1 and "final outputs: FAIL" in r.stdout
     r = cli("tiny", "--tokens", "1,2", "--b", "trt", cwd=tmp_path)
-    assert r.returncode == 2 and "backend 'trt' cannot be run here" in r.stderr
+    assert r.returncode == 2 and "--b trt needs --engine FOLDER" in r.stderr
 
 
 @pytest.mark.slow

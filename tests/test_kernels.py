@@ -1,11 +1,14 @@
-"""The plugin kernels on CPU: under TRITON_INTERPRET=1 they match the PyTorch executor's op (fp32 <= 1e-5,
+"""The plugin kernels: under TRITON_INTERPRET=1 on CPU tensors they match the PyTorch executor's op (fp32 <= 1e-5,
 fp16 <= 1e-2) — RMSNorm, SwiGLU, Rotary, and GroupedAttention (prefill and decode, GQA ratios 1/3/4/8, head_dim 64
 and 128, positions up to the last cache slot); compiled ahead of time they give PTX for sm_80 and sm_90 that ptxas
-assembles."""
+assembles. On a GPU, `test_kernels_on_cuda` reruns the same comparisons compiled for it
+(LLGRAPH_KERNEL_DEVICE=cuda, no interpreter)."""
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
+DEVICE = os.environ.get("LLGRAPH_KERNEL_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -34,7 +37,7 @@ def reference(op, *inputs, **attrs):
 @pytest.mark.parametrize("tokens, hidden", [(1, 576), (37, 576), (5, 4096), (3, 100)])  # decode, prefill, odd
 def test_rmsnorm(dtype, tokens, hidden, report):
     torch.manual_seed(0)
-    x, w = torch.randn(1, tokens, hidden).to(dtype) * 3, (torch.rand(hidden) + 0.5).to(dtype)
+    x, w = torch.randn(1, tokens, hidden).to(DEVICE, dtype) * 3, (torch.rand(hidden) + 0.5).to(DEVICE, dtype)
     report(f"rmsnorm {dtype} [{tokens}, {hidden}]",
            max_diff(kernels.rmsnorm(x, w, 1e-5), reference("RMSNorm", x, w, eps=1e-5)), TOL[dtype])
 
@@ -43,7 +46,7 @@ def test_rmsnorm(dtype, tokens, hidden, report):
 @pytest.mark.parametrize("shape", [(1, 1, 1536), (2, 19, 1536), (1, 3, 1000)])
 def test_swiglu(dtype, shape, report):
     torch.manual_seed(1)
-    g, u = torch.randn(shape).to(dtype) * 4, torch.randn(shape).to(dtype)
+    g, u = torch.randn(shape).to(DEVICE, dtype) * 4, torch.randn(shape).to(DEVICE, dtype)
     report(f"swiglu {dtype} {shape}", max_diff(kernels.swiglu(g, u), reference("SwiGLU", g, u)), TOL[dtype])
 
 
@@ -53,8 +56,8 @@ def test_swiglu(dtype, shape, report):
     (1, 9, 64, 64), (23, 8, 128, 128), (4, 3, 64, 32), (2, 32, 128, 128)])  # decode, prefill, partial, 8B-sized
 def test_rotary(dtype, interleaved, tokens, heads, head_dim, rotary_dim, report):
     torch.manual_seed(2)
-    x = torch.randn(1, tokens, heads * head_dim).to(dtype)
-    angles = torch.rand(1, tokens, rotary_dim // 2) * 8000  # positions near a long max_seq
+    x = torch.randn(1, tokens, heads * head_dim).to(DEVICE, dtype)
+    angles = torch.rand(1, tokens, rotary_dim // 2, device=DEVICE) * 8000  # positions near a long max_seq
     cos, sin = angles.cos(), angles.sin()
     got = kernels.rotary(x, cos, sin, heads, interleaved)
     want = reference("Rotary", x, cos, sin, num_heads=heads, interleaved=interleaved)
@@ -76,11 +79,12 @@ def test_grouped_attention(dtype, batch, seq, heads, kv_heads, head_dim, max_seq
     import math
 
     torch.manual_seed(3)
-    q = torch.randn(batch, seq, heads * head_dim).to(dtype)
-    k, v = (torch.randn(batch, seq, kv_heads * head_dim).to(dtype) for _ in range(2))
+    q = torch.randn(batch, seq, heads * head_dim).to(DEVICE, dtype)
+    k, v = (torch.randn(batch, seq, kv_heads * head_dim).to(DEVICE, dtype) for _ in range(2))
     positions = (torch.arange(seq) + start + torch.arange(batch)[:, None]).clamp(max=max_seq - 1)
     positions = positions - (positions[:, -1:] - (max_seq - 1)).clamp(min=0)  # keep rows contiguous and in range
-    key, value = (torch.randn(batch, kv_heads, max_seq, head_dim).to(dtype) for _ in range(2))
+    positions = positions.to(DEVICE)
+    key, value = (torch.randn(batch, kv_heads, max_seq, head_dim).to(DEVICE, dtype) for _ in range(2))
     ref_key, ref_value = key.clone(), value.clone()
     attrs = dict(num_heads=heads, num_kv_heads=kv_heads, scale=1 / math.sqrt(head_dim))
     want, _, _ = reference("GroupedAttention", q, k, v, positions, ref_key, ref_value, causal=True, **attrs)
@@ -116,3 +120,15 @@ def test_aot_compiles_to_ptx_that_ptxas_assembles():
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sm_80: 18 kernels" in r.stdout and "sm_90: 18 kernels" in r.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or DEVICE == "cuda", reason="needs a CUDA GPU (none here)")
+def test_kernels_on_cuda():
+    """The comparisons above, compiled for this GPU instead of interpreted (a separate process: the interpreter
+    switch is read when triton is imported)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"LLGRAPH_KERNEL_DEVICE": "cuda"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", __file__, "-k", "not aot and not on_cuda"],
+                       capture_output=True, text=True, env=env)
+    print(r.stdout[-6000:])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
