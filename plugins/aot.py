@@ -55,8 +55,7 @@ def compile_op(op: str, dtype: str, shapes: dict, attrs: dict, cc: int) -> tuple
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
         raise RuntimeError(f"{launch.kernel.__name__} needs Triton scratch memory, which a TensorRT AOT launch "
                            "does not pass; use the JIT plugin (impl) for it")
-    return Compiled(compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.num_warps,
-                    compiled.metadata.shared), launch
+    return Compiled(meta.name, compiled.asm["ptx"], meta.num_warps, meta.shared), launch
 
 
 def ptxas_candidates() -> list[str]:

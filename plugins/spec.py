@@ -8,14 +8,11 @@ as an INT attribute (0/1) and TensorRT's QDP creator turns it back into a bool.
 
 from __future__ import annotations
 
-from onnx import AttributeProto
-
 from llgraph.ops import SCHEMAS
 
 NAMESPACE = "llgraph"
 VERSION = "1"
 PLUGIN_OPS = ("RMSNorm", "Rotary", "GroupedAttention", "SwiGLU")
-ONNX_ATTR_TYPES = {int: AttributeProto.INT, float: AttributeProto.FLOAT, bool: AttributeProto.INT}
 
 
 def plugin_id(op: str) -> str:

@@ -2,6 +2,7 @@
 
     ORTRunner("smollm2-onnx").generate("Hello", max_new_tokens=32)          # an export folder, ONNX Runtime CPU
     TorchRunner("smollm2").generate([[1, 2, 3]], max_new_tokens=8)        # a checkpoint, the PyTorch executor
+    TRTRunner("smollm2-trt").generate("Hello", max_new_tokens=32)           # a built `trt` export folder, GPU
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from llgraph.runtime.backends import OrtBackend, TorchBackend
 from llgraph.runtime.loop import Runner
 from llgraph.runtime.tokenizer import Tokenizer
+from llgraph.runtime.trt import TRTBackend
 
 
 def _tokenizer(ref: Path) -> Tokenizer | None:
@@ -41,3 +43,11 @@ class TorchRunner(Runner):
         cfg = load_config(resolve(config) or checkpoint)
         backend = TorchBackend(cfg, open_checkpoint(checkpoint, cfg), max_seq_len, dtype, device, progress)
         super().__init__(backend, _tokenizer(Path(checkpoint)), cfg.eos_token_ids)
+
+
+class TRTRunner(Runner):
+    """A TensorRT engine built by `llgraph build` from a `trt` export folder (needs tensorrt and a GPU)."""
+
+    def __init__(self, folder: str | Path):
+        backend = TRTBackend(folder)
+        super().__init__(backend, _tokenizer(Path(folder)), backend.config.eos_token_ids)

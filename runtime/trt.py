@@ -6,7 +6,7 @@
 The engine has two optimization profiles over the same I/O: 0 = prefill (seq 1..max_seq_len), 1 = decode
 (seq 1). The KV cache is the static [batch, kv_heads, max_seq_len, head_dim] of the export, fixed at build time;
 GroupedAttention's plugin aliases present to past, so the backend binds each cache buffer (a torch CUDA tensor)
-as both, once per request, and nothing is copied per step. `engine.json` beside the engine records the profiles
+as both, once per request, and nothing is copied per step. `engine.json` in the export folder records the profiles
 and limits. tensorrt is imported only here, lazily, with a one-line error when it (or a GPU) is missing.
 """
 
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import torch
 
-from llgraph.builder import BATCH, MAX_SEQ, SEQ, cache_pairs, new_cache
+from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.plugins.qdp import TensorRTMissing, import_tensorrt, register_plugins
-from llgraph.runtime.loop import Backend, Runner
+from llgraph.runtime.backends import DEFAULT_MAX_SEQ
+from llgraph.runtime.loop import Backend
 from llgraph.runtime.sampling import RequestError
 from llgraph.weights import TORCH_DTYPES
 
@@ -47,10 +48,11 @@ def read_manifest(folder: Path) -> dict:
 
 def profiles(cfg: LlamaConfig, max_batch: int, max_seq_len: int, opt_prefill: int) -> list[dict]:
     """Per profile, input name -> (min, opt, max) shape. The cache's max_seq dim is fixed at max_seq_len."""
+    batch = (1, 1, max_batch)
+
     def shapes(seq: tuple[int, int, int]) -> dict:
-        dims = {BATCH: (1, 1, max_batch), SEQ: seq, MAX_SEQ: (max_seq_len,) * 3}
-        ids = tuple(zip(dims[BATCH], dims[SEQ]))
-        cache = tuple((b, cfg.num_kv_heads, max_seq_len, cfg.head_dim) for b in dims[BATCH])
+        ids = tuple(zip(batch, seq))
+        cache = tuple((b, cfg.num_kv_heads, max_seq_len, cfg.head_dim) for b in batch)
         return {"input_ids": ids, "position_ids": ids, **{past: cache for past, _ in cache_pairs(cfg)}}
     return [shapes((1, min(opt_prefill, max_seq_len), max_seq_len)), shapes((1, 1, 1))]
 
@@ -67,7 +69,7 @@ def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, m
     folder = Path(folder)
     manifest = read_manifest(folder)
     cfg = LlamaConfig(**manifest["config"])
-    max_seq_len = max_seq_len or min(2048, manifest["max_positions"])
+    max_seq_len = max_seq_len or min(DEFAULT_MAX_SEQ, manifest["max_positions"])
     if not 1 <= max_batch <= 1024:
         raise EngineError(f"--max-batch ({max_batch}) must be in 1..1024")
     if not 2 <= max_seq_len <= manifest["max_positions"]:
@@ -105,10 +107,10 @@ def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, m
         raise EngineError("TensorRT failed to build the engine (see its log above)")
     _write(engine, bytes(serialized))
     _write(timing, bytes(config.get_timing_cache().serialize()))
-    meta = {"engine": engine.name, "max_batch": max_batch, "max_seq_len": max_seq_len, "opt_prefill": opt_prefill,
+    meta = {"engine": os.path.relpath(engine.resolve(), folder.resolve()), "max_batch": max_batch, "max_seq_len": max_seq_len, "opt_prefill": opt_prefill,
             "profiles": {"prefill": PREFILL, "decode": DECODE}, "plugins": "jit" if jit else "aot",
             "tensorrt": trt.__version__, "gpu": torch.cuda.get_device_name()}
-    _write(engine.parent / ENGINE_META, json.dumps(meta, indent=2).encode())
+    _write(folder / ENGINE_META, json.dumps(meta, indent=2).encode())  # in the folder even when -o is elsewhere
     return engine
 
 
@@ -201,12 +203,3 @@ class TRTBackend(Backend):
         self.stream.synchronize()
         return logits.float().cpu()
 
-
-class TRTRunner(Runner):
-    """A TensorRT engine built by `llgraph build` from a `trt` export folder."""
-
-    def __init__(self, folder: str | Path):
-        from llgraph.runtime.runners import _tokenizer
-
-        backend = TRTBackend(folder)
-        super().__init__(backend, _tokenizer(Path(folder)), backend.config.eos_token_ids)
