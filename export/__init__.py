@@ -32,6 +32,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
     from llgraph.bundled import resolve
     from llgraph.config import load_config
     from llgraph.export.lower import export
+    from llgraph.outdir import check_writable_target
     from llgraph.passes import model_graph
     from llgraph.weights import open_checkpoint
 
@@ -44,6 +45,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
     cfg = load_config(config)
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
+    check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
     source = open_checkpoint(checkpoint, cfg, seed)
     graph = model_graph(cfg, dtype)
     return export(graph, source, tgt, out, max_positions=max_seq_len or cfg.max_position_embeddings, force=force,

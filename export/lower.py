@@ -9,7 +9,6 @@ in memory. ONNX value names are the IR's (`layers.3.attn_norm`), so any IR value
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from onnx import TensorProto, helper
 from llgraph import __version__
 from llgraph.errors import LlgraphError
 from llgraph.ir import DTYPE_BYTES, Graph, Node
+from llgraph.outdir import FORMAT, MANIFEST, PARTIAL_MARK, staged_folder
 from llgraph.weights import WeightSource, check_weights, load_param
 
 ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
@@ -161,19 +161,10 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
 
 def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, *, max_positions: int,
            force: bool = False, progress: bool = False, extra_files=(), write_extras=None) -> Path:
-    """Export into folder `out`, written under a temporary name and renamed at the end: a failure leaves nothing."""
+    """Export into folder `out`, written under a temporary name and renamed at the end: a failure leaves nothing.
+    `force` replaces only an earlier llgraph export (see `llgraph.outdir`)."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ExportError(f"output {out} exists and is not empty; pass --force to replace it or choose another -o")
-    parent = out.resolve().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = parent / f".{out.name}.partial-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise ExportError(f"cannot write to {parent}: {e.strerror}; choose a writable -o") from None
-    try:
+    with staged_folder(out, force) as tmp:
         config = json.loads(graph.metadata["config"])
         metadata = {"llgraph_version": __version__, "target": target.name, "dtype": graph.metadata["dtype"],
                     "config": graph.metadata["config"], "weights": source.description}
@@ -187,16 +178,11 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
             from llgraph.export.genai import write_genai_config
 
             write_genai_config(tmp, LlamaConfig(**config), max_positions)
-        manifest = {"format": "llgraph-onnx", "llgraph_version": __version__, "target": target.name,
+        files = sorted({p.name for p in tmp.iterdir()} - {PARTIAL_MARK} | {MANIFEST})
+        manifest = {"format": FORMAT, "llgraph_version": __version__, "target": target.name,
                     "dtype": graph.metadata["dtype"], "model": MODEL_FILE, "data": DATA_FILE,
                     "max_positions": max_positions,
-                    "weights": source.description, "config": config,
+                    "weights": source.description, "config": config, "files": files,
                     "inputs": [v.name for v in graph.inputs], "outputs": [v.name for v in graph.outputs]}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return out

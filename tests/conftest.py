@@ -13,3 +13,23 @@ def report(request):
         print(f"{request.node.name}: {what} max|diff| = {diff:.3e} (tol {tol:.0e})")
         assert diff <= tol, f"{what}: max|diff| {diff:.3e} > {tol:.0e}"
     return check
+
+
+@pytest.fixture(scope="session")
+def smollm2_export(tmp_path_factory):
+    """smollm2_export(target, dtype="float32", max_seq_len=256) -> the bundled SmolLM2's export folder, made once per
+    test session and shared by every test that asks for the same one (each is hundreds of MB and seconds to write)."""
+    from llgraph.bundled import bundled_model
+    from llgraph.export import export_model
+
+    made = {}
+
+    def get(target: str, dtype: str = "float32", max_seq_len: int = 256):
+        key = (target, dtype, max_seq_len)
+        if key not in made:
+            path = bundled_model("smollm2")
+            out = tmp_path_factory.mktemp("smollm2") / f"{target}-{dtype}-{max_seq_len}"
+            made[key] = export_model(path, checkpoint=path, out=out, target=target, dtype=dtype,
+                                     max_seq_len=max_seq_len)
+        return made[key]
+    return get
