@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from llgraph.config import load_config, presets
 from llgraph.errors import LlgraphError
+from llgraph.outdir import Terminated, signals_raise
 
 USER_ERRORS = (LlgraphError, FileNotFoundError, PermissionError)
 
@@ -34,7 +37,9 @@ def cmd_inspect(args) -> None:
 
 def cmd_export(args) -> None:
     from llgraph.export import export_model
+    from llgraph.outdir import check_writable_target
 
+    check_writable_target(Path(args.output), args.force)  # a refused -o is the first thing said, before any work
     if args.checkpoint is None:
         print(f"no --checkpoint: exporting seeded random weights (seed {args.seed})", file=sys.stderr)
     out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, args.target, args.dtype,
@@ -42,7 +47,7 @@ def cmd_export(args) -> None:
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
-def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str):
+def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str, tensorrt: str = "auto"):
     """MODEL is an export folder (has manifest.json) or a checkpoint; a checkpoint for the ort backend is exported
     once into cache_dir (keyed by the checkpoint's path, size and mtime) and reused."""
     import hashlib
@@ -56,7 +61,7 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
     if (path / "manifest.json").exists():
         if backend == "trt":
-            return TRTRunner(path)
+            return TRTRunner(path, tensorrt)
         if backend != "ort":
             raise LlgraphError(f"{model} is an ONNX export folder; it runs with --backend ort (or trt once built)")
         return ORTRunner(path, max_seq_len)
@@ -79,12 +84,15 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
 def cmd_build(args) -> None:
     from llgraph.runtime.trt import build_engine
 
-    engine = build_engine(args.folder, args.output, args.max_batch, args.max_seq_len, args.opt_prefill, args.jit)
-    print(f"wrote {engine} ({engine.stat().st_size / 2**20:.1f} MiB)")
+    engine = build_engine(args.folder, args.output, args.max_batch, args.max_seq_len, args.opt_prefill, args.plugins,
+                          args.tensorrt)
+    meta = json.loads((Path(args.folder) / "engine.json").read_text())
+    print(f"wrote {engine} ({engine.stat().st_size / 2**20:.1f} MiB, {meta['flavor']} {meta['tensorrt']}, "
+          f"plugins {meta['plugins']}, built in {meta['build_seconds']:.1f} s; runs on {meta['runs_on']})")
 
 
 def cmd_generate(args) -> None:
-    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir)
+    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt)
     prompt = args.prompt
     if args.chat:
         if runner.tokenizer is None:
@@ -175,11 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a TensorRT engine from a --target trt export folder (needs a GPU)")
     b.add_argument("folder", help="an export folder made with --target trt")
     b.add_argument("-o", "--output", help="engine path (default FOLDER/model.engine)")
-    b.add_argument("--max-batch", type=int, default=8)
-    b.add_argument("--max-seq-len", type=int, help="KV-cache length (default min(2048, the export's range))")
+    b.add_argument("--max-batch", type=int, default=8, help="most prompts in one batch (default 8)")
+    b.add_argument("--max-seq-len", type=int, help="KV-cache length, fixed in the engine (default min(2048, the "
+                   "export's RoPE range))")
     b.add_argument("--opt-prefill", type=int, default=128, help="prompt length the prefill profile is tuned for")
-    b.add_argument("--jit", action="store_true", help="plugins call Triton from Python at run time (default: "
-                   "AOT PTX inside the engine, no Python needed)")
+    b.add_argument("--plugins", choices=("aot", "jit", "none"), help="aot: llgraph's Triton plugins as PTX inside "
+                   "the engine (TensorRT's default); jit: the same plugins called from Python; none: TensorRT's "
+                   "native layers from the function bodies (TensorRT-RTX's default and only choice)")
+    b.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto", help="which TensorRT builds "
+                   "when both are installed: tensorrt (10.15+/11) or rtx (TensorRT-RTX; builds without a GPU)")
     b.set_defaults(func=cmd_build)
     g = sub.add_parser("generate", help="stream a completion from an export folder or a checkpoint")
     g.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
@@ -194,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--max-seq-len", type=int, help="KV-cache length (default 2048)")
+    g.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
+                   help="for --backend trt: the TensorRT to run with (default: the one the engine was built with)")
     g.add_argument("--cache-dir", default="~/.cache/llgraph", help="where checkpoints are exported for ort")
     g.set_defaults(func=cmd_generate)
     d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
@@ -223,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         print("llgraph: error: export needs --config or --checkpoint", file=sys.stderr)
         return 2
     try:
-        status = args.func(args)
+        with signals_raise():  # SIGTERM/SIGHUP clean up like Ctrl-C: no partial output is left behind
+            status = args.func(args)
+    except Terminated as e:
+        print(f"llgraph: {e}", file=sys.stderr)
+        return 128 + e.signum
     except USER_ERRORS as e:
         print(f"llgraph: error: {e}", file=sys.stderr)
         return 2

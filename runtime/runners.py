@@ -46,8 +46,9 @@ class TorchRunner(Runner):
 
 
 class TRTRunner(Runner):
-    """A TensorRT engine built by `llgraph build` from a `trt` export folder (needs tensorrt and a GPU)."""
+    """A TensorRT engine built by `llgraph build` from a `trt` export folder (TensorRT or TensorRT-RTX, as it was
+    built with, and a GPU)."""
 
-    def __init__(self, folder: str | Path):
-        backend = TRTBackend(folder)
+    def __init__(self, folder: str | Path, tensorrt: str = "auto"):
+        backend = TRTBackend(folder, tensorrt)
         super().__init__(backend, _tokenizer(Path(folder)), backend.config.eos_token_ids)

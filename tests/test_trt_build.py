@@ -1,0 +1,167 @@
+"""TensorRT itself, on the CPU-only machines this project is tested on: TensorRT-RTX's ONNX parser and builder
+(ahead-of-time, no GPU) parse and build SmolLM2's `trt` exports (fp16, bf16, fp32) and its `onnx` export (fp16).
+What is asserted is what TensorRT reports: the layers its parser made, the network's I/O, the profiles it holds.
+A change that breaks the parse or the build fails here. Running an engine needs a GPU (tests/test_trt.py)."""
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llgraph.builder import cache_pairs, new_cache
+from llgraph.config import LlamaConfig
+from llgraph.runtime.trt import EngineError, build_engine, io_dtypes, load_tensorrt, parse
+
+# On Linux x86-64 TensorRT-RTX is a test dependency: its absence fails rather than skips
+ON_CI_PLATFORM = platform.system() == "Linux" and platform.machine() == "x86_64"
+pytestmark = pytest.mark.skipif(not ON_CI_PLATFORM, reason="TensorRT-RTX wheels exist for Linux x86-64 only")
+MAX_SEQ = 256
+
+
+@pytest.fixture(scope="module")
+def rtx():
+    return load_tensorrt("rtx")
+
+
+def trt_dtype(rtx, torch_dtype):
+    t = rtx.module.DataType
+    return {"torch.int64": t.INT64, "torch.float32": t.FLOAT, "torch.float16": t.HALF,
+            "torch.bfloat16": t.BF16}[str(torch_dtype)]
+
+
+def check_network(rtx, folder, cfg, dtype):
+    """Per decoder layer: 2 rotary layers (q, k), one attention, a KV-cache update feeding each present output; the
+    network's I/O names and dtypes are exactly those TRTBackend binds; the cache length is static."""
+    parsed = parse(folder, MAX_SEQ, rtx)
+    t, net = rtx.module, parsed.network
+    producer, counts = {}, {}
+    for i in range(net.num_layers):
+        layer = net.get_layer(i)
+        counts[layer.type] = counts.get(layer.type, 0) + 1
+        for k in range(layer.num_outputs):
+            producer[layer.get_output(k).name] = layer.type
+    L = cfg.num_layers
+    assert counts.get(t.LayerType.ROTARY_EMBEDDING) == 2 * L
+    assert counts.get(t.LayerType.ATTENTION_INPUT) == counts.get(t.LayerType.ATTENTION_OUTPUT) == L
+    assert counts.get(t.LayerType.KV_CACHE_UPDATE) == 2 * L
+    for _, present in cache_pairs(cfg):
+        assert producer[present] == t.LayerType.KV_CACHE_UPDATE, present
+    io = {net.get_input(i).name: net.get_input(i) for i in range(net.num_inputs)}
+    io |= {net.get_output(i).name: net.get_output(i) for i in range(net.num_outputs)}
+    want = io_dtypes(cfg, dtype)
+    assert set(io) == set(want)
+    for name, tensor in io.items():
+        assert tensor.dtype == trt_dtype(rtx, want[name]), (name, tensor.dtype)
+    for past, present in cache_pairs(cfg):
+        assert tuple(io[past].shape) == tuple(io[present].shape) == (-1, cfg.num_kv_heads, MAX_SEQ, cfg.head_dim)
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target, dtype", [("trt", "float16"), ("trt", "bfloat16"), ("trt", "float32"),
+                                           ("onnx", "float16")])
+def test_tensorrt_parses_and_builds_smollm2(target, dtype, rtx, smollm2_export, tmp_path):
+    folder = smollm2_export(target, dtype)
+    cfg = LlamaConfig(**json.loads((folder / "manifest.json").read_text())["config"])
+    counts = check_network(rtx, folder, cfg, dtype)
+    engine = build_engine(folder, tmp_path / "model.engine", max_batch=4, max_seq_len=MAX_SEQ, tensorrt="rtx",
+                          progress=False)
+    meta = json.loads((folder / "engine.json").read_text())
+    print(f"SmolLM2 {target} {dtype}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB engine in "
+          f"{meta['build_seconds']:.1f} s on the CPU ({sum(counts.values())} layers)")
+    assert engine.stat().st_size == meta["engine_bytes"] and meta["flavor"] == "rtx" and meta["plugins"] == "none"
+    # the profiles TensorRT holds == the shapes TRTBackend binds: caches from new_cache at batch 1 and max batch,
+    # ids [batch, 1..max_seq_len] in prefill and [batch, 1] in decode
+    prefill, decode = meta["profile_shapes"]
+    for shapes in (prefill, decode):
+        for batch, end in ((1, 0), (meta["max_batch"], 2)):
+            for name, tensor in new_cache(cfg, batch, meta["max_seq_len"], lambda shape: shape).items():
+                assert tuple(shapes[name][end]) == tuple(tensor)
+    assert prefill["input_ids"][0] == [1, 1] and prefill["input_ids"][2] == [4, MAX_SEQ]
+    assert decode["input_ids"] == [[1, 1], [1, 1], [4, 1]] and decode["position_ids"] == decode["input_ids"]
+
+
+def llgraph(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "llgraph", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_build_on_a_cpu_only_machine(tmp_path):
+    """`llgraph export --target trt && llgraph build` with only TensorRT-RTX: exit 0, an engine and its record."""
+    out = tmp_path / "tiny-trt"
+    assert llgraph("export", "--config", "tiny", "--target", "trt", "--dtype", "fp32", "-o", str(out)).returncode == 0
+    r = llgraph("build", str(out), "--tensorrt", "rtx", "--max-seq-len", "64")
+    assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stdout and "rtx" in r.stdout and "not Hopper" in r.stdout
+    assert {"model.engine", "engine.json"} <= {p.name for p in out.iterdir()}
+    assert not [p for p in out.iterdir() if ".partial" in p.name]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-seq-len", "4096"], "must be in 2..128 (the export's RoPE range)"),
+    (["--plugins", "aot"], "cannot run llgraph's plugins"),
+    (["--max-batch", "0"], "--max-batch (0) must be in 1..1024"),
+])
+def test_bad_build_requests_leave_nothing(args, message, tmp_path):
+    from llgraph.export import export_model
+
+    folder = export_model("tiny", out=tmp_path / "trt", target="trt", max_seq_len=128)
+    before = sorted(p.name for p in folder.iterdir())
+    r = llgraph("build", str(folder), "--tensorrt", "rtx", *args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert sorted(p.name for p in folder.iterdir()) == before
+    ort = export_model("tiny", out=tmp_path / "ort", target="ort")
+    r = llgraph("build", str(ort), "--tensorrt", "rtx")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--target trt" in r.stderr
+    assert not (ort / "model.engine").exists()
+    r = llgraph("build", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "not an llgraph export folder" in r.stderr
+
+
+def test_missing_tensorrt_names_both_installs(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_tensorrt(name, *a, **k):
+        if name.startswith("tensorrt"):
+            raise ImportError(f"No module named '{name}'")
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_tensorrt)
+    monkeypatch.setattr("importlib.import_module", lambda name: no_tensorrt(name))
+    with pytest.raises(EngineError.__bases__[0], match="neither TensorRT nor TensorRT-RTX is installed") as e:
+        load_tensorrt("auto")
+    assert "pip install tensorrt " in str(e.value) and "tensorrt-rtx-cu12-libs" in str(e.value)
+
+
+def test_parser_hands_every_plugin_node_to_its_creator(tmp_path):
+    """With a creator registered for each llgraph plugin op, TensorRT-RTX's parser gives every plugin node to it
+    with exactly its schema fields (names, values, types). Run in a subprocess (tests/trt_plugin_probe.py)."""
+    from llgraph.export import export_model
+    from llgraph.passes import model_graph
+    from llgraph.plugins import spec
+
+    cfg_name = "tiny"
+    folder = export_model(cfg_name, out=tmp_path / "trt", target="trt", max_seq_len=64)
+    probe = Path(__file__).with_name("trt_plugin_probe.py")
+    r = subprocess.run([sys.executable, str(probe), str(folder), "64"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    from llgraph.config import load_config
+    graph = model_graph(load_config(cfg_name))
+    want = [n for n in graph.nodes if n.op in spec.PLUGIN_OPS]
+    assert len(seen) == len(want) > 0
+    kinds = {float: "FLOAT32", int: "INT32", bool: "INT32"}
+    for node, got in zip(want, seen):
+        assert got["op"] == node.op and got["node"].rsplit("/", 1)[0] == node.name, (node.name, got)
+        assert list(got["fields"]) == list(spec.fields(node.op)), (node.name, got)
+        for name, kind in spec.fields(node.op).items():
+            ftype, value = got["fields"][name]
+            assert ftype == kinds[kind], (node.name, name, ftype)
+            exact = float(node.attrs[name]) if kind is not float else pytest.approx(node.attrs[name], rel=1e-7)
+            assert value == exact, (node.name, name, value)  # floats travel as float32
+    print(f"{len(seen)} plugin nodes reached their creators with their schema fields: "
+          f"{sorted({s['op'] for s in seen})}")
