@@ -42,6 +42,13 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype '{dtype}'; use one of fp32, fp16, bf16")
     tgt = get_target(target)
+    if dtype == "bfloat16" and target == "ort":
+        raise ExportError("--dtype bf16 cannot run on the ort target (ONNX Runtime's CPU kernels have no bf16 "
+                          "MatMul); use --dtype fp32 or fp16 for ONNX Runtime, or --target trt / onnx for a GPU "
+                          "runtime with bf16")
+    if checkpoint is not None and not Path(checkpoint).exists():
+        raise ExportError(f"--checkpoint {checkpoint} does not exist; pass an HF folder, a .safetensors or .gguf "
+                          "file, or 'smollm2'")
     cfg = load_config(config)
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")

@@ -12,6 +12,15 @@ from llgraph.errors import LlgraphError
 from llgraph.outdir import Terminated, signals_raise
 
 USER_ERRORS = (LlgraphError, FileNotFoundError, PermissionError)
+CACHE_HELP = "where checkpoints are exported for ONNX Runtime (default $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph)"
+
+
+def dtype_name(text: str) -> str:
+    """fp32/fp16/bf16 or float32/float16/bfloat16 -> the canonical name."""
+    names = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+    if text not in names and text not in names.values():
+        raise argparse.ArgumentTypeError(f"unknown dtype '{text}'; use fp32, fp16 or bf16")
+    return names.get(text, text)
 
 
 def cmd_inspect(args) -> None:
@@ -47,13 +56,12 @@ def cmd_export(args) -> None:
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
-def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str, tensorrt: str = "auto"):
+def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str | None = None,
+                tensorrt: str = "auto"):
     """MODEL is an export folder (has manifest.json) or a checkpoint; a checkpoint for the ort backend is exported
-    once into cache_dir (keyed by the checkpoint's path, size and mtime) and reused."""
-    import hashlib
-    from pathlib import Path
-
+    once into the cache (keyed on the checkpoint's content, see llgraph/cache.py) and reused."""
     from llgraph.bundled import resolve
+    from llgraph.cache import cache_dir as resolve_cache, entry_for
     from llgraph.runtime import ORTRunner, TorchRunner, TRTRunner
 
     path = Path(resolve(model))
@@ -72,13 +80,26 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
                            "--dtype fp16 -o OUT`, then `llgraph build OUT`, then pass OUT")
     from llgraph.export import export_model
 
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = Path(cache_dir).expanduser() / f"{path.stem}-ort-{key}"
+    folder = entry_for(path, resolve_cache(cache_dir))
     if not (folder / "manifest.json").exists():
-        print(f"exporting {path.name} for ONNX Runtime into {folder} (once)", file=sys.stderr)
+        print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
+              file=sys.stderr)
         export_model(path, checkpoint=path, out=folder, target="ort", force=True, progress=True)
     return ORTRunner(folder, max_seq_len)
+
+
+def cmd_cache(args) -> None:
+    from llgraph.cache import cache_dir, clean, entries
+
+    root = cache_dir(args.cache_dir)
+    if args.action == "list":
+        found = entries(root)
+        print(f"{root}: {len(found)} entries, {sum(e.bytes for e in found) / 2**20:,.0f} MiB")
+        for e in found:
+            print(f"  {e.name:<56}{e.bytes / 2**20:>9,.0f} MiB  {e.source}")
+        return
+    removed, freed = clean(root, args.names)
+    print(f"removed {len(removed)} entries from {root}, freed {freed / 2**20:,.0f} MiB")
 
 
 def cmd_build(args) -> None:
@@ -91,13 +112,43 @@ def cmd_build(args) -> None:
           f"plugins {meta['plugins']}, built in {meta['build_seconds']:.1f} s; runs on {meta['runs_on']})")
 
 
+def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise LlgraphError(f"{flag} '{text}' must be comma-separated token ids, e.g. {flag} 1,2,3") from None
+    if not ids or min(ids) < 0:
+        raise LlgraphError(f"{flag} '{text}' must be one or more non-negative token ids, e.g. {flag} 1,2,3")
+    return ids
+
+
 def cmd_generate(args) -> None:
+    from llgraph.runtime.sampling import Sampling
+
+    # every flag is checked before anything is loaded or exported
+    Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)
+    if args.max_new_tokens < 1:
+        raise LlgraphError(f"--max-new-tokens ({args.max_new_tokens}) must be at least 1")
+    if args.max_seq_len is not None and args.max_seq_len < 2:
+        raise LlgraphError(f"--max-seq-len ({args.max_seq_len}) must be at least 2 tokens")
+    if args.max_seq_len is not None and args.max_new_tokens >= args.max_seq_len:
+        raise LlgraphError(f"--max-new-tokens ({args.max_new_tokens}) leaves no room for the prompt in "
+                           f"--max-seq-len ({args.max_seq_len}); raise --max-seq-len or lower --max-new-tokens")
+    if (args.prompt is None) == (args.tokens is None):
+        raise LlgraphError("give exactly one of --prompt TEXT or --tokens 1,2,3")
+    prompt = parse_tokens(args.tokens) if args.tokens is not None else args.prompt
+    if args.chat and args.tokens is not None:
+        raise LlgraphError("--chat wraps a text prompt; drop it with --tokens")
     runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt)
-    prompt = args.prompt
     if args.chat:
         if runner.tokenizer is None:
             raise LlgraphError("--chat needs a tokenizer; this model has none")
         prompt = runner.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    if runner.tokenizer is None:  # token ids in, token ids out
+        result = runner.generate([prompt], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                 top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed)[0]
+        print(",".join(str(t) for t in result.token_ids))
+        return
     pieces = runner.stream(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
                            stop=args.stop or ())
@@ -137,7 +188,7 @@ def cmd_diff(args) -> int:
         print(f"loaded {len(inputs)} steps of '{name}' from {args.load}")
     else:
         if args.tokens:
-            prompt = [int(t) for t in args.tokens.split(",")]
+            prompt = parse_tokens(args.tokens)
         else:
             from llgraph.runtime.tokenizer import Tokenizer
             if not is_checkpoint:
@@ -146,8 +197,9 @@ def cmd_diff(args) -> int:
         name = args.a
         inputs, capture_a = diff.greedy_steps(sides[args.a](args.a_dtype), prompt, args.steps)
     if args.save:
-        diff.save_run(args.save, name, inputs, capture_a)
-        print(f"saved {len(inputs)} steps of '{name}' to {args.save}")
+        size = diff.save_run(args.save, name, inputs, capture_a,
+                             diff.keep_values(args.save_values, [v.name for v in graph.outputs]))
+        print(f"saved {len(inputs)} steps of '{name}' ({args.save_values}) to {args.save}: {size / 2**20:.1f} MiB")
     if args.b is None:
         return 0
     report = diff.compare(capture_a, diff.run_steps(sides[args.b](dtype), inputs), diff.value_order(graph),
@@ -160,12 +212,15 @@ def cmd_diff(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from llgraph import __version__
+
     p = argparse.ArgumentParser(prog="llgraph", description=__doc__)
+    p.add_argument("--version", action="version", version=f"llgraph {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("inspect", help="summarize the graph a config builds: ops, parameters, KV-cache size")
     i.add_argument("--config", required=True,
                    help=f"a config file (llgraph JSON, HF config.json, .gguf) or a preset: {', '.join(presets())}")
-    i.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    i.add_argument("--dtype", default="fp32", type=dtype_name, help="fp32, fp16 or bf16 (as for export)")
     i.add_argument("--passes", action="store_true", help="show the graph after QKV and gate/up packing")
     i.set_defaults(func=cmd_inspect)
     e = sub.add_parser("export", help="export a model to an ONNX folder (model.onnx + external data + manifest)")
@@ -174,10 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "GGUF); without it, seeded random weights")
     e.add_argument("--target", default="ort", help="ort (ONNX Runtime, default), onnx (standard ops only) or trt "
                    "(TensorRT plugin nodes; ONNX Runtime runs it too)")
-    e.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16")
+    e.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16 (bf16: trt and onnx targets only; ONNX "
+                   "Runtime's CPU kernels have none)")
     e.add_argument("--max-seq-len", type=int, help="longest position the RoPE tables cover (default: the config's)")
     e.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    e.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    e.add_argument("--force", action="store_true", help="replace an earlier llgraph export at -o (never a folder "
+                   "holding anything llgraph did not write)")
     e.add_argument("-o", "--output", required=True, help="output folder")
     e.set_defaults(func=cmd_export)
     b = sub.add_parser("build", help="build a TensorRT engine from a --target trt export folder (needs a GPU)")
@@ -195,20 +252,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
     g = sub.add_parser("generate", help="stream a completion from an export folder or a checkpoint")
     g.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
-    g.add_argument("--prompt", required=True)
+    g.add_argument("--prompt", help="the prompt text")
+    g.add_argument("--tokens", help="the prompt as comma-separated token ids (e.g. for a random-weight export)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"))
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int)
+    g.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"),
+                   help="ort: ONNX Runtime CPU (default); torch: the PyTorch executor; trt: a built TensorRT engine")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 disables")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats; 1 disables")
+    g.add_argument("--seed", type=int, help="seed for sampling (same seed, same tokens)")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
-    g.add_argument("--max-seq-len", type=int, help="KV-cache length (default 2048)")
+    g.add_argument("--max-seq-len", type=int, help="KV-cache length: prompt + new tokens (default min(2048, the "
+                   "model's range))")
     g.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
                    help="for --backend trt: the TensorRT to run with (default: the one the engine was built with)")
-    g.add_argument("--cache-dir", default="~/.cache/llgraph", help="where checkpoints are exported for ort")
+    g.add_argument("--cache-dir", help=CACHE_HELP)
     g.set_defaults(func=cmd_generate)
     d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
     d.add_argument("model", help="checkpoint (HF folder, .gguf, 'smollm2') or a config (random weights)")
@@ -216,23 +276,47 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--b", help="side under test (torch, ort, onnx, trt); omit with --save to only record side a")
     d.add_argument("--engine", help="for trt: the export folder holding the built engine (its dtype is the engine's)")
     prompt = d.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", default="The quick brown fox")
+    prompt.add_argument("--prompt", default="The quick brown fox", help="prompt text (needs a checkpoint's "
+                        "tokenizer)")
     prompt.add_argument("--tokens", help="comma-separated token ids")
     d.add_argument("--steps", type=int, default=4, help="decode steps after the prefill")
     d.add_argument("--dtype", default="float32", help="side b's dtype (fp32, fp16, bf16)")
     d.add_argument("--a-dtype", default="float32", help="side a's dtype")
-    d.add_argument("--atol", type=float, default=1e-4)
-    d.add_argument("--rtol", type=float, default=1e-3)
-    d.add_argument("--max-seq-len", type=int, default=256)
-    d.add_argument("--save", help="write side a's inputs and values (polygraphy RunResults JSON)")
+    d.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
+    d.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
+    d.add_argument("--max-seq-len", type=int, default=256, help="KV-cache length of both sides (default 256)")
+    d.add_argument("--save", help="write side a's inputs and values to this .npz (compressed)")
+    d.add_argument("--save-values", choices=("outputs", "layers", "all"), default="layers",
+                   help="what --save keeps: final outputs; those + each layer's output (default); every value")
     d.add_argument("--load", help="use a saved run as side a (its inputs drive side b)")
     d.add_argument("--all", action="store_true", help="print every value, not only failures and layer outputs")
     d.set_defaults(func=cmd_diff)
+    c = sub.add_parser("cache", help="list or clean the checkpoints `generate` exported for ONNX Runtime")
+    c.add_argument("action", choices=("list", "clean"), help="list: entries with size and source; clean: remove")
+    c.add_argument("names", nargs="*", help="for clean: the entries to remove (default: all)")
+    c.add_argument("--cache-dir", help=CACHE_HELP)
+    c.set_defaults(func=cmd_cache)
     return p
+
+
+def _one_line_warnings() -> None:
+    import warnings
+
+    from llgraph.config import ConfigWarning
+
+    show = warnings.showwarning
+
+    def showwarning(message, category, *rest, **kw):
+        if issubclass(category, ConfigWarning):
+            print(f"llgraph: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, *rest, **kw)
+    warnings.showwarning = showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _one_line_warnings()
     if getattr(args, "command", None) == "export" and not (args.config or args.checkpoint):
         print("llgraph: error: export needs --config or --checkpoint", file=sys.stderr)
         return 2

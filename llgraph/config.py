@@ -187,7 +187,42 @@ _HF_IGNORED = {
 }
 
 
+# keys llgraph reads from an HF config.json
+_HF_READ = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "attention_bias",
+            "mlp_bias"}
+# keys transformers' PretrainedConfig documents (generation defaults, task heads, bookkeeping): no warning for them
+_HF_DOCUMENTED = {
+    "is_decoder", "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder", "torchscript", "pruned_heads",
+    "chunk_size_feed_forward", "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id",
+    "task_specific_params", "problem_type", "id2label", "label2id", "num_labels", "finetuning_task",
+    "cross_attention_hidden_size", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+    "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "use_bfloat16", "tf_legacy_loss", "_attn_implementation", "_commit_hash", "embd_pdrop", "resid_pdrop",
+    "mlp_attention_dropout"}
+
+
+class ConfigWarning(UserWarning):
+    """A config key llgraph ignores that is probably a typo."""
+
+
+def _warn_unknown_hf_keys(d: dict) -> None:
+    import difflib
+    import warnings
+
+    known = _HF_READ | _HF_IGNORED | _HF_DOCUMENTED
+    for key in sorted(set(d) - known):
+        close = difflib.get_close_matches(key, sorted(_HF_READ | _HF_IGNORED), n=1, cutoff=0.75)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        warnings.warn(f"HF config key '{key}' is unknown to llgraph and transformers and is ignored{hint}",
+                      ConfigWarning, stacklevel=3)
+
+
 def from_hf_dict(d: dict) -> LlamaConfig:
+    _warn_unknown_hf_keys(d)
     mt = d.get("model_type", "llama")
     if mt not in _HF_LLAMA_TYPES:
         raise ConfigError(f"model_type '{mt}' is not a Llama-family decoder; llgraph supports {_HF_LLAMA_TYPES}")

@@ -4,7 +4,7 @@ A *side* runs a fixed list of steps (prefill, then decode steps; each a dict of 
 returns, per step, {IR value name: array} for every value it exposes: the PyTorch executor records all of them; an
 ONNX export exposes its node outputs, whose names are the IR's. `compare` walks the values in graph order, so the
 first failing value is where the disagreement starts. Side A's greedy tokens drive the steps, so both sides see
-identical inputs. Saved runs use polygraphy's RunResults JSON, so a CPU run can be compared with a GPU run later.
+identical inputs. Saved runs are compressed .npz archives of the inputs and a chosen subset of values, so a CPU run\ncan be compared with a GPU run later.
 """
 
 from __future__ import annotations
@@ -197,23 +197,52 @@ def greedy_steps(side: Side, prompt: list[int], steps: int) -> tuple[list[Step],
     return inputs, capture
 
 
-# -- saved runs (polygraphy RunResults) --------------------------------------------------------------------------
+# -- saved runs (compressed numpy archives) -------------------------------------------------------------------------
 
-def save_run(path: str | Path, name: str, inputs: list[Step], capture: Capture) -> None:
-    from polygraphy.comparator import IterationResult, RunResults
+SAVE_SUBSETS = ("outputs", "layers", "all")
 
-    results = RunResults()
-    results.append((name, [IterationResult(outputs=c, runner_name=name) for c in capture]))
-    results.append(("inputs", [IterationResult(outputs=s, runner_name="inputs") for s in inputs]))
-    results.save(str(path))
+
+def keep_values(subset: str, outputs: list[str]) -> Callable[[str], bool]:
+    """Which values a saved run keeps: `outputs` (logits, present caches), `layers` (those plus every decoder layer's
+    output and the embedding: enough to locate the first failing layer; the default) or `all`."""
+    if subset not in SAVE_SUBSETS:
+        raise ValueError(f"unknown subset '{subset}'; use one of {', '.join(SAVE_SUBSETS)}")
+    if subset == "all":
+        return lambda name: True
+    if subset == "outputs":
+        return lambda name: name in outputs
+    return lambda name: name in outputs or name.endswith(".out") or name == "embed"
+
+
+def save_run(path: str | Path, name: str, inputs: list[Step], capture: Capture,
+             keep: Callable[[str], bool] = lambda name: True) -> int:
+    """Write a run (its inputs and the kept values) as one compressed .npz; returns its size in bytes. Written
+    under a temporary name and renamed."""
+    path = Path(path)
+    arrays = {"__name__": np.array(name)}
+    for i, (step, values) in enumerate(zip(inputs, capture)):
+        arrays |= {f"inputs/{i}/{k}": v for k, v in step.items()}
+        arrays |= {f"values/{i}/{k}": v for k, v in values.items() if keep(k)}
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
 
 
 def load_run(path: str | Path) -> tuple[str, list[Step], Capture]:
-    from polygraphy.comparator import RunResults
-
-    results = RunResults.load(str(path))
-    (name, iterations), (_, steps) = list(results.items())[:2]
-    return name, [dict(s.items()) for s in steps], [dict(it.items()) for it in iterations]
+    with np.load(path, allow_pickle=False) as z:
+        steps = 1 + max(int(k.split("/")[1]) for k in z.files if k.startswith("inputs/"))
+        inputs, capture = [{} for _ in range(steps)], [{} for _ in range(steps)]
+        for k in z.files:
+            if k != "__name__":
+                kind, i, name = k.split("/", 2)
+                (inputs if kind == "inputs" else capture)[int(i)][name] = z[k]
+        return str(z["__name__"]), inputs, capture
 
 
 # -- printing -------------------------------------------------------------------------------------------------------

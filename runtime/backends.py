@@ -16,6 +16,7 @@ import torch
 
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
+from llgraph.errors import LlgraphError
 from llgraph.passes import model_graph
 from llgraph.runtime.loop import Backend
 from llgraph.weights import TORCH_DTYPES, WeightSource
@@ -23,16 +24,34 @@ from llgraph.weights import TORCH_DTYPES, WeightSource
 DEFAULT_MAX_SEQ = 2048
 
 
+def cache_length(requested: int | None, limit: int, what: str) -> int:
+    """The KV-cache length for a runner: `requested` (default min(2048, limit)), refused when out of 2..limit."""
+    if requested is None:
+        return min(DEFAULT_MAX_SEQ, limit)
+    if not isinstance(requested, int) or requested < 2:
+        raise LlgraphError(f"--max-seq-len ({requested}) must be at least 2 tokens")
+    if requested > limit:
+        raise LlgraphError(f"--max-seq-len ({requested}) exceeds {what} ({limit} positions); lower it, or "
+                           f"re-export with `llgraph export --max-seq-len {requested}`")
+    return requested
+
+
 class OrtBackend(Backend):
     def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None):
         import onnxruntime as ort
 
         folder = Path(folder)
+        if not (folder / "manifest.json").exists():
+            raise LlgraphError(f"{folder} is not an llgraph export folder (no manifest.json); make one with "
+                               "`llgraph export`")
         manifest = json.loads((folder / "manifest.json").read_text())
         self.config = LlamaConfig(**manifest["config"])
         self.dtype = manifest["dtype"]
+        if self.dtype == "bfloat16":
+            raise LlgraphError(f"{folder} is a bf16 export and ONNX Runtime's CPU kernels have no bf16 MatMul; "
+                               "re-export with --dtype fp32 (or fp16) for CPU, or build it with `llgraph build`")
         limit = manifest.get("max_positions", self.config.max_position_embeddings)
-        self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ, limit)
+        self.max_seq_len = cache_length(max_seq_len, limit, "this export's RoPE range")
         self.vocab_size = self.config.vocab_size
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or os.cpu_count() or 1
@@ -69,7 +88,7 @@ class TorchBackend(Backend):
         from llgraph.executor import TorchExecutor
 
         self.config, self.dtype, self.device = config, dtype, device
-        self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ, config.max_position_embeddings)
+        self.max_seq_len = cache_length(max_seq_len, config.max_position_embeddings, "the model's context")
         self.vocab_size = config.vocab_size
         self.executor = TorchExecutor(model_graph(config, dtype), source, device, progress)
         self._batch, self._cache = None, {}

@@ -92,7 +92,8 @@ class Runner:
         longest = max(len(p) for p in ids)
         if longest + max_new_tokens > b.max_seq_len:
             raise RequestError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the cache "
-                               f"({b.max_seq_len} tokens); shorten the prompt or lower max_new_tokens")
+                               f"({b.max_seq_len} tokens); shorten the prompt, lower max_new_tokens, or raise "
+                               "--max-seq-len")
         lengths = torch.tensor([len(p) for p in ids])
         tokens = torch.zeros(len(ids), longest, dtype=torch.int64)
         for row, p in enumerate(ids):

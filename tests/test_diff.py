@@ -79,7 +79,7 @@ def test_fp16_growth_table(setup):
 
 def test_save_and_load_round_trip(setup, tmp_path):
     cfg, source, graph, inputs, reference = setup
-    path = tmp_path / "torch-run.json"
+    path = tmp_path / "torch-run.npz"
     diff.save_run(path, "torch", inputs, reference)
     name, inputs2, reference2 = diff.load_run(path)
     assert name == "torch" and len(inputs2) == len(inputs)
@@ -95,11 +95,11 @@ def cli(*args, cwd):
 
 
 def test_cli_saves_loads_and_exits_nonzero_on_failure(tmp_path):
-    r = cli("tiny", "--tokens", "5,6,7", "--steps", "2", "--save", "run.json", cwd=tmp_path)
-    assert r.returncode == 0 and (tmp_path / "run.json").exists(), r.stderr
-    r = cli("tiny", "--load", "run.json", "--b", "onnx", cwd=tmp_path)
+    r = cli("tiny", "--tokens", "5,6,7", "--steps", "2", "--save", "run.npz", cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "run.npz").exists(), r.stderr
+    r = cli("tiny", "--load", "run.npz", "--b", "onnx", cwd=tmp_path)
     assert r.returncode == 0 and "first divergence: none" in r.stdout, r.stderr
-    r = cli("tiny", "--load", "run.json", "--b", "ort", "--atol", "0", "--rtol", "0", cwd=tmp_path)
+    r = cli("tiny", "--load", "run.npz", "--b", "ort", "--atol", "0", "--rtol", "0", cwd=tmp_path)
     assert r.returncode == 1 and "final outputs: FAIL" in r.stdout
     r = cli("tiny", "--tokens", "1,2", "--b", "trt", cwd=tmp_path)
     assert r.returncode == 2 and "--b trt needs --engine FOLDER" in r.stderr
@@ -107,7 +107,12 @@ def test_cli_saves_loads_and_exits_nonzero_on_failure(tmp_path):
 
 @pytest.mark.slow
 def test_cli_torch_vs_ort_on_smollm2_passes(tmp_path):
-    r = cli("smollm2", "--b", "ort", "--steps", "2", cwd=tmp_path)
+    r = cli("smollm2", "--b", "ort", "--steps", "2", "--save", "run.npz", cwd=tmp_path)
     print(r.stdout[-1500:])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "first divergence: none" in r.stdout and "layers.29.out" in r.stdout
+    size = (tmp_path / "run.npz").stat().st_size
+    print(f"diff --save of SmolLM2, prefill + 2 steps, layer outputs: {size / 2**20:.1f} MiB")
+    assert f"{size / 2**20:.1f} MiB" in r.stdout and size < 64 << 20  # was a 1.5 GB JSON for one step
+    r = cli("smollm2", "--load", "run.npz", "--b", "ort", cwd=tmp_path)
+    assert r.returncode == 0 and "first divergence: none" in r.stdout, r.stdout[-2000:]

@@ -1,0 +1,110 @@
+"""The export cache: `llgraph generate CHECKPOINT` exports a checkpoint for ONNX Runtime once and reuses it.
+
+    $LLGRAPH_CACHE_DIR (default ~/.cache/llgraph)/
+        SmolLM2-135M-Instruct.Q4_1-ort-float32-3f2a…/   an llgraph export folder (manifest.json names its source)
+        hashes.json                                      path+size+mtime -> sha256, so a file is hashed once
+
+An entry is keyed on the checkpoint's *content* (sha256 of its files), llgraph's version, the target and the dtype:
+a reinstalled wheel or a copied checkpoint reuses the entry; a changed file or a new llgraph makes a new one.
+`llgraph cache list` shows each entry's size and source; `llgraph cache clean` removes entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from llgraph import __version__
+from llgraph.errors import LlgraphError
+from llgraph.outdir import llgraph_files
+
+ENV = "LLGRAPH_CACHE_DIR"
+HASHES = "hashes.json"
+_CHECKPOINT_SUFFIXES = {".json", ".safetensors", ".gguf", ".jinja", ".model", ".txt"}
+
+
+def cache_dir(override: str | Path | None = None) -> Path:
+    """--cache-dir, else $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph."""
+    return Path(override or os.environ.get(ENV) or "~/.cache/llgraph").expanduser()
+
+
+def _file_sha256(path: Path, memo: dict) -> str:
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    if key not in memo:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        memo[key] = h.hexdigest()
+    return memo[key]
+
+
+def content_key(checkpoint: Path, root: Path, *parts: str) -> str:
+    """sha256 over the checkpoint's files (a file, or a folder's weight/config/tokenizer files) and `parts`."""
+    files = [checkpoint] if checkpoint.is_file() else sorted(
+        p for p in checkpoint.iterdir() if p.is_file() and p.suffix in _CHECKPOINT_SUFFIXES)
+    memo_path = root / HASHES
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    h = hashlib.sha256("|".join((__version__, *parts)).encode())
+    for f in files:
+        h.update(f"{f.name}:{_file_sha256(f, memo)}".encode())
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_name(f".{HASHES}.{os.getpid()}")
+        tmp.write_text(json.dumps(memo))
+        tmp.replace(memo_path)
+    except OSError:
+        pass  # an unwritable cache only costs re-hashing
+    return h.hexdigest()[:16]
+
+
+def entry_for(checkpoint: Path, root: Path, target: str = "ort", dtype: str = "float32") -> Path:
+    """The entry for this content: an existing one under any name (a copy or reinstall has another), else a new
+    name that starts with the checkpoint's for `cache list`."""
+    suffix = f"-{target}-{dtype}-{content_key(checkpoint, root, target, dtype)}"
+    existing = [p for p in root.glob(f"*{suffix}") if (p / "manifest.json").exists()]
+    return existing[0] if existing else root / f"{checkpoint.stem}{suffix}"
+
+
+@dataclass
+class Entry:
+    path: Path
+    bytes: int
+    source: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def entries(root: Path) -> list[Entry]:
+    found = []
+    for p in sorted(root.iterdir()) if root.is_dir() else []:
+        if p.is_dir() and llgraph_files(p) is not None:
+            manifest = json.loads((p / "manifest.json").read_text())
+            size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+            found.append(Entry(p, size, manifest.get("weights", "?")))
+    return found
+
+
+def clean(root: Path, names: list[str] | None = None) -> tuple[list[Entry], int]:
+    """Remove the named entries (all when `names` is empty) and, with all, the hash memo. Only llgraph export
+    folders are ever removed. Returns what was removed and the bytes freed."""
+    known = {e.name: e for e in entries(root)}
+    missing = [n for n in names or () if n not in known]
+    if missing:
+        raise LlgraphError(f"no cache entry {', '.join(missing)} in {root}; `llgraph cache list` shows them")
+    chosen = [known[n] for n in names] if names else list(known.values())
+    for e in chosen:
+        shutil.rmtree(e.path)
+    if not names and (root / HASHES).exists():
+        (root / HASHES).unlink()
+    return chosen, sum(e.bytes for e in chosen)

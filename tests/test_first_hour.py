@@ -1,0 +1,214 @@
+"""A new user's first hour (issue 15): bf16 refused up front where it cannot run, imports from any folder, the export
+cache keyed on content and listable/cleanable, flags checked before anything loads, HF config typos warned about,
+--version, generate --tokens, help on every flag."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from reference import tiny
+
+from llgraph.cache import content_key, entries
+from llgraph.cli import build_parser
+from llgraph.errors import LlgraphError
+from llgraph.export import export_model
+from llgraph.weights import RandomSource
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def llgraph(*args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "llgraph", *args], capture_output=True, text=True, cwd=cwd,
+                          env=None if env is None else {**os.environ, **env})
+
+
+def one_line_error(r, *words):
+    errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    for w in words:
+        assert w in errors[0], errors[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    """A tiny HF-style checkpoint folder (config.json + model.safetensors, no tokenizer)."""
+    from safetensors.torch import save_file
+
+    cfg = tiny()
+    source = RandomSource(cfg, seed=11, std=0.25)
+    ckpt = tmp_path_factory.mktemp("tiny-ckpt")
+    save_file({n: source.load(n).contiguous() for n in source.names()}, str(ckpt / "model.safetensors"))
+    (ckpt / "config.json").write_text(json.dumps(cfg.to_dict()))
+    return ckpt
+
+
+# -- bf16 --------------------------------------------------------------------------------------------------------------
+
+def test_bf16_for_onnx_runtime_is_refused_up_front(tmp_path):
+    r = llgraph("export", "--config", "tiny", "--dtype", "bf16", "-o", "out", cwd=tmp_path)
+    one_line_error(r, "--dtype bf16 cannot run on the ort target", "fp32 or fp16")
+    assert list(tmp_path.iterdir()) == []
+    folder = export_model("tiny", out=tmp_path / "onnx-bf16", target="onnx", dtype="bf16")  # for a GPU runtime
+    r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-new-tokens", "2")
+    one_line_error(r, "bf16 export", "no bf16 MatMul", "--dtype fp32")
+
+
+# -- imports -----------------------------------------------------------------------------------------------------------
+
+def test_imports_work_from_a_folder_holding_a_folder_named_llgraph(tmp_path):
+    """The clone is usually named `llgraph`; run from its parent, that folder must not shadow the package."""
+    (tmp_path / "llgraph").mkdir()
+    code = "import llgraph.export, llgraph.runtime, llgraph.plugins, llgraph; print(llgraph.__version__)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = llgraph("--version", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("llgraph ")
+
+
+@pytest.mark.slow
+def test_imports_from_a_built_wheel(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
+                        str(REPO)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    wheel = next((tmp_path / "dist").glob("llgraph-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "llgraph/export/lower.py" in names and "llgraph/configs/tiny.json" in names
+    assert not [n for n in names if n.split("/")[0] in ("export", "runtime", "plugins", "tests")]
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    (tmp_path / "cwd" / "llgraph").mkdir(parents=True)
+    code = ("import llgraph.export, llgraph.runtime, llgraph.config as c; print(llgraph.export.__file__); "
+            "print(c.load_config('tiny').num_layers)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path / "cwd",
+                       env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith(str(tmp_path / "site")) and r.stdout.splitlines()[1] == "2"
+
+
+# -- the export cache --------------------------------------------------------------------------------------------------
+
+def test_cache_key_is_the_content_not_the_path_or_mtime(tiny_ckpt, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_ckpt, copy)
+    os.utime(copy / "model.safetensors", (1, 1))
+    key = content_key(tiny_ckpt, tmp_path / "cache", "ort", "float32")
+    assert content_key(copy, tmp_path / "cache", "ort", "float32") == key  # another path, another mtime
+    assert content_key(copy, tmp_path / "cache", "ort", "float16") != key
+    with open(copy / "model.safetensors", "r+b") as f:  # one changed byte
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    assert content_key(copy, tmp_path / "cache", "ort", "float32") != key
+
+
+def test_cache_list_clean_env_and_flag(tiny_ckpt, tmp_path):
+    cache = tmp_path / "cache"
+    r = llgraph("generate", str(tiny_ckpt), "--tokens", "1,2,3", "--max-new-tokens", "4", "--cache-dir", str(cache))
+    assert r.returncode == 0 and "exporting" in r.stderr, r.stderr
+    ids = [int(t) for t in r.stdout.strip().split(",")]
+    assert len(ids) == 4  # a checkpoint with no tokenizer answers in token ids
+    copy = tmp_path / "reinstalled"
+    shutil.copytree(tiny_ckpt, copy)
+    r = llgraph("generate", str(copy), "--tokens", "1,2,3", "--max-new-tokens", "4",
+                env={"LLGRAPH_CACHE_DIR": str(cache)})
+    assert r.returncode == 0 and "exporting" not in r.stderr  # the same content reuses the entry
+    assert [int(t) for t in r.stdout.strip().split(",")] == ids
+    [entry] = entries(cache)
+    r = llgraph("cache", "list", env={"LLGRAPH_CACHE_DIR": str(cache)})
+    assert r.returncode == 0 and entry.name in r.stdout and "safetensors" in r.stdout and "MiB" in r.stdout
+    r = llgraph("cache", "clean", "nope", "--cache-dir", str(cache))
+    one_line_error(r, "no cache entry nope")
+    (cache / "notes.txt").write_text("mine")
+    r = llgraph("cache", "clean", "--cache-dir", str(cache))
+    assert r.returncode == 0 and "removed 1 entries" in r.stdout
+    assert sorted(p.name for p in cache.iterdir()) == ["notes.txt"]  # only llgraph's entries go
+
+
+# -- flags checked before anything loads --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--top-p", "2"], "top_p (2.0) must be in (0, 1]"),
+    (["--temperature", "-1"], "temperature (-1.0) must be >= 0"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens (-5) must be at least 1"),
+    (["--max-seq-len", "-7"], "--max-seq-len (-7) must be at least 2"),
+    (["--max-seq-len", "0"], "--max-seq-len (0) must be at least 2"),
+    (["--max-seq-len", "16", "--max-new-tokens", "16"], "raise --max-seq-len"),
+    (["--tokens", "1,x"], "--tokens '1,x' must be comma-separated token ids"),
+])
+def test_generate_flags_fail_before_loading(args, message, tmp_path):
+    cache = tmp_path / "cache"
+    base = ["generate", "smollm2", "--cache-dir", str(cache)]
+    r = llgraph(*base, *(args if "--tokens" in args else ["--prompt", "hi", *args]))
+    one_line_error(r, message)
+    assert not cache.exists()  # nothing was exported
+
+
+def test_context_errors_name_max_seq_len(tmp_path):
+    folder = export_model("tiny", out=tmp_path / "ort", max_seq_len=64)
+    r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-seq-len", "20000")
+    one_line_error(r, "--max-seq-len (20000) exceeds this export's RoPE range (64 positions)",
+                   "llgraph export --max-seq-len 20000")
+    r = llgraph("generate", str(folder), "--tokens", ",".join(["1"] * 60), "--max-new-tokens", "10")
+    one_line_error(r, "exceeds the cache (64 tokens)", "raise --max-seq-len")
+
+
+def test_missing_checkpoint_is_named_as_such(tmp_path):
+    r = llgraph("export", "--checkpoint", str(tmp_path / "model.gguf"), "-o", "out", cwd=tmp_path)
+    one_line_error(r, "--checkpoint", "does not exist")
+
+
+# -- configs ------------------------------------------------------------------------------------------------------------
+
+def test_hf_config_typo_is_warned_about_with_the_closest_key():
+    from llgraph.config import ConfigWarning, from_hf_dict
+
+    d = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "num_beams": 1}
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from_hf_dict(d)  # every key known to llgraph or documented by transformers: silent
+    with pytest.warns(ConfigWarning, match="'num_key_value_head' is unknown.*did you mean 'num_key_value_heads'"):
+        from_hf_dict({**d, "num_key_value_head": 2})
+
+
+def test_llgraph_json_keeps_refusing_unknown_keys(tmp_path):
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps({**tiny().to_dict(), "num_kv_head": 2}))
+    r = llgraph("inspect", "--config", str(bad))
+    one_line_error(r, "unknown config key(s) num_kv_head")
+
+
+# -- small things -------------------------------------------------------------------------------------------------------
+
+def test_version_help_and_dtype_names():
+    r = llgraph("--version")
+    from llgraph import __version__
+    assert r.returncode == 0 and r.stdout.strip() == f"llgraph {__version__}"
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            assert action.help, f"llgraph {name} {action.option_strings or action.dest} has no help text"
+    assert llgraph("inspect", "--config", "tiny", "--dtype", "fp16").returncode == 0
+    one_line = llgraph("inspect", "--config", "tiny", "--dtype", "int3")
+    assert one_line.returncode == 2 and "unknown dtype 'int3'" in one_line.stderr
+
+
+def test_generate_tokens_on_a_random_weight_export(tmp_path):
+    folder = export_model("tiny", out=tmp_path / "ort")
+    r = llgraph("generate", str(folder), "--tokens", "5,6,7", "--max-new-tokens", "3")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.strip().split(",")) == 3
+
+
+def test_ort_runner_on_a_folder_without_manifest(tmp_path):
+    from llgraph.runtime import ORTRunner
+
+    with pytest.raises(LlgraphError, match="not an llgraph export folder"):
+        ORTRunner(tmp_path)
