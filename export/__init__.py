@@ -26,9 +26,15 @@ def get_target(name: str) -> Target:
 
 
 def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype: str = "float32",
-                 max_seq_len: int | None = None, force: bool = False, progress: bool = False, seed: int = 0) -> Path:
+                 max_seq_len: int | None = None, force: bool = False, progress: bool = False, seed: int = 0,
+                 quantize: str | None = None, block_size: int = 32, symmetric: bool = False,
+                 dequantize: bool = False, accuracy_level: int | None = None) -> Path:
     """Config (+ checkpoint, else seeded random weights) -> an ONNX folder: model.onnx, model.onnx.data,
-    manifest.json, and the checkpoint's tokenizer files."""
+    manifest.json, and the checkpoint's tokenizer files.
+
+    Quantized weights: a GGUF's Q4_0/Q4_1/Q8_0 decoder-layer Linears are carried block for block (QLinear) unless
+    `dequantize`; `quantize` ("int4"/"int8") rounds a float checkpoint's to nearest, `block_size` codes per scale,
+    `symmetric` or with per-block mins. `accuracy_level` is MatMulNBits' (ort target)."""
     from llgraph.bundled import resolve
     from llgraph.config import load_config
     from llgraph.export.lower import export
@@ -52,17 +58,59 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
     cfg = load_config(config)
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
+    bits = _check_quant_request(quantize, block_size, accuracy_level, dequantize, target)
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
     source = open_checkpoint(checkpoint, cfg, seed)
-    graph = model_graph(cfg, dtype)
+    if bits:
+        from llgraph.weights import QuantizedSource
+
+        source = QuantizedSource(source, bits, block_size, symmetric)
+    elif not dequantize:
+        _check_stored_formats(source)
+    graph = model_graph(cfg, dtype, None if dequantize else source.quant_format)
+    options = {} if accuracy_level is None else {"accuracy_level": accuracy_level}
     return export(graph, source, tgt, out, max_positions=max_seq_len or cfg.max_position_embeddings, force=force,
                   progress=progress, extra_files=source.tokenizer_files(),
-                  write_extras=_gguf_tokenizer(checkpoint) if str(checkpoint).endswith(".gguf") else None)
+                  write_extras=_gguf_tokenizer(checkpoint) if str(checkpoint).endswith(".gguf") else None,
+                  options=options)
+
+
+def _check_quant_request(quantize, block_size, accuracy_level, dequantize, target) -> int:
+    if quantize not in (None, "int4", "int8"):
+        raise ExportError(f"unknown --quantize '{quantize}'; use int4 or int8")
+    if quantize and dequantize:
+        raise ExportError("--quantize and --dequantize contradict each other; pass one")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ExportError(f"--block-size ({block_size}) must be a power of 2 >= 16 (32, 64 or 128)")
+    if accuracy_level is not None and (accuracy_level not in (0, 1, 2, 3, 4) or target != "ort"):
+        raise ExportError(f"--accuracy-level ({accuracy_level}) is MatMulNBits' (0..4) and only for --target ort")
+    return int(quantize[3:]) if quantize else 0
+
+
+def _check_stored_formats(source) -> None:
+    """A GGUF Linear stored in a block type llgraph cannot carry exactly: one line naming it (or --dequantize)."""
+    from llgraph.quant import GGUF_FORMATS
+    from llgraph.weights import _QUANTIZABLE, GGUFSource
+
+    if not isinstance(source, GGUFSource):
+        return
+    for name in source.names():
+        kind = source.tensor_type(name)
+        if _QUANTIZABLE.fullmatch(name) and kind not in GGUF_FORMATS and kind not in ("F32", "F16", "BF16"):
+            raise ExportError(f"{name} is stored as GGUF {kind}; llgraph carries {', '.join(GGUF_FORMATS)} "
+                              "blocks exactly — pass --dequantize to export it in float (or --quantize int4 to "
+                              "re-round it)")
 
 
 def _gguf_tokenizer(gguf_path):
-    """Writes tokenizer.json + tokenizer_config.json built from the GGUF's own vocabulary and chat template."""
+    """Writes tokenizer.json + tokenizer_config.json built from the GGUF's own vocabulary and chat template (None
+    for a GGUF that carries no vocabulary)."""
     import json
+
+    from gguf import GGUFReader
+
+    if "tokenizer.ggml.tokens" not in GGUFReader(str(gguf_path), "r").fields:
+        return None
 
     def write(folder: Path):
         from llgraph.runtime.tokenizer import Tokenizer

@@ -27,7 +27,7 @@ from llgraph.weights import WeightSource, check_weights, load_param
 
 ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
                "bfloat16": TensorProto.BFLOAT16, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
-               "bool": TensorProto.BOOL}
+               "uint8": TensorProto.UINT8, "int8": TensorProto.INT8, "bool": TensorProto.BOOL}
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 ALIGN = 4096  # page-aligned offsets let ONNX Runtime memory-map large initializers
 CHUNK_BYTES = 64 << 20  # tensors are made contiguous and written this much at a time
@@ -60,6 +60,7 @@ class Emitter:
     fused: dict = field(default_factory=dict)  # IR node name -> lowering that replaces the table's
     shared: dict = field(default_factory=dict)  # values a target computes once per graph (e.g. seqlens)
     functions: dict = field(default_factory=dict)  # model-local ONNX functions by name (the `trt` target's)
+    options: dict = field(default_factory=dict)  # target options from the export request (accuracy_level, ...)
     _weights: dict = field(default_factory=dict)
     _count: int = 0
 
@@ -103,6 +104,18 @@ class Emitter:
         self._weights[key] = name
         return name
 
+    def derived(self, name: str, fn, *params: str, onnx_type: int | None = None, dims=None) -> str:
+        """Initializer `name` = fn(*the params' tensors), written once. `onnx_type`/`dims` store the bytes under
+        another element type (e.g. INT4 codes, two per byte, as [out, in])."""
+        if name not in self._weights:
+            tensor = fn(*(load_param(self.graph.params[p], self.source) for p in params))
+            proto = self._write(name, tensor)
+            if onnx_type is not None:
+                proto.data_type, proto.dims[:] = onnx_type, list(dims)
+            self.initializers.append(proto)
+            self._weights[name] = name
+        return self._weights[name]
+
     def _write(self, name: str, tensor: torch.Tensor) -> TensorProto:
         pad = -self.data.tell() % ALIGN
         self.data.write(b"\0" * pad)
@@ -139,7 +152,7 @@ def to_model(emitter: Emitter, target: Target, metadata: dict[str, str]) -> onnx
 
 
 def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, max_positions: int,
-          metadata: dict[str, str], progress: bool = False) -> None:
+          metadata: dict[str, str], progress: bool = False, options: dict | None = None) -> None:
     """Write `out_dir/model.onnx` + `model.onnx.data` (out_dir must exist and be empty)."""
     from tqdm import tqdm
 
@@ -150,7 +163,7 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
     total = sum(int(np.prod(p.value.shape)) * DTYPE_BYTES[p.value.dtype] for p in graph.params.values())
     with open(out_dir / DATA_FILE, "wb") as data, \
             tqdm(total=total, unit="B", unit_scale=True, desc=f"export {target.name}", disable=not progress) as bar:
-        em = Emitter(graph, source, data, on_weight=bar.update, max_positions=max_positions)
+        em = Emitter(graph, source, data, on_weight=bar.update, max_positions=max_positions, options=options or {})
         target.plan(em)
         for node in graph.nodes:
             if node.name in em.absorbed:
@@ -160,7 +173,8 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
 
 
 def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, *, max_positions: int,
-           force: bool = False, progress: bool = False, extra_files=(), write_extras=None) -> Path:
+           force: bool = False, progress: bool = False, extra_files=(), write_extras=None,
+           options: dict | None = None) -> Path:
     """Export into folder `out`, written under a temporary name and renamed at the end: a failure leaves nothing.
     `force` replaces only an earlier llgraph export (see `llgraph.outdir`)."""
     out = Path(out)
@@ -168,7 +182,8 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
         config = json.loads(graph.metadata["config"])
         metadata = {"llgraph_version": __version__, "target": target.name, "dtype": graph.metadata["dtype"],
                     "config": graph.metadata["config"], "weights": source.description}
-        lower(graph, source, target, tmp, max_positions=max_positions, metadata=metadata, progress=progress)
+        lower(graph, source, target, tmp, max_positions=max_positions, metadata=metadata, progress=progress,
+              options=options)
         for f in extra_files:
             shutil.copy(f, tmp / Path(f).name)
         if write_extras is not None:
@@ -183,6 +198,17 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
                     "dtype": graph.metadata["dtype"], "model": MODEL_FILE, "data": DATA_FILE,
                     "max_positions": max_positions,
                     "weights": source.description, "config": config, "files": files,
+                    "quantized": _quant_summary(graph), "options": options or {},
                     "inputs": [v.name for v in graph.inputs], "outputs": [v.name for v in graph.outputs]}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return out
+
+
+def _quant_summary(graph: Graph) -> dict:
+    """How many Linears are quantized, in which formats (for the manifest and `llgraph cache list`)."""
+    counts: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.op == "QLinear":
+            key = f"int{n.attrs['bits']}/b{n.attrs['block_size']}/zp{n.attrs['zero_point']}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts

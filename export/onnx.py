@@ -25,6 +25,40 @@ def linear(em: Emitter, node: Node) -> None:
         em.node("Add", [matmul_out, em.weight(b)], [out], hint=out)
 
 
+def qlinear_inputs(node: Node):
+    """x, codes, scales, mins, bias (absent ones None) and the format attributes of a QLinear."""
+    x, codes, scales, mins, bias = (list(node.inputs) + [None] * 5)[:5]
+    return x, codes, scales, mins, bias, node.attrs["bits"], node.attrs["block_size"], node.attrs["zero_point"]
+
+
+def block_sum_matmul(em: Emitter, x: str, table: str, blocks: int, block: int, hint: str) -> str:
+    """sum_b (sum over block b of x) * table[b, :]: the term of x @ W^T that a per-block offset of W contributes."""
+    grouped = em.node("Reshape", [x, em.const([0, 0, blocks, block], "int64")], hint=hint)[0]
+    sums = em.node("ReduceSum", [grouped, em.const([-1], "int64")], hint=hint, keepdims=0)[0]
+    return em.node("MatMul", [sums, table], hint=hint)[0]
+
+
+def qlinear(em: Emitter, node: Node) -> None:
+    """Standard ONNX: DequantizeLinear with block_size (opset 21+) on signed codes (q - 2^(bits-1), zero point 0:
+    TensorRT's weight-only int4/int8 pattern) -> Transpose -> MatMul. What the signed form and the mins move out of
+    the blocks, offset[o, b] = mins[o, b] + scales[o, b] * (2^(bits-1) - zero_point), comes back exactly as
+    (block sums of x) @ offset^T."""
+    x, codes, scales, mins, bias, bits, block, zp = qlinear_inputs(node)
+    out, blocks, _ = em.graph.values[codes].shape
+    half = 1 << (bits - 1)
+    signed = em.derived(f"{codes}.signed", lambda c: c ^ (0x88 if bits == 4 else 0x80), codes,
+                        onnx_type=TensorProto.INT4 if bits == 4 else TensorProto.INT8, dims=(out, blocks * block))
+    w = em.node("DequantizeLinear", [signed, em.weight(scales)], hint=node.name, axis=1, block_size=block)[0]
+    y = em.node("MatMul", [x, em.node("Transpose", [w], hint=node.name, perm=[1, 0])[0]], hint=node.name)[0]
+    if mins is not None or zp != half:
+        def offset(s, *m):
+            return ((m[0].float() if m else 0) + s.float() * (half - zp)).to(s.dtype).t()
+        table = em.derived(f"{scales}.offset.T", offset, scales, *([mins] if mins else []))
+        y = em.node("Add", [y, block_sum_matmul(em, x, table, blocks, block, node.name)], hint=node.name)[0]
+    em.node("Identity" if bias is None else "Add", [y] + ([em.weight(bias)] if bias else []), node.outputs,
+            hint=node.name)
+
+
 def embedding(em: Emitter, node: Node) -> None:
     """A table tied to the lm head is stored once, transposed for its MatMul; the Gather reads it through a
     Transpose of a constant, which runtimes fold at load time."""
@@ -125,7 +159,7 @@ def add(em: Emitter, node: Node) -> None:
     em.node("Add", list(node.inputs), node.outputs, hint=node.name)
 
 
-LOWERINGS = {"Embedding": embedding, "RMSNorm": rmsnorm, "Linear": linear, "Split": split,
+LOWERINGS = {"Embedding": embedding, "RMSNorm": rmsnorm, "Linear": linear, "QLinear": qlinear, "Split": split,
              "RotaryCosSin": rotary_cos_sin, "Rotary": rotary, "GroupedAttention": grouped_attention,
              "SwiGLU": swiglu, "Add": add}
 

@@ -89,6 +89,35 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
             kv_num_heads=a["num_kv_heads"], scale=float(a["scale"]), **attrs)
 
 
+DEFAULT_ACCURACY_LEVEL = 0  # see README "Quantized weights": the level the benchmark chose
+
+
+def qlinear_nbits(em: Emitter, node: Node) -> None:
+    """com.microsoft MatMulNBits on the codes as they are (its packing is llgraph's), with uint8 zero points where
+    the format's differs from its default 2^(bits-1). Mins (Q4_1, asymmetric RTN) are added back exactly as
+    (block sums of x) @ mins^T: MatMulNBits takes float zero points too, but ONNX Runtime's CPU kernel then leaves
+    its fast path (20x slower, measured)."""
+    x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
+    out, blocks, _ = em.graph.values[codes].shape
+    inputs = [x, em.weight(codes), em.weight(scales, compute=_flat)]
+    if zp != 1 << (bits - 1):
+        per_row = blocks if bits == 8 else (blocks + 1) // 2
+        byte = zp if bits == 8 else zp | (zp << 4)
+        inputs.append(em.derived(f"{codes}.zero_points", lambda c: torch.full((out * per_row,), byte,
+                                                                               dtype=torch.uint8), codes))
+    y = em.node("MatMulNBits", inputs, hint=node.name, domain=MS, K=blocks * block, N=out, bits=bits,
+                block_size=block, accuracy_level=em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL))[0]
+    if mins is not None:
+        y = em.node("Add", [y, std.block_sum_matmul(em, x, em.weight(mins, transpose=True), blocks, block,
+                                                      node.name)], hint=node.name)[0]
+    em.node("Identity" if bias is None else "Add", [y] + ([em.weight(bias)] if bias else []), node.outputs,
+            hint=node.name)
+
+
+def _flat(t):
+    return t.reshape(-1)
+
+
 def _table(em: Emitter, cos_sin: Node, name: str, fn):
     """RoPE table [max_positions, rotary_dim/2] in the model's dtype, from the inv_freq constant."""
     dtype = TORCH_DTYPES[em.graph.metadata["dtype"]]
@@ -100,4 +129,4 @@ def _table(em: Emitter, cos_sin: Node, name: str, fn):
     return table
 
 
-TARGET = Target("ort", std.LOWERINGS, {"": std.OPSET, MS: 1}, plan=plan)
+TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear_nbits}, {"": std.OPSET, MS: 1}, plan=plan)

@@ -52,12 +52,14 @@ def cmd_export(args) -> None:
     if args.checkpoint is None:
         print(f"no --checkpoint: exporting seeded random weights (seed {args.seed})", file=sys.stderr)
     out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, args.target, args.dtype,
-                       args.max_seq_len, args.force, progress=True, seed=args.seed)
+                       args.max_seq_len, args.force, progress=True, seed=args.seed, quantize=args.quantize,
+                       block_size=args.block_size, symmetric=args.symmetric, dequantize=args.dequantize,
+                       accuracy_level=args.accuracy_level)
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
 def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str | None = None,
-                tensorrt: str = "auto"):
+                tensorrt: str = "auto", dequantize: bool = False):
     """MODEL is an export folder (has manifest.json) or a checkpoint; a checkpoint for the ort backend is exported
     once into the cache (keyed on the checkpoint's content, see llgraph/cache.py) and reused."""
     from llgraph.bundled import resolve
@@ -80,11 +82,12 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
                            "--dtype fp16 -o OUT`, then `llgraph build OUT`, then pass OUT")
     from llgraph.export import export_model
 
-    folder = entry_for(path, resolve_cache(cache_dir))
+    folder = entry_for(path, resolve_cache(cache_dir), "ort", "float32" if dequantize else "stored")
     if not (folder / "manifest.json").exists():
         print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
               file=sys.stderr)
-        export_model(path, checkpoint=path, out=folder, target="ort", force=True, progress=True)
+        export_model(path, checkpoint=path, out=folder, target="ort", force=True, progress=True,
+                     dequantize=dequantize)
     return ORTRunner(folder, max_seq_len)
 
 
@@ -139,7 +142,7 @@ def cmd_generate(args) -> None:
     prompt = parse_tokens(args.tokens) if args.tokens is not None else args.prompt
     if args.chat and args.tokens is not None:
         raise LlgraphError("--chat wraps a text prompt; drop it with --tokens")
-    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt)
+    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, args.dequantize)
     if args.chat:
         if runner.tokenizer is None:
             raise LlgraphError("--chat needs a tokenizer; this model has none")
@@ -233,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "Runtime's CPU kernels have none)")
     e.add_argument("--max-seq-len", type=int, help="longest position the RoPE tables cover (default: the config's)")
     e.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    e.add_argument("--quantize", choices=("int4", "int8"), help="round a float checkpoint's decoder-layer Linears "
+                   "to nearest (a GGUF's Q4_0/Q4_1/Q8_0 blocks are carried as stored without it)")
+    e.add_argument("--block-size", type=int, default=32, help="--quantize: codes per scale (32, 64, 128)")
+    e.add_argument("--symmetric", action="store_true", help="--quantize: no per-block mins (zero point 2^(bits-1))")
+    e.add_argument("--dequantize", action="store_true", help="export a GGUF's quantized blocks as float instead")
+    e.add_argument("--accuracy-level", type=int, help="ort target: MatMulNBits accuracy_level (0 = exact fp32 "
+                   "compute, the default; 4 = int8 compute, faster and approximate)")
     e.add_argument("--force", action="store_true", help="replace an earlier llgraph export at -o (never a folder "
                    "holding anything llgraph did not write)")
     e.add_argument("-o", "--output", required=True, help="output folder")
@@ -269,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
                    help="for --backend trt: the TensorRT to run with (default: the one the engine was built with)")
     g.add_argument("--cache-dir", help=CACHE_HELP)
+    g.add_argument("--dequantize", action="store_true", help="run a quantized checkpoint (e.g. the bundled Q4_1 "
+                   "GGUF) in fp32 instead of as stored")
     g.set_defaults(func=cmd_generate)
     d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
     d.add_argument("model", help="checkpoint (HF folder, .gguf, 'smollm2') or a config (random weights)")

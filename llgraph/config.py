@@ -202,7 +202,8 @@ _HF_DOCUMENTED = {
     "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     "use_bfloat16", "tf_legacy_loss", "_attn_implementation", "_commit_hash", "embd_pdrop", "resid_pdrop",
-    "mlp_attention_dropout"}
+    "mlp_attention_dropout",
+    "_model_name_or_path", "unk_token_id"}  # what transformers' own GGUF loader writes into a saved config
 
 
 class ConfigWarning(UserWarning):
@@ -214,6 +215,13 @@ def _warn_unknown_hf_keys(d: dict) -> None:
     import warnings
 
     known = _HF_READ | _HF_IGNORED | _HF_DOCUMENTED
+    if set(d) - known:
+        try:  # where transformers is installed, whatever its configs define is documented
+            from transformers import LlamaConfig as HFLlamaConfig
+
+            known |= set(HFLlamaConfig().to_dict())
+        except Exception:  # noqa: BLE001 (transformers is optional; any failure just means no extra keys)
+            pass
     for key in sorted(set(d) - known):
         close = difflib.get_close_matches(key, sorted(_HF_READ | _HF_IGNORED), n=1, cutoff=0.75)
         hint = f" (did you mean '{close[0]}'?)" if close else ""

@@ -76,6 +76,15 @@ def _linear(node: Node, x, weight, bias=None):
     return (F.linear(x, weight, bias),)
 
 
+@torch_impl("QLinear")
+def _qlinear(node: Node, x, codes, scales, mins=None, bias=None):
+    """The reference: dequantize the blocks (llgraph/quant.py, in float32) and run the float Linear."""
+    from llgraph.quant import dequantize
+
+    a = node.attrs
+    return (F.linear(x, dequantize(codes, scales, mins, a["bits"], a["zero_point"], x.dtype), bias),)
+
+
 @torch_impl("Split")
 def _split(node: Node, x):
     return tuple(torch.split(x, list(node.attrs["sizes"]), dim=-1))

@@ -13,9 +13,9 @@ from typing import Any, Iterable, Mapping
 from llgraph.errors import LlgraphError
 from llgraph.ops import SCHEMAS, check_attrs
 
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")  # float64: the reference of references
-DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "uint8": 1, "bool": 1}
 
 Dim = int | str
 
@@ -42,11 +42,13 @@ class Value:
 class Param:
     """A weight. Its data comes from checkpoint tensors `parts` (one, or several concatenated along axis 0 when a
     packing pass made it), or from `constant` (a numpy array derived from the config, e.g. RoPE inverse
-    frequencies, with no parts)."""
+    frequencies, with no parts). With `component`, it is one piece (codes, scales or mins) of the parts' blocked
+    integer form (llgraph/quant.py), as the checkpoint stores it or as quantization makes it."""
 
     value: Value
     parts: tuple[Value, ...] = ()
     constant: Any = None  # numpy.ndarray for derived constants
+    component: str | None = None  # "codes" | "scales" | "mins": this piece of the parts' blocked form (quant.py)
 
     @property
     def name(self) -> str:

@@ -93,6 +93,24 @@ def _linear(ins, attrs):
     return [(x.dtype, x.shape[:-1] + (w.shape[0],))]
 
 
+def _qlinear(ins, attrs):
+    x, codes, scales, mins, b = ins
+    _float(x, "x")
+    bits, block = attrs["bits"], attrs["block_size"]
+    _require(codes.dtype == "uint8" and len(codes.shape) == 3, f"codes must be uint8 [out, in/block, packed], got "
+             f"{codes.dtype}{list(codes.shape)}")
+    _same(codes.shape[2], block * bits // 8, "packed bytes per block vs block_size * bits / 8")
+    _same(codes.shape[1] * block, x.shape[-1], "codes' blocks * block_size vs x's last dim")
+    _same(scales.shape, codes.shape[:2], "scales shape vs codes' [out, blocks]")
+    _same(scales.dtype, x.dtype, "scales dtype vs x dtype")
+    if mins is not None:
+        _same(mins.shape, scales.shape, "mins shape vs scales")
+        _same(mins.dtype, x.dtype, "mins dtype vs x dtype")
+    if b is not None:
+        _same(b.shape, (codes.shape[0],), "bias shape vs out-features")
+    return [(x.dtype, x.shape[:-1] + (codes.shape[0],))]
+
+
 def _split(ins, attrs):
     (x,) = ins
     _same(sum(attrs["sizes"]), x.shape[-1], "sum of sizes vs x's last dim")
@@ -154,6 +172,12 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     OpSchema("RMSNorm", ("x", "weight"), ("out",), (Attr("eps", float),),
              _rmsnorm, "x / sqrt(mean(x^2) + eps) * weight, computed in float32"),
     OpSchema("Linear", ("x", "weight", "bias?"), ("out",), (), _linear, "x @ weight^T + bias"),
+    OpSchema("QLinear", ("x", "codes", "scales", "mins?", "bias?"), ("out",), (
+        Attr("bits", int, "code width", (4, 8)),
+        Attr("block_size", int, "codes per scale along the input features"),
+        Attr("zero_point", int, "the code that means 0 (before mins)"),
+    ), _qlinear, "x @ w^T + bias with w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]; "
+                 "q unpacked from codes (4-bit: two per byte, low nibble first); see llgraph/quant.py"),
     OpSchema("Split", ("x",), ("*",), (Attr("sizes", tuple, "sizes along the last axis"),),
              _split, "split the last axis into consecutive pieces"),
     OpSchema("RotaryCosSin", ("positions", "inv_freq"), ("cos", "sin"), (

@@ -97,11 +97,47 @@ def _packed_name(names: list[str], label: str) -> str:
     return ".".join(prefix + [label] + suffix)
 
 
+def quantize_linears(format_of: Callable[[str], object]) -> Pass:
+    """Linear -> QLinear where every checkpoint tensor of the weight has the same blocked format
+    (`format_of(name)` -> llgraph.quant.QuantFormat or None). The weight param becomes three lazy params — codes,
+    scales and (for formats with them) mins — over the same checkpoint tensors. Runs after packing, so a packed
+    [q; k; v] is quantized when its parts agree."""
+    def quantize(graph: Graph) -> Graph:
+        params, values, nodes = dict(graph.params), dict(graph.values), []
+        readers = graph.consumers()
+        for node in graph.nodes:
+            w = graph.params.get(node.inputs[1]) if node.op == "Linear" else None
+            formats = {format_of(p.name) for p in w.parts} if w is not None and w.parts else {None}
+            if len(formats) != 1 or None in formats or len(readers[w.name]) != 1:
+                nodes.append(node)
+                continue
+            (fmt,) = formats
+            out, n_in = w.value.shape
+            pieces = {"codes": ("uint8", (out, n_in // fmt.block_size, fmt.block_size * fmt.bits // 8)),
+                      "scales": (w.value.dtype, (out, n_in // fmt.block_size))}
+            if fmt.has_mins:
+                pieces["mins"] = pieces["scales"]
+            del params[w.name], values[w.name]
+            for piece, (dtype, shape) in pieces.items():
+                v = Value(f"{w.name}.{piece}", dtype, shape)
+                params[v.name], values[v.name] = Param(v, w.parts, component=piece), v
+            bias = node.inputs[2] if len(node.inputs) > 2 else None
+            inputs = (node.inputs[0], f"{w.name}.codes", f"{w.name}.scales",
+                      f"{w.name}.mins" if fmt.has_mins else None, bias)
+            nodes.append(Node("QLinear", inputs[:5 if bias else (4 if fmt.has_mins else 3)], node.outputs,
+                              fmt.attrs))
+        return verify(Graph(graph.inputs, graph.outputs, params, tuple(nodes), values, graph.metadata))
+    quantize.__name__ = "quantize_linears"
+    return quantize
+
+
 DEFAULT_PASSES: tuple[Pass, ...] = (pack_qkv, pack_gate_up)
 
 
-def model_graph(cfg, dtype: str = "float32") -> Graph:
-    """The graph every backend runs: the builder's graph for `cfg` after DEFAULT_PASSES."""
+def model_graph(cfg, dtype: str = "float32", quant: Callable[[str], object] | None = None) -> Graph:
+    """The graph every backend runs: the builder's graph for `cfg` after DEFAULT_PASSES, and with `quant` (a
+    source's `quant_format`) its quantized Linears as QLinear."""
     from llgraph.builder import build_graph
 
-    return run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+    passes = DEFAULT_PASSES + ((quantize_linears(quant),) if quant is not None else ())
+    return run_passes(build_graph(cfg, dtype), passes)

@@ -19,6 +19,7 @@ import torch
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.ir import Graph, Param
+from llgraph.quant import GGUF_FORMATS, QuantFormat, QuantTensor, dequantize, from_gguf_blocks, quantize_rtn
 
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
                 "bfloat16": torch.bfloat16}
@@ -50,6 +51,63 @@ class WeightSource:
 
     def tokenizer_files(self) -> list[Path]:
         return []
+
+    def quant_format(self, name: str) -> QuantFormat | None:
+        """The blocked integer format `name` is stored in (llgraph/quant.py), or None for a float tensor."""
+        return None
+
+    def load_quantized(self, name: str) -> QuantTensor:
+        """The tensor in its blocked form, as stored (no rounding); only for names with a `quant_format`."""
+        raise WeightError(f"{self.description}: {name} is not stored quantized")
+
+
+class QuantizedSource(WeightSource):
+    """Another source with its decoder-layer Linear weights quantized by round-to-nearest (`llgraph export
+    --quantize int4|int8`); `load` returns the dequantized values, so every backend sees the same weights."""
+
+    def __init__(self, base: WeightSource, bits: int, block_size: int = 32, symmetric: bool = False):
+        self.base, self.bits, self.block_size, self.symmetric = base, bits, block_size, symmetric
+        self.description = f"{base.description}, RTN int{bits} (block {block_size}, " \
+                           f"{'symmetric' if symmetric else 'asymmetric'})"
+        self.rope_layout = base.rope_layout
+        self._last: tuple[str, QuantTensor] | None = None
+
+    def names(self):
+        return self.base.names()
+
+    def shape(self, name):
+        return self.base.shape(name)
+
+    def tokenizer_files(self):
+        return self.base.tokenizer_files()
+
+    def quant_format(self, name):
+        if not _QUANTIZABLE.fullmatch(name):
+            return self.base.quant_format(name)
+        fmt = QuantFormat(self.bits, self.block_size, 1 << (self.bits - 1) if self.symmetric else 0,
+                          not self.symmetric)
+        if self.shape(name)[-1] % self.block_size:
+            raise WeightError(f"--block-size {self.block_size} does not divide the input features of {name} "
+                              f"({self.shape(name)[-1]}); choose a block size that does (32 divides most)")
+        return fmt
+
+    def load_quantized(self, name):
+        if not _QUANTIZABLE.fullmatch(name):
+            return self.base.load_quantized(name)
+        if self._last is None or self._last[0] != name:  # codes, scales and mins are asked for one after another
+            self._last = (name, quantize_rtn(self.base.load(name, torch.float32).float(), self.bits,
+                                             self.block_size, self.symmetric))
+        return self._last[1]
+
+    def load(self, name, dtype=None):
+        if self.quant_format(name) is None:
+            return self.base.load(name, dtype)
+        q = self.load_quantized(name)
+        return dequantize(q.codes, q.scales, q.mins, q.fmt.bits, q.fmt.zero_point, torch.float32)
+
+
+# the weights quantization touches: the Linears inside decoder layers (embeddings and the lm head stay float)
+_QUANTIZABLE = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
 
 
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -178,6 +236,24 @@ class GGUFSource(WeightSource):
     def shape(self, name):
         return tuple(int(d) for d in reversed(self._tensors[name].shape))  # ggml lists the fastest dim first
 
+    def tensor_type(self, name) -> str:
+        return self._tensors[name].tensor_type.name
+
+    def quant_format(self, name):
+        return GGUF_FORMATS.get(self.tensor_type(name)) if _QUANTIZABLE.fullmatch(name) else None
+
+    def load_quantized(self, name):
+        t = self._tensors[name]
+        if self.quant_format(name) is None:
+            return super().load_quantized(name)
+        raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
+        q = from_gguf_blocks(raw, t.tensor_type.name, self.shape(name))
+        if self.rope_layout == "half" and (m := re.search(r"self_attn\.([qk])_proj", name)):
+            heads = self._heads if m[1] == "q" else self._kv_heads
+            q = QuantTensor(*(None if a is None else torch.from_numpy(interleaved_to_half(a.numpy(), heads))
+                              for a in (q.codes, q.scales, q.mins)), q.fmt)
+        return q
+
     def load(self, name, dtype=None):
         from gguf.quants import dequantize
 
@@ -283,6 +359,10 @@ def _few(items: list[str], n: int = 8) -> str:
 def load_param(param: Param, source: WeightSource) -> torch.Tensor:
     """The parameter's tensor in its graph dtype: its constant, its checkpoint tensor, or its parts concatenated
     along axis 0 (a packed param)."""
+    if param.component is not None:  # a piece of the blocked form: codes stay uint8, scales/mins take the dtype
+        pieces = [source.load_quantized(p.name).component(param.component) for p in param.parts]
+        pieces = [t if param.component == "codes" else t.to(TORCH_DTYPES[param.value.dtype]) for t in pieces]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
     dtype = TORCH_DTYPES[param.value.dtype]
     if param.is_constant:
         return torch.from_numpy(np.asarray(param.constant)).to(dtype)

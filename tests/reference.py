@@ -106,3 +106,46 @@ class OrtStepper:
             self.cache[past] = out[present]
         self.pos += s
         return {k: torch.from_numpy(v) for k, v in out.items()}
+
+
+def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
+    """A llama GGUF written with gguf's own writer: config metadata, every tensor of `source` in
+    `qtype_of(index, hf_name, array)`, q/k rows permuted as llama.cpp's converter does. Returns, per HF name,
+    (gguf's own dequantization of what was written, its type, the head count for q/k rows or None)."""
+    import gguf
+    import gguf.quants as gq
+
+    from llgraph.weights import _GGUF_NAMES
+
+    to_gguf = {v: k for k, v in _GGUF_NAMES.items()}
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-gguf")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope.theta)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_vocab_size(cfg.vocab_size)
+    expected = {}
+    for i, name in enumerate(source.names()):
+        x = source.load(name).numpy()
+        heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(name.split(".")[-2])
+        if heads:  # HF rows (i, i + d/2) -> GGUF rows (2i, 2i+1), as convert_hf_to_gguf permutes them
+            d = x.shape[0] // heads
+            x = x.reshape(heads, 2, d // 2, -1).swapaxes(1, 2).reshape(x.shape)
+        qtype = qtype_of(i, name, x)
+        data = gq.quantize(x, qtype)
+        expected[name] = (gq.dequantize(data, qtype).reshape(x.shape), qtype, heads)
+        stem, kind = name.rsplit(".", 1)
+        m = stem.split(".")
+        gname = (f"blk.{m[2]}.{to_gguf['.'.join(m[3:])]}" if stem.startswith("model.layers.") else to_gguf[stem])
+        w.add_tensor(f"{gname}.{kind}", data, raw_shape=data.shape, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return expected

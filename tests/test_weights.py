@@ -100,47 +100,16 @@ def test_gguf_quantized_types_and_metadata(tmp_path):
     rows permuted as llama.cpp's converter does: the config comes back from the metadata, every tensor equals gguf's
     own quantize -> dequantize round trip, and rope_layout='half' undoes the permutation."""
     import gguf
-    import gguf.quants as gq
+    from reference import write_gguf
 
-    from llgraph.weights import _GGUF_NAMES, interleaved_to_half
+    from llgraph.weights import interleaved_to_half
 
     T = gguf.GGMLQuantizationType
     types = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.F16, T.BF16]
     cfg = tiny()
     source = RandomSource(cfg, seed=9)
-    to_gguf = {v: k for k, v in _GGUF_NAMES.items()}
     path = tmp_path / "tiny.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-gguf")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope.theta)
-    w.add_rope_dimension_count(cfg.head_dim)
-    w.add_vocab_size(cfg.vocab_size)
-    expected = {}
-    for i, name in enumerate(source.names()):
-        x = source.load(name).numpy()
-        heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(name.split(".")[-2])
-        if heads:  # HF rows (i, i + d/2) -> GGUF rows (2i, 2i+1), as convert_hf_to_gguf permutes them
-            d = x.shape[0] // heads
-            x = x.reshape(heads, 2, d // 2, -1).swapaxes(1, 2).reshape(x.shape)
-        qtype = T.F32 if x.ndim == 1 else types[i % len(types)]
-        data = gq.quantize(x, qtype)
-        expected[name] = (gq.dequantize(data, qtype).reshape(x.shape), qtype, heads)
-        stem, kind = name.rsplit(".", 1)
-        m = stem.split(".")
-        gname = (f"blk.{m[2]}.{to_gguf['.'.join(m[3:])]}" if stem.startswith("model.layers.") else to_gguf[stem])
-        gname += f".{kind}"
-        w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    expected = write_gguf(path, cfg, source, lambda i, name, x: T.F32 if x.ndim == 1 else types[i % len(types)])
 
     from llgraph.config import load_config
     back = load_config(path)

@@ -1,0 +1,155 @@
+"""Quantized weights (llgraph/quant.py, op QLinear): GGUF blocks carried exactly, round-to-nearest for float
+checkpoints, every backend against the executor on the same weights dequantized, and bad requests refused."""
+
+import subprocess
+import sys
+
+import gguf
+import pytest
+import torch
+from conftest import max_diff
+from reference import OrtStepper, Stepper, tiny, write_gguf
+from test_export import compare_steps
+
+from llgraph.config import load_config
+from llgraph.export import export_model
+from llgraph.quant import dequantize, quantize_rtn
+from llgraph.weights import GGUFSource, QuantizedSource, RandomSource
+
+T = gguf.GGMLQuantizationType
+TARGETS = ("ort", "onnx", "trt")
+
+
+def llgraph(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "llgraph", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def tiny_gguf(path, qtype, cfg=None):
+    """A tiny GGUF whose decoder-layer Linears are `qtype` (everything else F32), written by gguf's writer."""
+    cfg = cfg or tiny(hidden_size=64, intermediate_size=128, head_dim=16)
+    source = RandomSource(cfg, seed=5, std=0.25)
+    expected = write_gguf(path, cfg, source, lambda i, name, x: qtype if "_proj" in name else T.F32)
+    return cfg, expected
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0])
+def test_gguf_blocks_map_exactly(qtype, tmp_path, report):
+    """Our blocked form of each GGUF tensor, dequantized by llgraph, == gguf's own dequantization, bit for bit."""
+    cfg, expected = tiny_gguf(tmp_path / "t.gguf", qtype)
+    source = GGUFSource(tmp_path / "t.gguf")
+    worst, n = 0.0, 0
+    for name, (want, kind, _) in expected.items():
+        if kind != qtype:
+            continue
+        q = source.load_quantized(name)
+        assert source.quant_format(name) == q.fmt and q.fmt.bits == (8 if qtype == T.Q8_0 else 4)
+        got = dequantize(q.codes, q.scales, q.mins, q.fmt.bits, q.fmt.zero_point, torch.float32)
+        worst, n = max(worst, max_diff(got, torch.from_numpy(want))), n + 1
+    assert n == 7 * cfg.num_layers
+    report(f"{qtype.name} blocks vs gguf.dequantize", worst, 0.0)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0])
+@pytest.mark.parametrize("target", TARGETS)
+def test_quantized_export_matches_executor_on_dequantized_weights(qtype, target, tmp_path, report):
+    """Prefill + 8 decode steps, batch 2: logits and caches of the QLinear export (MatMulNBits for ort, blocked
+    DequantizeLinear for onnx/trt) vs the float executor on gguf's dequantization of the same file."""
+    tiny_gguf(tmp_path / "t.gguf", qtype)
+    cfg = load_config(tmp_path / "t.gguf")  # the GGUF's own: interleaved RoPE rows
+    folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / target,
+                          target=target, max_seq_len=64)
+    ops = [n.op_type for n in __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph.node]
+    assert ("MatMulNBits" if target == "ort" else "DequantizeLinear") in ops
+    truth = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64)
+    compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"{target} {qtype.name}")
+
+
+def test_rtn_error_is_within_half_a_step():
+    """Round-to-nearest, from its definition: each weight lands within half a quantization step of itself."""
+    w = torch.randn(48, 256, generator=torch.Generator().manual_seed(0))
+    for bits in (4, 8):
+        for symmetric in (True, False):
+            q = quantize_rtn(w, bits, 64, symmetric)
+            back = dequantize(q.codes, q.scales, q.mins, bits, q.fmt.zero_point, torch.float32)
+            step = q.scales.repeat_interleave(64, dim=1)
+            assert ((back - w).abs() <= step / 2 + 1e-6).all(), (bits, symmetric)
+            assert q.codes.shape == (48, 4, 64 * bits // 8)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rtn_export_matches_executor(target, tmp_path, report):
+    cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16)
+    base = RandomSource(cfg, seed=3, std=0.25)
+    from safetensors.torch import save_file
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_file({n: base.load(n).contiguous() for n in base.names()}, str(ckpt / "model.safetensors"))
+    (ckpt / "config.json").write_text(__import__("json").dumps(cfg.to_dict()))
+    folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path / target, target=target, max_seq_len=64,
+                          quantize="int4", block_size=32)
+    from llgraph.weights import SafetensorsSource
+    truth = Stepper(cfg, QuantizedSource(SafetensorsSource(ckpt), 4, 32), batch=2, max_seq=64)
+    compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"{target} RTN int4")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+def test_smollm2_int4_from_its_q4_1_gguf(target, smollm2_export, report):
+    """The bundled Q4_1 GGUF exported as it is stored: == the float64 executor on the dequantized weights (itself
+    == transformers loading the same GGUF, tests/test_smollm2.py); prefill + 8 decode steps. Tolerance 1e-4 as for
+    the float exports, except ort: MatMulNBits (fp32 compute) sums x*q*s per block and the mins term separately, a
+    different rounding order than one fp32 dot product, measured 2.4e-4 on logits of size ~30 (5e-4 allowed)."""
+    from llgraph.bundled import bundled_model
+    from llgraph.config import load_config
+
+    path = bundled_model("smollm2")
+    cfg = load_config(path)
+    folder = smollm2_export(target, quantized=True)
+    manifest = __import__("json").loads((folder / "manifest.json").read_text())
+    assert manifest["quantized"] == {"int4/b32/zp0": 4 * cfg.num_layers}
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    print(f"SmolLM2 {target} int4 export: {size / 2**20:.0f} MiB (GGUF {path.stat().st_size / 2**20:.0f} MiB)")
+    truth = Stepper(cfg, GGUFSource(path), max_seq=64, dtype="float64")
+    compare_steps(cfg, truth, OrtStepper(folder, cfg, max_seq=64), report, f"SmolLM2 int4 {target}", batch=1,
+                  prompt_len=12, tol=5e-4 if target == "ort" else 1e-4)
+
+
+@pytest.mark.slow
+def test_smollm2_int4_greedy_equals_the_executor(smollm2_export):
+    from llgraph.runtime import ORTRunner, TorchRunner
+
+    prompt = "The capital of France is"
+    want = TorchRunner("smollm2", max_seq_len=128).generate(prompt, max_new_tokens=32)
+    got = ORTRunner(smollm2_export("ort", quantized=True), max_seq_len=128).generate(prompt, max_new_tokens=32)
+    print(f"executor: {want.text!r}\nint4 ort: {got.text!r}")
+    assert got.token_ids == want.token_ids
+
+
+def test_bad_quantization_requests(tmp_path):
+    path = tmp_path / "q5.gguf"
+    tiny_gguf(path, T.Q5_0)
+    r = llgraph("export", "--checkpoint", str(path), "-o", "out", cwd=tmp_path)
+    assert r.returncode == 2 and "stored as GGUF Q5_0" in r.stderr and "--dequantize" in r.stderr, r.stderr
+    assert r.stderr.count("llgraph: error:") == 1
+    assert llgraph("export", "--checkpoint", str(path), "--dequantize", "-o", "out", cwd=tmp_path).returncode == 0
+    for args, message in ((["--quantize", "int4", "--block-size", "48"], "must be a power of 2"),
+                          (["--quantize", "int4", "--block-size", "128"], "does not divide the input features"),
+                          (["--quantize", "int3"], "invalid choice: 'int3'"),
+                          (["--quantize", "int4", "--target", "onnx", "--accuracy-level", "4"], "only for --target ort")):
+        r = llgraph("export", "--config", "tiny", *args, "-o", "bad", cwd=tmp_path)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "q5.gguf"]
+
+
+def test_packed_qkv_keeps_one_format(tmp_path):
+    """q, k, v of a layer in different GGUF types cannot share one MatMulNBits: that Linear stays float."""
+    cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16)
+    source = RandomSource(cfg, seed=5, std=0.25)
+    write_gguf(tmp_path / "mixed.gguf", cfg, source,
+               lambda i, name, x: T.F32 if x.ndim == 1 or "_proj" not in name else
+               (T.Q8_0 if "v_proj" in name else T.Q4_0))
+    from llgraph.passes import model_graph
+    graph = model_graph(cfg, quant=GGUFSource(tmp_path / "mixed.gguf").quant_format)
+    ops = [(n.op, n.inputs[1]) for n in graph.nodes if n.op in ("Linear", "QLinear")]
+    assert ("Linear", "model.layers.0.self_attn.qkv.weight") in ops
+    assert ("QLinear", "model.layers.0.self_attn.o_proj.weight.codes") in ops
