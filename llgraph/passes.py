@@ -100,15 +100,15 @@ def _packed_name(names: list[str], label: str) -> str:
 def quantize_linears(format_of: Callable[[str], object]) -> Pass:
     """Linear -> QLinear where every checkpoint tensor of the weight has the same blocked format
     (`format_of(name)` -> llgraph.quant.QuantFormat or None). The weight param becomes three lazy params — codes,
-    scales and (for formats with them) mins — over the same checkpoint tensors. Runs after packing, so a packed
-    [q; k; v] is quantized when its parts agree."""
+    scales and (for formats with them) mins — over the same checkpoint tensors (a tied embedding table keeps its
+    float param for the Embedding). Runs after packing, so a packed [q; k; v] is quantized when its parts agree."""
     def quantize(graph: Graph) -> Graph:
         params, values, nodes = dict(graph.params), dict(graph.values), []
         readers = graph.consumers()
         for node in graph.nodes:
             w = graph.params.get(node.inputs[1]) if node.op == "Linear" else None
             formats = {format_of(p.name) for p in w.parts} if w is not None and w.parts else {None}
-            if len(formats) != 1 or None in formats or len(readers[w.name]) != 1:
+            if len(formats) != 1 or None in formats:
                 nodes.append(node)
                 continue
             (fmt,) = formats
@@ -117,7 +117,8 @@ def quantize_linears(format_of: Callable[[str], object]) -> Pass:
                       "scales": (w.value.dtype, (out, n_in // fmt.block_size))}
             if fmt.has_mins:
                 pieces["mins"] = pieces["scales"]
-            del params[w.name], values[w.name]
+            if len(readers[w.name]) == 1:  # a tied table stays for the Embedding that also reads it
+                del params[w.name], values[w.name]
             for piece, (dtype, shape) in pieces.items():
                 v = Value(f"{w.name}.{piece}", dtype, shape)
                 params[v.name], values[v.name] = Param(v, w.parts, component=piece), v

@@ -106,8 +106,11 @@ class QuantizedSource(WeightSource):
         return dequantize(q.codes, q.scales, q.mins, q.fmt.bits, q.fmt.zero_point, torch.float32)
 
 
-# the weights quantization touches: the Linears inside decoder layers (embeddings and the lm head stay float)
+# what round-to-nearest quantizes: the Linears inside decoder layers (the embedding and lm head stay float)
 _QUANTIZABLE = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
+# what a GGUF's blocks are carried for: those Linears and the lm head (its own tensor, or the tied embedding's; the
+# embedding's gather reads a float copy of the same tensor)
+_CARRIED = re.compile(rf"{_QUANTIZABLE.pattern}|lm_head\.weight|model\.embed_tokens\.weight")
 
 
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -240,7 +243,7 @@ class GGUFSource(WeightSource):
         return self._tensors[name].tensor_type.name
 
     def quant_format(self, name):
-        return GGUF_FORMATS.get(self.tensor_type(name)) if _QUANTIZABLE.fullmatch(name) else None
+        return GGUF_FORMATS.get(self.tensor_type(name)) if _CARRIED.fullmatch(name) else None
 
     def load_quantized(self, name):
         t = self._tensors[name]

@@ -2,6 +2,8 @@
 eager, same prompt, same greedy tokens, one invocation, the same thread count.
 
     python -m llgraph.runtime.benchmark [--hf-dir DIR] [--work DIR] [--threads 2] [--new-tokens 64] [--repeats 3]
+    python -m llgraph.runtime.benchmark --int4     # 4-bit: llgraph on the GGUF's own Q4_1 blocks (accuracy level 4
+                                                   # and 0) vs onnxruntime-genai int4 vs llama.cpp on the same GGUF
 
 Prefill tok/s = prompt tokens / time to the first token's logits; decode tok/s = (new tokens - 1) / the time of
 the decode steps after it. Each engine is loaded once, then the engines run in turn `repeats` times (interleaved,
@@ -90,6 +92,61 @@ def transformers_engine(hf_dir: Path, prompt: list[int], n: int, threads: int):
     return run
 
 
+def llama_cpp_engine(gguf: Path, prompt: list[int], n: int, threads: int):
+    """llama.cpp through llama-cpp-python (build it for this CPU: an AVX2 build; AVX-512 builds crashed here)."""
+    from llama_cpp import Llama
+
+    model = Llama(str(gguf), n_ctx=len(prompt) + n + 8, n_threads=threads, n_batch=len(prompt), verbose=False)
+
+    def run():
+        model.reset()
+        start = time.perf_counter()
+        model.eval(prompt)
+        first = time.perf_counter()
+        tokens = []
+        for i in range(n):
+            tokens.append(int(model.sample(top_k=1, temp=0.0)))
+            if i < n - 1:
+                model.eval([tokens[-1]])
+        end = time.perf_counter()
+        return tokens, len(prompt) / (first - start), (n - 1) / (end - first)
+    return run
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def int4_engines(args, hf_dir: Path, prompt: list[int]) -> dict:
+    """llgraph int4 from the bundled GGUF's Q4_1 blocks at accuracy level 4 (default) and 0 (exact fp32 compute),
+    onnxruntime-genai's int4 build of the same model (its builder re-rounds the HF weights; it cannot read a
+    quantized GGUF), llama.cpp on the GGUF itself where llama-cpp-python is installed."""
+    import subprocess
+    import sys
+
+    from llgraph.bundled import bundled_model
+    from llgraph.export import export_model
+
+    gguf = bundled_model("smollm2")
+    engines = {}
+    for level in (4, 0):
+        folder = export_model(gguf, checkpoint=gguf, out=args.work / f"llgraph-int4-l{level}", target="ort",
+                              force=True, accuracy_level=level)
+        engines[f"llgraph int4 (level {level})"] = llgraph_engine(folder, prompt, args.new_tokens, args.threads)
+    genai_dir = args.work / "genai-int4"
+    if not (genai_dir / "genai_config.json").exists():
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o",
+                        str(genai_dir), "-p", "int4", "-e", "cpu"], check=True, capture_output=True)
+    engines["onnxruntime-genai int4"] = genai_engine(genai_dir, prompt, args.new_tokens, args.threads)
+    try:
+        engines["llama.cpp Q4_1"] = llama_cpp_engine(gguf, prompt, args.new_tokens, args.threads)
+    except ImportError:
+        print("llama-cpp-python is not installed: no llama.cpp row (pip install llama-cpp-python, built for AVX2)")
+    return engines
+
+
 def main(argv=None) -> None:
     from llgraph.export import export_model
     from llgraph.export.benchmark import make_hf_folder
@@ -101,10 +158,15 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--int4", action="store_true", help="the 4-bit comparison instead of fp32")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     hf_dir = args.hf_dir or (args.work / "hf" if (args.work / "hf" / "config.json").exists()
                              else make_hf_folder(args.work / "hf"))
+    prompt = Tokenizer.from_folder(hf_dir).encode(PROMPT)
+    if args.int4:
+        return report(int4_engines(args, hf_dir, prompt), args, prompt, "SmolLM2-135M 4-bit",
+                      "onnxruntime-genai int4", "llgraph int4 (level 0)")
     ours = export_model(hf_dir, checkpoint=hf_dir, out=args.work / "llgraph-ort", target="ort", force=True)
     genai_dir = args.work / "genai"
     if not (genai_dir / "genai_config.json").exists():
@@ -112,27 +174,30 @@ def main(argv=None) -> None:
         import sys
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o",
                         str(genai_dir), "-p", "fp32", "-e", "cpu"], check=True, capture_output=True)
-    prompt = Tokenizer.from_folder(hf_dir).encode(PROMPT)
     engines = {"llgraph ORTRunner": llgraph_engine(ours, prompt, args.new_tokens, args.threads),
                "onnxruntime-genai": genai_engine(genai_dir, prompt, args.new_tokens, args.threads),
                "transformers eager": transformers_engine(hf_dir, prompt, args.new_tokens, args.threads)}
+    report(engines, args, prompt, "SmolLM2-135M fp32", "onnxruntime-genai", "transformers eager")
+
+
+def report(engines: dict, args, prompt: list[int], title: str, peer: str, reference: str) -> None:
+    """Run the engines in turn `repeats` times (interleaved, so drift in the machine's speed hits each alike) and
+    print each one's best prefill and decode rates, its ratio to `peer`, and whether its greedy tokens equal
+    `reference`'s."""
     runs = {name: [] for name in engines}
-    for _ in range(args.repeats):  # interleaved, so drift in the machine's speed hits every engine alike
+    for _ in range(args.repeats):
         for name, run in engines.items():
             runs[name].append(run())
     results = {}
     for name, rs in runs.items():
         assert all(r[0] == rs[0][0] for r in rs)
         results[name] = (rs[0][0], max(r[1] for r in rs), max(r[2] for r in rs))
-    reference = results["transformers eager"][0]
-    genai_decode = results["onnxruntime-genai"][2]
-    hf_decode = results["transformers eager"][2]
-    print(f"\nSmolLM2-135M fp32, prompt {len(prompt)} tokens, {args.new_tokens} new tokens, {args.threads} threads, "
-          f"best of {args.repeats}")
-    print(f"{'engine':<22}{'prefill tok/s':>15}{'decode tok/s':>14}{'x genai':>9}{'x transformers':>16}  same tokens")
+    want = results[reference][0]
+    print(f"\n{title}, prompt {len(prompt)} tokens, {args.new_tokens} new tokens, {args.threads} threads, best of "
+          f"{args.repeats}; peak RSS of this process {peak_rss_mb():.0f} MB")
+    print(f"{'engine':<28}{'prefill tok/s':>15}{'decode tok/s':>14}{f'x {peer}':>28}  tokens == {reference}")
     for name, (tokens, prefill, decode) in results.items():
-        print(f"{name:<22}{prefill:>15.1f}{decode:>14.1f}{decode / genai_decode:>9.2f}{decode / hf_decode:>16.2f}"
-              f"  {tokens == reference}")
+        print(f"{name:<28}{prefill:>15.1f}{decode:>14.1f}{decode / results[peer][2]:>28.2f}  {tokens == want}")
 
 
 if __name__ == "__main__":

@@ -25,12 +25,14 @@ def smollm2_export(tmp_path_factory):
     made = {}
 
     def get(target: str, dtype: str = "float32", max_seq_len: int = 256, quantized: bool = False):
-        """quantized: the GGUF's Q4_1 blocks as stored (int4); else dequantized to `dtype`."""
+        """quantized: the GGUF's blocks as stored (Q4_1 layers, Q8_0 lm head; ort with the exact-compute accuracy
+        level 0); else dequantized to `dtype`."""
         key = (target, dtype, max_seq_len, quantized)
         if key not in made:
             path = bundled_model("smollm2")
             out = tmp_path_factory.mktemp("smollm2") / f"{target}-{dtype}-{max_seq_len}-{'q' if quantized else 'f'}"
             made[key] = export_model(path, checkpoint=path, out=out, target=target, dtype=dtype,
-                                     max_seq_len=max_seq_len, dequantize=not quantized)
+                                     max_seq_len=max_seq_len, dequantize=not quantized,
+                                     accuracy_level=0 if quantized and target == "ort" else None)
         return made[key]
     return get

@@ -59,7 +59,10 @@ def test_quantized_export_matches_executor_on_dequantized_weights(qtype, target,
     folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / target,
                           target=target, max_seq_len=64)
     ops = [n.op_type for n in __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph.node]
-    assert ("MatMulNBits" if target == "ort" else "DequantizeLinear") in ops
+    if target != "ort":
+        assert "DequantizeLinear" in ops
+    else:  # 8-bit at the exact accuracy level: dequantized at export (ORT's CPU has no fast exact 8-bit kernel)
+        assert ("MatMulNBits" in ops) == (qtype != T.Q8_0)
     truth = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64)
     compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"{target} {qtype.name}")
 
@@ -106,7 +109,7 @@ def test_smollm2_int4_from_its_q4_1_gguf(target, smollm2_export, report):
     cfg = load_config(path)
     folder = smollm2_export(target, quantized=True)
     manifest = __import__("json").loads((folder / "manifest.json").read_text())
-    assert manifest["quantized"] == {"int4/b32/zp0": 4 * cfg.num_layers}
+    assert manifest["quantized"] == {"int4/b32/zp0": 4 * cfg.num_layers, "int8/b32/zp128": 1}  # + the lm head
     size = sum(p.stat().st_size for p in folder.iterdir())
     print(f"SmolLM2 {target} int4 export: {size / 2**20:.0f} MiB (GGUF {path.stat().st_size / 2**20:.0f} MiB)")
     truth = Stepper(cfg, GGUFSource(path), max_seq=64, dtype="float64")
@@ -115,14 +118,31 @@ def test_smollm2_int4_from_its_q4_1_gguf(target, smollm2_export, report):
 
 
 @pytest.mark.slow
-def test_smollm2_int4_greedy_equals_the_executor(smollm2_export):
+def test_smollm2_int4_greedy_equals_the_executor(smollm2_export, tmp_path, report):
+    """Exact compute (accuracy level 0, the default): 32 greedy tokens == the executor's (== transformers',
+    test_smollm2.py). Level 4 (int8 activations, opt-in) is approximate: its mean KL divergence from the exact
+    next-token distributions and its top-1 agreement are printed, with a loose bound."""
     from llgraph.runtime import ORTRunner, TorchRunner
+    from llgraph.runtime.backends import OrtBackend
 
     prompt = "The capital of France is"
     want = TorchRunner("smollm2", max_seq_len=128).generate(prompt, max_new_tokens=32)
-    got = ORTRunner(smollm2_export("ort", quantized=True), max_seq_len=128).generate(prompt, max_new_tokens=32)
+    exact = smollm2_export("ort", quantized=True)
+    got = ORTRunner(exact, max_seq_len=128).generate(prompt, max_new_tokens=32)
     print(f"executor: {want.text!r}\nint4 ort: {got.text!r}")
     assert got.token_ids == want.token_ids
+    fast = export_model("smollm2", checkpoint="smollm2", out=tmp_path / "fast", max_seq_len=256, accuracy_level=4)
+    ids = torch.tensor([want.token_ids])
+    pos = torch.arange(ids.shape[1])[None]
+    logp = []
+    for folder in (exact, fast):
+        backend = OrtBackend(folder, 64)
+        backend.allocate(1)
+        logp.append(backend.forward(ids, pos).double().log_softmax(-1)[0])
+    kl = (logp[0].exp() * (logp[0] - logp[1])).sum(-1).mean().item()
+    agree = (logp[0].argmax(-1) == logp[1].argmax(-1)).double().mean().item()
+    print(f"accuracy level 4 vs 0 over {ids.shape[1]} tokens: top-1 agreement {agree:.2f}")
+    report("accuracy level 4 vs 0, mean KL of next-token distributions", kl, 0.1)
 
 
 def test_bad_quantization_requests(tmp_path):

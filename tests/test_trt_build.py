@@ -61,16 +61,19 @@ def check_network(rtx, folder, cfg, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target, dtype", [("trt", "float16"), ("trt", "bfloat16"), ("trt", "float32"),
-                                           ("onnx", "float16")])
-def test_tensorrt_parses_and_builds_smollm2(target, dtype, rtx, smollm2_export, tmp_path):
-    folder = smollm2_export(target, dtype)
+@pytest.mark.parametrize("target, dtype, quantized", [
+    ("trt", "float16", False), ("trt", "bfloat16", False), ("trt", "float32", False), ("onnx", "float16", False),
+    ("trt", "float16", True)])  # the GGUF's own blocks: Q4_1 layers, Q8_0 lm head, as blocked DequantizeLinear
+def test_tensorrt_parses_and_builds_smollm2(target, dtype, quantized, rtx, smollm2_export, tmp_path):
+    folder = smollm2_export(target, dtype, quantized=quantized)
     cfg = LlamaConfig(**json.loads((folder / "manifest.json").read_text())["config"])
     counts = check_network(rtx, folder, cfg, dtype)
+    if quantized:  # one weight-only dequantization per QLinear: 4 per layer + the lm head
+        assert counts.get(rtx.module.LayerType.DEQUANTIZE) == 4 * cfg.num_layers + 1
     engine = build_engine(folder, tmp_path / "model.engine", max_batch=4, max_seq_len=MAX_SEQ, tensorrt="rtx",
                           progress=False)
     meta = json.loads((folder / "engine.json").read_text())
-    print(f"SmolLM2 {target} {dtype}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB engine in "
+    print(f"SmolLM2 {target} {dtype}{' int4' if quantized else ''}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB engine in "
           f"{meta['build_seconds']:.1f} s on the CPU ({sum(counts.values())} layers)")
     assert engine.stat().st_size == meta["engine_bytes"] and meta["flavor"] == "rtx" and meta["plugins"] == "none"
     # the profiles TensorRT holds == the shapes TRTBackend binds: caches from new_cache at batch 1 and max batch,
