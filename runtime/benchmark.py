@@ -4,6 +4,7 @@ eager, same prompt, same greedy tokens, one invocation, the same thread count.
     python -m llgraph.runtime.benchmark [--hf-dir DIR] [--work DIR] [--threads 2] [--new-tokens 64] [--repeats 3]
     python -m llgraph.runtime.benchmark --int4     # 4-bit: llgraph on the GGUF's own Q4_1 blocks (accuracy level 4
                                                    # and 0) vs onnxruntime-genai int4 vs llama.cpp on the same GGUF
+    python -m llgraph.runtime.benchmark --quality  # RTN int4/int8: mean KL of next-token distributions vs fp32
 
 Prefill tok/s = prompt tokens / time to the first token's logits; decode tok/s = (new tokens - 1) / the time of
 the decode steps after it. Each engine is loaded once, then the engines run in turn `repeats` times (interleaved,
@@ -147,6 +148,44 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> dict:
     return engines
 
 
+# the opening of A Tale of Two Cities (Dickens, 1859; public domain): the fixed text of --quality
+TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+        "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it "
+        "was the season of Darkness, it was the spring of hope, it was the winter of despair, we had everything "
+        "before us, we had nothing before us, we were all going direct to Heaven, we were all going direct the "
+        "other way - in short, the period was so far like the present period, that some of its noisiest "
+        "authorities insisted on its being received, for good or for evil, in the superlative degree of comparison "
+        "only. There were a king with a large jaw and a queen with a plain face, on the throne of England; there "
+        "were a king with a large jaw and a queen with a fair face, on the throne of France.")
+
+
+def quality(args, hf_dir: Path) -> None:
+    """Round-to-nearest's cost: per variant, the mean KL divergence KL(fp32 || variant) of the next-token
+    distributions over TEXT (teacher-forced, one prefill) and the top-1 agreement with fp32, all in ORT."""
+    from llgraph.export import export_model
+    from llgraph.runtime.backends import OrtBackend
+    from llgraph.runtime.tokenizer import Tokenizer
+
+    ids = torch.tensor([Tokenizer.from_folder(hf_dir).encode(TEXT)])
+    variants = {"fp32": {}, "RTN int8 (symmetric, block 32)": dict(quantize="int8", symmetric=True),
+                "RTN int4 (min + scale, block 32)": dict(quantize="int4"),
+                "RTN int4 (symmetric, block 32)": dict(quantize="int4", symmetric=True),
+                "RTN int4 (min + scale, block 64)": dict(quantize="int4", block_size=64)}
+    logp = {}
+    for name, kw in variants.items():
+        folder = export_model(hf_dir, checkpoint=hf_dir, out=args.work / f"quality-{len(logp)}", force=True,
+                              max_seq_len=512, **kw)
+        backend = OrtBackend(folder, 512, args.threads)
+        backend.allocate(1)
+        logp[name] = backend.forward(ids, torch.arange(ids.shape[1])[None]).double().log_softmax(-1)[0]
+    ref = logp["fp32"]
+    print(f"\nSmolLM2-135M, {ids.shape[1]} tokens of A Tale of Two Cities, vs fp32 (ONNX Runtime, accuracy level 0)")
+    print(f"{'weights':<36}{'mean KL':>10}{'top-1 agreement':>18}")
+    for name, lp in logp.items():
+        kl = (ref.exp() * (ref - lp)).sum(-1).mean().item()
+        print(f"{name:<36}{kl:>10.4f}{(ref.argmax(-1) == lp.argmax(-1)).double().mean().item():>18.3f}")
+
+
 def main(argv=None) -> None:
     from llgraph.export import export_model
     from llgraph.export.benchmark import make_hf_folder
@@ -159,11 +198,14 @@ def main(argv=None) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--int4", action="store_true", help="the 4-bit comparison instead of fp32")
+    p.add_argument("--quality", action="store_true", help="RTN int4/int8 KL divergence vs fp32 instead of speed")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     hf_dir = args.hf_dir or (args.work / "hf" if (args.work / "hf" / "config.json").exists()
                              else make_hf_folder(args.work / "hf"))
     prompt = Tokenizer.from_folder(hf_dir).encode(PROMPT)
+    if args.quality:
+        return quality(args, hf_dir)
     if args.int4:
         return report(int4_engines(args, hf_dir, prompt), args, prompt, "SmolLM2-135M 4-bit",
                       "onnxruntime-genai int4", "llgraph int4 (level 0)")
