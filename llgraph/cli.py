@@ -63,7 +63,8 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
     """MODEL is an export folder (has manifest.json) or a checkpoint; a checkpoint for the ort backend is exported
     once into the cache (keyed on the checkpoint's content, see llgraph/cache.py) and reused."""
     from llgraph.bundled import resolve
-    from llgraph.cache import cache_dir as resolve_cache, entry_for
+    from llgraph.cache import cache_dir as resolve_cache
+    from llgraph.cache import entry_for
     from llgraph.runtime import ORTRunner, TorchRunner, TRTRunner
 
     path = Path(resolve(model))

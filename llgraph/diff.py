@@ -4,7 +4,8 @@ A *side* runs a fixed list of steps (prefill, then decode steps; each a dict of 
 returns, per step, {IR value name: array} for every value it exposes: the PyTorch executor records all of them; an
 ONNX export exposes its node outputs, whose names are the IR's. `compare` walks the values in graph order, so the
 first failing value is where the disagreement starts. Side A's greedy tokens drive the steps, so both sides see
-identical inputs. Saved runs are compressed .npz archives of the inputs and a chosen subset of values, so a CPU run\ncan be compared with a GPU run later.
+identical inputs. Saved runs are compressed .npz archives of the inputs and a chosen subset of values, so a CPU run
+can be compared with a GPU run later.
 """
 
 from __future__ import annotations

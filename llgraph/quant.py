@@ -97,9 +97,10 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
         mins = blocks[..., 2:4].copy().view(np.float16)[..., 0] if type_name == "Q4_1" else None
         if mins is not None:  # d == 0: every weight of the block is m whatever q says; make q agree
             q = np.where((d == 0)[..., None], 0, q)
-    to = (lambda a: torch.from_numpy(np.ascontiguousarray(a.astype(np.float32))))
-    return QuantTensor(torch.from_numpy(np.ascontiguousarray(pack(q, fmt.bits))), to(d),
-                       None if mins is None else to(mins), fmt)
+    def to_torch(a):
+        return torch.from_numpy(np.ascontiguousarray(a))
+    return QuantTensor(to_torch(pack(q, fmt.bits)), to_torch(d.astype(np.float32)),
+                       None if mins is None else to_torch(mins.astype(np.float32)), fmt)
 
 
 def quantize_rtn(w: torch.Tensor, bits: int, block_size: int, symmetric: bool) -> QuantTensor:

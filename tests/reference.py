@@ -149,3 +149,15 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
     w.write_tensors_to_file()
     w.close()
     return expected
+
+
+def write_hf_checkpoint(folder, cfg: LlamaConfig, source: WeightSource):
+    """An HF-style checkpoint folder: config.json (llgraph's JSON of `cfg`) + model.safetensors of `source`."""
+    import json
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({n: source.load(n).contiguous() for n in source.names()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+    return folder

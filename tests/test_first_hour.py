@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from reference import tiny
+from reference import tiny, write_hf_checkpoint
 
 from llgraph.cache import content_key, entries
 from llgraph.cli import build_parser
@@ -37,14 +37,7 @@ def one_line_error(r, *words):
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
     """A tiny HF-style checkpoint folder (config.json + model.safetensors, no tokenizer)."""
-    from safetensors.torch import save_file
-
-    cfg = tiny()
-    source = RandomSource(cfg, seed=11, std=0.25)
-    ckpt = tmp_path_factory.mktemp("tiny-ckpt")
-    save_file({n: source.load(n).contiguous() for n in source.names()}, str(ckpt / "model.safetensors"))
-    (ckpt / "config.json").write_text(json.dumps(cfg.to_dict()))
-    return ckpt
+    return write_hf_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), tiny(), RandomSource(tiny(), seed=11, std=0.25))
 
 
 # -- bf16 --------------------------------------------------------------------------------------------------------------
@@ -58,7 +51,7 @@ def test_bf16_for_onnx_runtime_is_refused_up_front(tmp_path):
     one_line_error(r, "bf16 export", "no bf16 MatMul", "--dtype fp32")
 
 
-# -- imports -----------------------------------------------------------------------------------------------------------
+# -- imports ---------------------------------------------------------------------------------------------------------
 
 def test_imports_work_from_a_folder_holding_a_folder_named_llgraph(tmp_path):
     """The clone is usually named `llgraph`; run from its parent, that folder must not shadow the package."""
@@ -89,7 +82,7 @@ def test_imports_from_a_built_wheel(tmp_path):
     assert r.stdout.splitlines()[0].startswith(str(tmp_path / "site")) and r.stdout.splitlines()[1] == "2"
 
 
-# -- the export cache --------------------------------------------------------------------------------------------------
+# -- the export cache ------------------------------------------------------------------------------------------------
 
 def test_cache_key_is_the_content_not_the_path_or_mtime(tiny_ckpt, tmp_path):
     copy = tmp_path / "copy"
@@ -129,7 +122,7 @@ def test_cache_list_clean_env_and_flag(tiny_ckpt, tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == ["notes.txt"]  # only llgraph's entries go
 
 
-# -- flags checked before anything loads --------------------------------------------------------------------------------
+# -- flags checked before anything loads -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
     (["--top-p", "2"], "top_p (2.0) must be in (0, 1]"),
@@ -162,7 +155,7 @@ def test_missing_checkpoint_is_named_as_such(tmp_path):
     one_line_error(r, "--checkpoint", "does not exist")
 
 
-# -- configs ------------------------------------------------------------------------------------------------------------
+# -- configs ---------------------------------------------------------------------------------------------------------
 
 def test_hf_config_typo_is_warned_about_with_the_closest_key():
     from llgraph.config import ConfigWarning, from_hf_dict
@@ -184,7 +177,7 @@ def test_llgraph_json_keeps_refusing_unknown_keys(tmp_path):
     one_line_error(r, "unknown config key(s) num_kv_head")
 
 
-# -- small things -------------------------------------------------------------------------------------------------------
+# -- small things ----------------------------------------------------------------------------------------------------
 
 def test_version_help_and_dtype_names():
     r = llgraph("--version")

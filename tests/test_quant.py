@@ -8,7 +8,7 @@ import gguf
 import pytest
 import torch
 from conftest import max_diff
-from reference import OrtStepper, Stepper, tiny, write_gguf
+from reference import OrtStepper, Stepper, tiny, write_gguf, write_hf_checkpoint
 from test_export import compare_steps
 
 from llgraph.config import load_config
@@ -82,12 +82,7 @@ def test_rtn_error_is_within_half_a_step():
 @pytest.mark.parametrize("target", TARGETS)
 def test_rtn_export_matches_executor(target, tmp_path, report):
     cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16)
-    base = RandomSource(cfg, seed=3, std=0.25)
-    from safetensors.torch import save_file
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    save_file({n: base.load(n).contiguous() for n in base.names()}, str(ckpt / "model.safetensors"))
-    (ckpt / "config.json").write_text(__import__("json").dumps(cfg.to_dict()))
+    ckpt = write_hf_checkpoint(tmp_path / "ckpt", cfg, RandomSource(cfg, seed=3, std=0.25))
     folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path / target, target=target, max_seq_len=64,
                           quantize="int4", block_size=32)
     from llgraph.weights import SafetensorsSource
@@ -155,7 +150,8 @@ def test_bad_quantization_requests(tmp_path):
     for args, message in ((["--quantize", "int4", "--block-size", "48"], "must be a power of 2"),
                           (["--quantize", "int4", "--block-size", "128"], "does not divide the input features"),
                           (["--quantize", "int3"], "invalid choice: 'int3'"),
-                          (["--quantize", "int4", "--target", "onnx", "--accuracy-level", "4"], "only for --target ort")):
+                          (["--quantize", "int4", "--target", "onnx", "--accuracy-level", "4"],
+                           "only for --target ort")):
         r = llgraph("export", "--config", "tiny", *args, "-o", "bad", cwd=tmp_path)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "q5.gguf"]

@@ -3,7 +3,7 @@ across multi-byte characters, stop strings, bad requests, and recovery from an i
 
 import pytest
 import torch
-from reference import hf_model, tiny
+from reference import hf_model, tiny, write_hf_checkpoint
 
 from llgraph.export import export_model
 from llgraph.runtime import ORTRunner, RequestError, Runner, TorchRunner
@@ -19,12 +19,7 @@ def tiny_runners(tmp_path_factory):
     """The same random tiny model (std 0.25: decisive logits) behind every CPU runner, and in transformers."""
     cfg = tiny()
     source = RandomSource(cfg, seed=11, std=0.25)
-    from safetensors.torch import save_file
-
-    ckpt = tmp_path_factory.mktemp("tiny-ckpt")
-    save_file({n: source.load(n).contiguous() for n in source.names()}, str(ckpt / "model.safetensors"))
-    import json
-    (ckpt / "config.json").write_text(json.dumps(cfg.to_dict()))
+    ckpt = write_hf_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), cfg, source)
     runners = {"torch": TorchRunner(ckpt, max_seq_len=64)}
     for target in ("ort", "onnx"):
         folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path_factory.mktemp("x") / target, target=target)

@@ -11,12 +11,13 @@ from conftest import max_diff
 from reference import tiny
 
 from llgraph.builder import cache_pairs
+from llgraph.errors import LlgraphError
 from llgraph.export import get_target
 from llgraph.export.lower import export
 from llgraph.passes import model_graph
-from llgraph.errors import LlgraphError
 from llgraph.runtime.trt import EngineError, build_engine, load_tensorrt, profiles
 from llgraph.weights import RandomSource
+
 
 def _importable(flavor):
     try:

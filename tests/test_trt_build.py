@@ -73,7 +73,8 @@ def test_tensorrt_parses_and_builds_smollm2(target, dtype, quantized, rtx, smoll
     engine = build_engine(folder, tmp_path / "model.engine", max_batch=4, max_seq_len=MAX_SEQ, tensorrt="rtx",
                           progress=False)
     meta = json.loads((folder / "engine.json").read_text())
-    print(f"SmolLM2 {target} {dtype}{' int4' if quantized else ''}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB engine in "
+    kind = f"{target} {dtype}{' int4' if quantized else ''}"
+    print(f"SmolLM2 {kind}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB engine in "
           f"{meta['build_seconds']:.1f} s on the CPU ({sum(counts.values())} layers)")
     assert engine.stat().st_size == meta["engine_bytes"] and meta["flavor"] == "rtx" and meta["plugins"] == "none"
     # the profiles TensorRT holds == the shapes TRTBackend binds: caches from new_cache at batch 1 and max batch,
