@@ -36,3 +36,18 @@ def smollm2_export(tmp_path_factory):
                                      accuracy_level=0 if quantized and target == "ort" else None)
         return made[key]
     return get
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_export_cache(tmp_path_factory):
+    """Tests never read or fill the user's export cache (~/.cache/llgraph): `llgraph generate CHECKPOINT` run by a
+    test exports into a cache of this test session's own."""
+    import os
+
+    old = os.environ.get("LLGRAPH_CACHE_DIR")
+    os.environ["LLGRAPH_CACHE_DIR"] = str(tmp_path_factory.mktemp("llgraph-cache"))
+    yield
+    if old is None:
+        os.environ.pop("LLGRAPH_CACHE_DIR", None)
+    else:
+        os.environ["LLGRAPH_CACHE_DIR"] = old
