@@ -162,6 +162,29 @@ def cmd_generate(args) -> None:
     sys.stdout.write("\n")
 
 
+def cmd_eval(args) -> int:
+    from llgraph.runtime import evaluate
+
+    if args.batch_size < 1:
+        raise LlgraphError(f"--batch-size ({args.batch_size}) must be at least 1")
+    data = evaluate.load_mc(args.data) if args.task == "mc" else evaluate.load_text(args.data)  # before loading
+    backends = [args.backend] + ([args.compare] if args.compare else [])
+    results = {}
+    for backend in backends:
+        runner = open_runner(args.model, backend, args.max_seq_len, args.cache_dir, args.tensorrt, args.dequantize)
+        if args.task == "mc":
+            results[backend] = evaluate.evaluate_mc(runner, data, args.batch_size, progress=True)
+        else:
+            results[backend] = evaluate.evaluate_perplexity(runner, data, args.context, args.stride)
+    table = evaluate.format_results(args.task, results, data)
+    print(table)
+    if args.output:
+        from llgraph.outdir import write_text_atomic
+
+        write_text_atomic(Path(args.output), json.dumps(evaluate.as_json(args.task, results), indent=2))
+    return 0
+
+
 def cmd_diff(args) -> int:
     from pathlib import Path
 
@@ -304,6 +327,24 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--load", help="use a saved run as side a (its inputs drive side b)")
     d.add_argument("--all", action="store_true", help="print every value, not only failures and layer outputs")
     d.set_defaults(func=cmd_diff)
+    v = sub.add_parser("eval", help="multiple-choice accuracy or perplexity of a model on any backend")
+    v.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
+    v.add_argument("--task", required=True, choices=("mc", "perplexity"), help="mc: JSONL items with context, "
+                   "choices, answer; perplexity: a text file")
+    v.add_argument("--data", required=True, help="the items (.jsonl) or the text (.txt)")
+    v.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"), help="the backend scored (default ort)")
+    v.add_argument("--compare", choices=("ort", "torch", "trt"), help="score the same data on this backend too and "
+                   "print the per-item differences")
+    v.add_argument("--context", type=int, help="perplexity: tokens per window (default: the cache length)")
+    v.add_argument("--stride", type=int, help="perplexity: tokens a window advances (default: the window)")
+    v.add_argument("--batch-size", type=int, default=8, help="mc: pairs scored per forward pass (default 8)")
+    v.add_argument("--max-seq-len", type=int, help="KV-cache length (default min(2048, the model's range))")
+    v.add_argument("--output", help="also write the numbers to this JSON file")
+    v.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
+                   help="for --backend trt: the TensorRT to run with")
+    v.add_argument("--cache-dir", help=CACHE_HELP)
+    v.add_argument("--dequantize", action="store_true", help="run a quantized checkpoint in fp32")
+    v.set_defaults(func=cmd_eval)
     c = sub.add_parser("cache", help="list or clean the checkpoints `generate` exported for ONNX Runtime")
     c.add_argument("action", choices=("list", "clean"), help="list: entries with size and source; clean: remove")
     c.add_argument("names", nargs="*", help="for clean: the entries to remove (default: all)")

@@ -170,3 +170,14 @@ def staged_folder(out: str | Path, force: bool = False, what: str = "output"):
         raise
     if old.exists():
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a file under a temporary name beside it and rename: a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

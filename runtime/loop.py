@@ -81,6 +81,43 @@ class Runner:
                 yield text[len(emitted):]
                 emitted = text
 
+    # -- scoring (runtime/score.py) ---------------------------------------------------------------------------------
+    def score(self, context, continuation):
+        """Log-probability of `continuation` after `context` (texts or token ids) -> score.Score."""
+        return self.score_batch([(context, continuation)])[0]
+
+    def score_batch(self, pairs, batch_size: int = 8):
+        """[(context, continuation), ...] -> [score.Score, ...], one forward pass per batch. Texts are encoded
+        as lm-evaluation-harness does: the whole string once, the continuation being what follows the context's
+        own encoding (so a token spanning the boundary belongs to the continuation)."""
+        from llgraph.runtime.score import score_pairs
+
+        return score_pairs(self.backend, [self._split_pair(c, x) for c, x in pairs], batch_size)
+
+    def perplexity(self, text, window: int | None = None, stride: int | None = None) -> tuple[float, float, int]:
+        """(perplexity, summed negative log-likelihood, tokens scored) of a text or token ids, in rolling windows
+        (runtime/score.py)."""
+        import math
+
+        from llgraph.runtime.score import rolling_logprob
+
+        ids = self._encode(text)
+        logprob, n = rolling_logprob(self.backend, ids, window, stride)
+        return math.exp(-logprob / n), -logprob, n
+
+    def _split_pair(self, context, continuation) -> tuple[list[int], list[int]]:
+        if isinstance(context, str) != isinstance(continuation, str):
+            raise RequestError("context and continuation must both be texts or both be token ids")
+        if not isinstance(context, str):
+            return self._encode(context), self._encode(continuation)
+        spaces = len(context) - len(context.rstrip())  # as lm-eval: trailing spaces move to the continuation
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        whole, ctx = self._encode(context + continuation), self._encode(context) if context else []
+        if not ctx:
+            raise RequestError("the context is empty; give at least one token of context")
+        return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else self._encode(continuation)
+
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids):
         """Yields (row, new token or None, finish reason or None) as decoding goes."""

@@ -138,19 +138,14 @@ def test_unwritable_output(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
-def test_smollm2_onnxruntime_matches_executor(target, smollm2_export, report):
-    from llgraph.bundled import bundled_model
-    from llgraph.config import load_config
-    from llgraph.weights import GGUFSource
-
-    path = bundled_model("smollm2")
-    cfg = load_config(path)
+def test_smollm2_onnxruntime_matches_executor(target, smollm2_export, smollm2_truth, report):
+    cfg, truth = smollm2_truth
     folder = smollm2_export(target)
     onnx.checker.check_model(str(folder / "model.onnx"), full_check=True)
     # Reference: the executor in float64. Two fp32 implementations each sit ~6e-5 from it on this 30-layer model
     # (logits ~30), so fp32-vs-fp32 would double-count rounding; each is held to 1e-4 of the truth instead.
-    truth = Stepper(cfg, GGUFSource(path), max_seq=64, dtype="float64")
-    compare_steps(cfg, truth, OrtStepper(folder, cfg, max_seq=64), report, f"SmolLM2 {target} vs float64 executor",
+    compare_steps(cfg, truth.session(), OrtStepper(folder, cfg, max_seq=64), report,
+                  f"SmolLM2 {target} vs float64 executor",
                   batch=1, prompt_len=12)
 
 

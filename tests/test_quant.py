@@ -92,23 +92,21 @@ def test_rtn_export_matches_executor(target, tmp_path, report):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
-def test_smollm2_int4_from_its_q4_1_gguf(target, smollm2_export, report):
+def test_smollm2_int4_from_its_q4_1_gguf(target, smollm2_export, smollm2_truth, report):
     """The bundled Q4_1 GGUF exported as it is stored: == the float64 executor on the dequantized weights (itself
     == transformers loading the same GGUF, tests/test_smollm2.py); prefill + 8 decode steps. Tolerance 1e-4 as for
     the float exports, except ort: MatMulNBits (fp32 compute) sums x*q*s per block and the mins term separately, a
     different rounding order than one fp32 dot product, measured 2.4e-4 on logits of size ~30 (5e-4 allowed)."""
     from llgraph.bundled import bundled_model
-    from llgraph.config import load_config
 
     path = bundled_model("smollm2")
-    cfg = load_config(path)
+    cfg, truth = smollm2_truth
     folder = smollm2_export(target, quantized=True)
     manifest = __import__("json").loads((folder / "manifest.json").read_text())
     assert manifest["quantized"] == {"int4/b32/zp0": 4 * cfg.num_layers, "int8/b32/zp128": 1}  # + the lm head
     size = sum(p.stat().st_size for p in folder.iterdir())
     print(f"SmolLM2 {target} int4 export: {size / 2**20:.0f} MiB (GGUF {path.stat().st_size / 2**20:.0f} MiB)")
-    truth = Stepper(cfg, GGUFSource(path), max_seq=64, dtype="float64")
-    compare_steps(cfg, truth, OrtStepper(folder, cfg, max_seq=64), report, f"SmolLM2 int4 {target}", batch=1,
+    compare_steps(cfg, truth.session(), OrtStepper(folder, cfg, max_seq=64), report, f"SmolLM2 int4 {target}", batch=1,
                   prompt_len=12, tol=5e-4 if target == "ort" else 1e-4)
 
 

@@ -1,0 +1,74 @@
+"""Log-likelihood scoring on any backend: what evaluation needs (multiple choice, perplexity), from one forward pass
+per batch over the static cache, with no decoding.
+
+    score_pairs(backend, [(context_ids, continuation_ids), ...])  -> [Score(logprob, greedy, tokens), ...]
+    rolling_logprob(backend, ids, window, stride)                 -> (summed log-probability, tokens scored)
+
+A pair is scored as one right-padded row `context + continuation` at positions 0..n-1: the logits at position t
+give the distribution of token t+1, so the continuation's log-probability is the sum over its tokens of
+log_softmax(logits[t - 1])[token t]. `greedy` says whether every continuation token is the argmax there (lm-eval's
+`is_greedy`). Log-softmax is taken in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from llgraph.runtime.sampling import RequestError
+
+
+@dataclass
+class Score:
+    logprob: float
+    greedy: bool
+    tokens: int
+
+
+def score_pairs(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
+    out = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start:start + batch_size]
+        rows = [list(c) + list(x) for c, x in chunk]
+        for (c, x), row in zip(chunk, rows):
+            if not c or not x:
+                raise RequestError("a scored pair needs at least one context and one continuation token")
+            if len(row) > backend.max_seq_len:
+                raise RequestError(f"context + continuation ({len(row)} tokens) exceed the model's cache "
+                                   f"({backend.max_seq_len} tokens); shorten it or raise --max-seq-len")
+        longest = max(len(r) for r in rows)
+        tokens = torch.zeros(len(rows), longest, dtype=torch.int64)
+        for i, r in enumerate(rows):
+            tokens[i, :len(r)] = torch.tensor(r)
+        backend.allocate(len(rows))
+        logits = backend.forward(tokens, torch.arange(longest).expand(len(rows), longest))
+        for i, (c, x) in enumerate(chunk):
+            span = logits[i, len(c) - 1:len(c) + len(x) - 1].double().log_softmax(-1)  # predicts x's tokens
+            target = torch.tensor(list(x))
+            out.append(Score(span.gather(-1, target[:, None]).sum().item(), bool((span.argmax(-1) == target).all()),
+                             len(x)))
+    return out
+
+
+def rolling_logprob(backend, ids: Sequence[int], window: int | None = None, stride: int | None = None
+                    ) -> tuple[float, int]:
+    """Sum of log p(token t | the tokens before it in its window) over tokens 1..n-1, each scored exactly once.
+    Windows of at most `window` tokens start every `stride` tokens (default: the window); each scores the tokens
+    the previous one did not reach, with the rest of the window as context (at least one token)."""
+    window = window or backend.max_seq_len
+    stride = stride or window
+    if not 2 <= window <= backend.max_seq_len:
+        raise RequestError(f"--context ({window}) must be in 2..{backend.max_seq_len} (the model's cache)")
+    if not 1 <= stride <= window:
+        raise RequestError(f"--stride ({stride}) must be in 1..{window} (the context)")
+    if len(ids) < 2:
+        raise RequestError("the text is too short to score: it needs at least two tokens")
+    total, scored, begin = 0.0, 1, 0  # token 0 has no context: it is never scored
+    while scored < len(ids):
+        begin = min(begin, scored - 1)
+        end = min(begin + window, len(ids))
+        total += score_pairs(backend, [(ids[begin:scored], ids[scored:end])], 1)[0].logprob
+        scored, begin = end, begin + stride
+    return total, len(ids) - 1
