@@ -4,6 +4,7 @@ same quantities independently, rolling perplexity from its definition, and bad d
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,8 +99,7 @@ MC = [{"context": "The capital of France is", "choices": ["Paris", "London", "Be
       {"question": "Water freezes at a temperature of", "choices": ["zero degrees Celsius", "fifty degrees Celsius"],
        "answer": 0},
       {"context": "The opposite of hot is", "choices": ["cold", "loud", "green"], "answer": 0}]
-TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-        "foolishness, it was the epoch of belief, it was the epoch of incredulity.")
+TEXT = (Path(__file__).parent / "data" / "tale-of-two-cities.txt").read_text()  # Dickens, 1859: public domain
 
 
 @pytest.mark.slow
