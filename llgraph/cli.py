@@ -179,9 +179,9 @@ def cmd_eval(args) -> int:
     table = evaluate.format_results(args.task, results, data)
     print(table)
     if args.output:
-        from llgraph.outdir import write_text_atomic
+        from llgraph.outdir import write_atomic
 
-        write_text_atomic(Path(args.output), json.dumps(evaluate.as_json(args.task, results), indent=2))
+        write_atomic(Path(args.output), json.dumps(evaluate.as_json(args.task, results), indent=2))
     return 0
 
 

@@ -172,11 +172,11 @@ def staged_folder(out: str | Path, force: bool = False, what: str = "output"):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, data: str | bytes) -> None:
     """Write a file under a temporary name beside it and rename: a reader never sees half of it."""
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
-        tmp.write_text(text)
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -26,6 +26,7 @@ import torch
 from llgraph.builder import MAX_SEQ, cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
+from llgraph.outdir import write_atomic
 from llgraph.plugins.qdp import TensorRTMissing, register_plugins
 from llgraph.runtime.backends import DEFAULT_MAX_SEQ
 from llgraph.runtime.loop import Backend
@@ -238,9 +239,9 @@ def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, m
     if serialized is None:
         raise EngineError(f"{trt.name} failed to build the engine (see its log above)")
     data = bytes(serialized)
-    _write(engine, data)
+    write_atomic(engine, data)
     if trt.flavor == "tensorrt":
-        _write(timing, bytes(config.get_timing_cache().serialize()))
+        write_atomic(timing, bytes(config.get_timing_cache().serialize()))
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     meta = {"engine": os.path.relpath(engine.resolve(), folder.resolve()), "max_batch": max_batch,
             "max_seq_len": max_seq_len, "opt_prefill": opt_prefill,
@@ -248,22 +249,12 @@ def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, m
             "tensorrt": trt.module.__version__, "flavor": trt.flavor,
             "runs_on": RUNS_ON[trt.flavor], "built_on": gpu or "CPU (ahead of time, no GPU)",
             "build_seconds": round(time.perf_counter() - started, 2), "engine_bytes": len(data)}
-    _write(folder / ENGINE_META, json.dumps(meta, indent=2).encode())  # in the folder even when -o is elsewhere
+    write_atomic(folder / ENGINE_META, json.dumps(meta, indent=2).encode())  # in the folder even when -o is elsewhere
     return engine
 
 
 RUNS_ON = {"tensorrt": "the GPU model it was built on (TensorRT engines are per GPU and TensorRT version)",
            "rtx": "NVIDIA GPUs of compute capability 8.0, 8.6, 8.9 and 12.x (Ampere, Ada, Blackwell RTX); not Hopper"}
-
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _progress_monitor(t):

@@ -92,3 +92,23 @@ def smollm2_truth():
     path = bundled_model("smollm2")
     cfg = load_config(path)
     return cfg, Replay(lambda: Stepper(cfg, GGUFSource(path), max_seq=64, dtype="float64"))
+
+
+@pytest.fixture(scope="session")
+def tiny_runners(tmp_path_factory):
+    """(cfg, source, runners): the same random tiny model (std 0.25: decisive logits) behind every CPU runner —
+    torch, and ONNX Runtime on the ort, onnx and trt exports (trt through its function bodies) — cache 64."""
+    from reference import tiny, write_hf_checkpoint
+
+    from llgraph.export import export_model
+    from llgraph.runtime import ORTRunner, TorchRunner
+    from llgraph.weights import RandomSource
+
+    cfg = tiny()
+    source = RandomSource(cfg, seed=11, std=0.25)
+    ckpt = write_hf_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), cfg, source)
+    runners = {"torch": TorchRunner(ckpt, max_seq_len=64)}
+    for target in ("ort", "onnx", "trt"):
+        folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path_factory.mktemp("tiny") / target, target=target)
+        runners[target] = ORTRunner(folder, max_seq_len=64)
+    return cfg, source, runners

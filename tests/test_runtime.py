@@ -3,28 +3,13 @@ across multi-byte characters, stop strings, bad requests, and recovery from an i
 
 import pytest
 import torch
-from reference import hf_model, tiny, write_hf_checkpoint
+from reference import hf_model
 
-from llgraph.export import export_model
-from llgraph.runtime import ORTRunner, RequestError, Runner, TorchRunner
+from llgraph.runtime import RequestError, Runner
 from llgraph.runtime.backends import TorchBackend
 from llgraph.runtime.loop import Backend
-from llgraph.weights import RandomSource
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [60, 61, 62, 63, 64], [7]]
-
-
-@pytest.fixture(scope="module")
-def tiny_runners(tmp_path_factory):
-    """The same random tiny model (std 0.25: decisive logits) behind every CPU runner, and in transformers."""
-    cfg = tiny()
-    source = RandomSource(cfg, seed=11, std=0.25)
-    ckpt = write_hf_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), cfg, source)
-    runners = {"torch": TorchRunner(ckpt, max_seq_len=64)}
-    for target in ("ort", "onnx"):
-        folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path_factory.mktemp("x") / target, target=target)
-        runners[target] = ORTRunner(folder, max_seq_len=64)
-    return cfg, source, runners
 
 
 def hf_greedy(model, prompt, n):
@@ -44,7 +29,7 @@ def test_greedy_equals_transformers_on_every_backend(tiny_runners):
             assert got == want, (name, prompt, got, want)
 
 
-@pytest.mark.parametrize("backend", ["torch", "ort", "onnx"])
+@pytest.mark.parametrize("backend", ["torch", "ort", "onnx", "trt"])
 def test_batch_of_different_lengths_equals_each_alone(tiny_runners, backend):
     runner = tiny_runners[2][backend]
     batched = runner.generate(PROMPTS, 12)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from llgraph.bundled import bundled_model
-from llgraph.export import export_model
 from llgraph.runtime import ORTRunner, TorchRunner
 from llgraph.runtime.tokenizer import Tokenizer
 
@@ -41,24 +40,25 @@ def test_gguf_tokenizer_and_chat_template_equal_transformers(gguf, hf):
                                                                            add_generation_prompt=True)
 
 
-def test_64_greedy_tokens_agree_across_ort_torch_and_transformers(gguf, hf, tmp_path):
+def test_64_greedy_tokens_agree_across_ort_torch_and_transformers(gguf, hf, smollm2_export):
     model, hf_tok = hf
     prompt = hf_tok("The three most important inventions in history are")["input_ids"]
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
                              eos_token_id=None)
     want = out[0, len(prompt):].tolist()
-    folder = export_model(gguf, checkpoint=gguf, out=tmp_path / "ort", target="ort")
+    folder = smollm2_export("ort", quantized=True)  # what `llgraph generate smollm2` runs: the GGUF's own blocks
     ort_tokens = ORTRunner(folder, max_seq_len=128).generate(prompt, NEW_TOKENS, eos_token_ids=[]).token_ids
     torch_tokens = TorchRunner(gguf, max_seq_len=128).generate(prompt, NEW_TOKENS, eos_token_ids=[]).token_ids
     print(hf_tok.decode(want))
     assert ort_tokens == want and torch_tokens == want
 
 
-def test_generate_cli_streams_a_chat_answer(tmp_path):
+def test_generate_cli_streams_a_chat_answer():
+    # the export lands in the test session's private cache (conftest), where `llgraph eval smollm2` finds it too
     r = subprocess.run([sys.executable, "-m", "llgraph", "generate", "smollm2", "--prompt",
-                        "What is the capital of France?", "--chat", "--max-new-tokens", "24",
-                        "--cache-dir", str(tmp_path)], capture_output=True, text=True)
+                        "What is the capital of France?", "--chat", "--max-new-tokens", "24"],
+                       capture_output=True, text=True)
     print(r.stdout)
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout

@@ -13,7 +13,7 @@ import pytest
 
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
-from llgraph.runtime.trt import EngineError, build_engine, io_dtypes, load_tensorrt, parse
+from llgraph.runtime.trt import EngineError, io_dtypes, load_tensorrt, parse
 
 # On Linux x86-64 TensorRT-RTX is a test dependency: its absence fails rather than skips
 ON_CI_PLATFORM = platform.system() == "Linux" and platform.machine() == "x86_64"
@@ -60,18 +60,36 @@ def check_network(rtx, folder, cfg, dtype):
     return counts
 
 
+CASES = [("trt", "float16", False), ("trt", "bfloat16", False), ("trt", "float32", False), ("onnx", "float16", False),
+         ("trt", "float16", True)]  # the last: the GGUF's own blocks (Q4_1 layers, Q8_0 lm head) as blocked DQ
+
+
+@pytest.fixture(scope="module")
+def built(smollm2_export, tmp_path_factory):
+    """Every case's engine, built by `llgraph build --tensorrt rtx` two at a time (a TensorRT-RTX build runs on one
+    core): case -> (export folder, engine path, `llgraph build`'s result)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = {}
+    for case in CASES:
+        folder = smollm2_export(case[0], case[1], quantized=case[2])
+        engine = tmp_path_factory.mktemp("engine") / "model.engine"
+        jobs[case] = (folder, engine, ["build", str(folder), "-o", str(engine), "--tensorrt", "rtx",
+                                       "--max-seq-len", str(MAX_SEQ), "--max-batch", "4"])
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(jobs, pool.map(lambda job: llgraph(*job[2]), jobs.values())))
+    return {case: (folder, engine, results[case]) for case, (folder, engine, _) in jobs.items()}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("target, dtype, quantized", [
-    ("trt", "float16", False), ("trt", "bfloat16", False), ("trt", "float32", False), ("onnx", "float16", False),
-    ("trt", "float16", True)])  # the GGUF's own blocks: Q4_1 layers, Q8_0 lm head, as blocked DequantizeLinear
-def test_tensorrt_parses_and_builds_smollm2(target, dtype, quantized, rtx, smollm2_export, tmp_path):
-    folder = smollm2_export(target, dtype, quantized=quantized)
+@pytest.mark.parametrize("target, dtype, quantized", CASES)
+def test_tensorrt_parses_and_builds_smollm2(target, dtype, quantized, rtx, built):
+    folder, engine, result = built[(target, dtype, quantized)]
     cfg = LlamaConfig(**json.loads((folder / "manifest.json").read_text())["config"])
     counts = check_network(rtx, folder, cfg, dtype)
     if quantized:  # one weight-only dequantization per QLinear: 4 per layer + the lm head
         assert counts.get(rtx.module.LayerType.DEQUANTIZE) == 4 * cfg.num_layers + 1
-    engine = build_engine(folder, tmp_path / "model.engine", max_batch=4, max_seq_len=MAX_SEQ, tensorrt="rtx",
-                          progress=False)
+    assert result.returncode == 0, result.stderr[-3000:]
     meta = json.loads((folder / "engine.json").read_text())
     kind = f"{target} {dtype}{' int4' if quantized else ''}"
     print(f"SmolLM2 {kind}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB engine in "
