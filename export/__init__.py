@@ -80,8 +80,12 @@ def _check_quant_request(quantize, block_size, accuracy_level, dequantize, targe
         raise ExportError(f"unknown --quantize '{quantize}'; use int4 or int8")
     if quantize and dequantize:
         raise ExportError("--quantize and --dequantize contradict each other; pass one")
-    if block_size < 16 or block_size & (block_size - 1):
-        raise ExportError(f"--block-size ({block_size}) must be a power of 2 >= 16 (32, 64 or 128)")
+    from llgraph.quant import QuantFormat
+
+    try:  # the format's own rule, said as the flag's
+        QuantFormat(4, block_size, 0, False)
+    except ValueError as e:
+        raise ExportError(f"--{e} (32, 64 or 128)") from None
     if accuracy_level is not None and (accuracy_level not in (0, 1, 2, 3, 4) or target != "ort"):
         raise ExportError(f"--accuracy-level ({accuracy_level}) is MatMulNBits' (0..4) and only for --target ort")
     return int(quantize[3:]) if quantize else 0

@@ -16,8 +16,9 @@ import math
 
 import numpy as np
 
-from llgraph.config import LlamaConfig, rope_inv_freq
+from llgraph.config import LlamaConfig
 from llgraph.ir import FLOAT_DTYPES, Graph, GraphBuilder
+from llgraph.rope import rope_inv_freq
 
 BATCH, SEQ, MAX_SEQ = "batch", "seq", "max_seq"
 

@@ -33,7 +33,7 @@ class QuantFormat:
         if self.bits not in (4, 8):
             raise ValueError(f"bits ({self.bits}) must be 4 or 8")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block size ({self.block_size}) must be a power of 2 >= 16")
+            raise ValueError(f"block-size ({self.block_size}) must be a power of 2 >= 16")
 
     @property
     def attrs(self) -> dict:

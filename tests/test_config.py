@@ -8,7 +8,8 @@ import pytest
 import torch
 from reference import hf_config, tiny
 
-from llgraph.config import ConfigError, LlamaConfig, load_config, presets, rope_inv_freq
+from llgraph.config import ConfigError, LlamaConfig, load_config, presets
+from llgraph.rope import rope_inv_freq
 
 
 def test_presets_load_from_any_directory(tmp_path, monkeypatch):
