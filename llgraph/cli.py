@@ -58,40 +58,6 @@ def cmd_export(args) -> None:
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
-def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str | None = None,
-                tensorrt: str = "auto", dequantize: bool = False):
-    """MODEL is an export folder (has manifest.json) or a checkpoint; a checkpoint for the ort backend is exported
-    once into the cache (keyed on the checkpoint's content, see llgraph/cache.py) and reused."""
-    from llgraph.bundled import resolve
-    from llgraph.cache import cache_dir as resolve_cache
-    from llgraph.cache import entry_for
-    from llgraph.runtime import ORTRunner, TorchRunner, TRTRunner
-
-    path = Path(resolve(model))
-    if not path.exists():
-        raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
-    if (path / "manifest.json").exists():
-        if backend == "trt":
-            return TRTRunner(path, tensorrt)
-        if backend != "ort":
-            raise LlgraphError(f"{model} is an ONNX export folder; it runs with --backend ort (or trt once built)")
-        return ORTRunner(path, max_seq_len)
-    if backend == "torch":
-        return TorchRunner(path, max_seq_len=max_seq_len, progress=True)
-    if backend == "trt":
-        raise LlgraphError(f"--backend trt runs a built engine: `llgraph export --checkpoint {model} --target trt "
-                           "--dtype fp16 -o OUT`, then `llgraph build OUT`, then pass OUT")
-    from llgraph.export import export_model
-
-    folder = entry_for(path, resolve_cache(cache_dir), "ort", "float32" if dequantize else "stored")
-    if not (folder / "manifest.json").exists():
-        print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
-              file=sys.stderr)
-        export_model(path, checkpoint=path, out=folder, target="ort", force=True, progress=True,
-                     dequantize=dequantize)
-    return ORTRunner(folder, max_seq_len)
-
-
 def cmd_cache(args) -> None:
     from llgraph.cache import cache_dir, clean, entries
 
@@ -143,6 +109,8 @@ def cmd_generate(args) -> None:
     prompt = parse_tokens(args.tokens) if args.tokens is not None else args.prompt
     if args.chat and args.tokens is not None:
         raise LlgraphError("--chat wraps a text prompt; drop it with --tokens")
+    from llgraph.runtime.runners import open_runner
+
     runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, args.dequantize)
     if args.chat:
         if runner.tokenizer is None:
@@ -164,6 +132,7 @@ def cmd_generate(args) -> None:
 
 def cmd_eval(args) -> int:
     from llgraph.runtime import evaluate
+    from llgraph.runtime.runners import open_runner
 
     if args.batch_size < 1:
         raise LlgraphError(f"--batch-size ({args.batch_size}) must be at least 1")
@@ -182,6 +151,13 @@ def cmd_eval(args) -> int:
         from llgraph.outdir import write_atomic
 
         write_atomic(Path(args.output), json.dumps(evaluate.as_json(args.task, results), indent=2))
+    return 0
+
+
+def cmd_lm_eval(args) -> int:
+    from llgraph.runtime.harness import main as harness_main
+
+    harness_main(args.harness_args)
     return 0
 
 
@@ -345,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--cache-dir", help=CACHE_HELP)
     v.add_argument("--dequantize", action="store_true", help="run a quantized checkpoint in fp32")
     v.set_defaults(func=cmd_eval)
+    h = sub.add_parser("lm-eval", add_help=False, help="lm-evaluation-harness's command line with the model "
+                       "'llgraph' registered: llgraph lm-eval --model llgraph --model_args model=smollm2 --tasks T")
+    h.add_argument("harness_args", nargs=argparse.REMAINDER, help="lm_eval's arguments (see llgraph lm-eval --help)")
+    h.set_defaults(func=cmd_lm_eval)
     c = sub.add_parser("cache", help="list or clean the checkpoints `generate` exported for ONNX Runtime")
     c.add_argument("action", choices=("list", "clean"), help="list: entries with size and source; clean: remove")
     c.add_argument("names", nargs="*", help="for clean: the entries to remove (default: all)")
@@ -369,7 +349,11 @@ def _one_line_warnings() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # the harness's own parser reads the rest, --help included
+        args = argparse.Namespace(command="lm-eval", func=cmd_lm_eval, harness_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     _one_line_warnings()
     if getattr(args, "command", None) == "export" and not (args.config or args.checkpoint):
         print("llgraph: error: export needs --config or --checkpoint", file=sys.stderr)

@@ -2,9 +2,9 @@
 a GPU), TorchRunner (the reference)."""
 
 from llgraph.runtime.loop import Generation, Runner
-from llgraph.runtime.runners import ORTRunner, TorchRunner, TRTRunner
+from llgraph.runtime.runners import ORTRunner, TorchRunner, TRTRunner, open_runner
 from llgraph.runtime.sampling import RequestError, Sampling
 from llgraph.runtime.trt import build_engine
 
 __all__ = ["Generation", "ORTRunner", "RequestError", "Runner", "Sampling", "TRTRunner", "TorchRunner",
-           "build_engine"]
+           "build_engine", "open_runner"]

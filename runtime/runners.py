@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from llgraph.errors import LlgraphError
 from llgraph.runtime.backends import OrtBackend, TorchBackend
 from llgraph.runtime.loop import Runner
 from llgraph.runtime.tokenizer import Tokenizer
@@ -52,3 +54,36 @@ class TRTRunner(Runner):
     def __init__(self, folder: str | Path, tensorrt: str = "auto"):
         backend = TRTBackend(folder, tensorrt)
         super().__init__(backend, _tokenizer(Path(folder)), backend.config.eos_token_ids)
+
+
+def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str | None = None,
+                tensorrt: str = "auto", dequantize: bool = False):
+    """MODEL is an export folder (has manifest.json) or a checkpoint; a checkpoint for the ort backend is exported
+    once into the cache (keyed on the checkpoint's content, see llgraph/cache.py) and reused."""
+    from llgraph.bundled import resolve
+    from llgraph.cache import cache_dir as resolve_cache
+    from llgraph.cache import entry_for
+
+    path = Path(resolve(model))
+    if not path.exists():
+        raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
+    if (path / "manifest.json").exists():
+        if backend == "trt":
+            return TRTRunner(path, tensorrt)
+        if backend != "ort":
+            raise LlgraphError(f"{model} is an ONNX export folder; it runs with --backend ort (or trt once built)")
+        return ORTRunner(path, max_seq_len)
+    if backend == "torch":
+        return TorchRunner(path, max_seq_len=max_seq_len, progress=True)
+    if backend == "trt":
+        raise LlgraphError(f"--backend trt runs a built engine: `llgraph export --checkpoint {model} --target trt "
+                           "--dtype fp16 -o OUT`, then `llgraph build OUT`, then pass OUT")
+    from llgraph.export import export_model
+
+    folder = entry_for(path, resolve_cache(cache_dir), "ort", "float32" if dequantize else "stored")
+    if not (folder / "manifest.json").exists():
+        print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
+              file=sys.stderr)
+        export_model(path, checkpoint=path, out=folder, target="ort", force=True, progress=True,
+                     dequantize=dequantize)
+    return ORTRunner(folder, max_seq_len)

@@ -4,9 +4,9 @@ per batch over the static cache, with no decoding.
     score_pairs(backend, [(context_ids, continuation_ids), ...])  -> [Score(logprob, greedy, tokens), ...]
     rolling_logprob(backend, ids, window, stride)                 -> (summed log-probability, tokens scored)
 
-A pair is scored as one right-padded row `context + continuation` at positions 0..n-1: the logits at position t
-give the distribution of token t+1, so the continuation's log-probability is the sum over its tokens of
-log_softmax(logits[t - 1])[token t]. `greedy` says whether every continuation token is the argmax there (lm-eval's
+A pair is scored as one right-padded row `context + continuation`, less its last token (only ever predicted), at
+positions 0..n-2: the logits at position t give the distribution of token t+1, so the continuation's log-probability
+is the sum over its tokens of log_softmax(logits[t - 1])[token t]. `greedy` says whether every continuation token is the argmax there (lm-eval's
 `is_greedy`). Log-softmax is taken in float64.
 """
 
@@ -31,13 +31,14 @@ def score_pairs(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], b
     out = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start:start + batch_size]
-        rows = [list(c) + list(x) for c, x in chunk]
-        for (c, x), row in zip(chunk, rows):
+        for c, x in chunk:
             if not c or not x:
                 raise RequestError("a scored pair needs at least one context and one continuation token")
-            if len(row) > backend.max_seq_len:
-                raise RequestError(f"context + continuation ({len(row)} tokens) exceed the model's cache "
-                                   f"({backend.max_seq_len} tokens); shorten it or raise --max-seq-len")
+            if len(c) + len(x) - 1 > backend.max_seq_len:
+                raise RequestError(f"context + continuation ({len(c) + len(x)} tokens) exceed the model's cache "
+                                   f"({backend.max_seq_len} tokens, plus the last token, which is never input); "
+                                   "shorten it or raise --max-seq-len")
+        rows = [(list(c) + list(x))[:-1] for c, x in chunk]  # the last token is predicted, never input
         longest = max(len(r) for r in rows)
         tokens = torch.zeros(len(rows), longest, dtype=torch.int64)
         for i, r in enumerate(rows):

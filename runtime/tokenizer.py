@@ -77,8 +77,11 @@ class Tokenizer:
         return cls.from_gguf(ref) if ref.suffix == ".gguf" else cls.from_folder(ref if ref.is_dir() else ref.parent)
 
     # -- use ------------------------------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return self.tk.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def token_id(self, text: str) -> int | None:
+        return self.tk.token_to_id(text) if text else None
 
     def decode(self, ids: list[int]) -> str:
         return self.tk.decode(ids, skip_special_tokens=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from llgraph.builder import build_graph, cache_pairs, new_cache
@@ -160,4 +162,28 @@ def write_hf_checkpoint(folder, cfg: LlamaConfig, source: WeightSource):
     folder.mkdir(parents=True, exist_ok=True)
     save_file({n: source.load(n).contiguous() for n in source.names()}, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+    return folder
+
+
+def hf_folder_from_gguf(gguf_path, folder):
+    """A plain HF folder (config.json, model.safetensors, tokenizer) of what transformers reads from a GGUF: its own
+    dequantization, so tools that take only HF folders (lm-eval's `hf` model) see the same weights."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    kw = {"gguf_file": gguf_path.name}
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), dtype=torch.float32, **kw)
+    tied = model.config.tie_word_embeddings
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("quantization_config", None)  # the weights are plain float32 now
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    AutoTokenizer.from_pretrained(str(gguf_path.parent), **kw).save_pretrained(folder)
     return folder

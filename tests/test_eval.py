@@ -43,6 +43,15 @@ def test_scores_equal_transformers(backend, tiny_setup, report):
     assert [g.greedy for g in got] == [w[1] for w in want] and [g.tokens for g in got] == [len(x) for _, x in PAIRS]
 
 
+def test_a_pair_one_token_longer_than_the_cache_scores(tiny_setup, report):
+    """The last token is only predicted, never input: 65 tokens score on a 64-token cache (lm-eval's windows are
+    exactly that long)."""
+    _, hf, runners = tiny_setup
+    ids = torch.randint(0, 97, (65,), generator=torch.Generator().manual_seed(4)).tolist()
+    got = runners["ort"].score(ids[:1], ids[1:])
+    report("65 tokens on a 64-token cache vs transformers", abs(got.logprob - hf_logprob(hf, ids[:1], ids[1:])[0]), TOL)
+
+
 @pytest.mark.parametrize("window, stride", [(None, None), (16, 16), (16, 5), (8, 1)])
 def test_rolling_perplexity_from_its_definition(window, stride, tiny_setup, report):
     """Every token t >= 1 scored once. stride 1: with the w-1 tokens before it; one window: with all of them."""

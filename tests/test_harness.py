@@ -1,0 +1,90 @@
+"""llgraph as an lm-evaluation-harness model: `llgraph lm-eval --model llgraph` and the harness's own Hugging Face
+model (`lm_eval --model hf`) run the same local tasks (task YAMLs over JSONL files in tests/data/lm_eval, no hub
+access) on the same HF folder, and every per-sample response must agree: log-likelihoods of multiple choice,
+rolling log-likelihoods of texts longer than the model (several windows each), and greedy generations."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval", reason="the lm-eval adapter needs lm-evaluation-harness (pip install 'llgraph[eval]')")
+
+TASKS = Path(__file__).parent / "data" / "lm_eval"
+MAX_LEN = 64  # both models: the 170-token text takes three windows
+
+
+def _tol(value: float) -> float:
+    """float32 logits summed over a request: 1e-4 absolute plus 1e-5 relative (a 150-token text: ~6e-3)."""
+    return 1e-4 + 1e-5 * abs(value)
+
+
+def _samples(out: Path, task: str) -> list[dict]:
+    (path,) = glob.glob(str(out / "*" / f"samples_{task}_*.jsonl"))
+    return sorted((json.loads(line) for line in Path(path).read_text().splitlines()), key=lambda s: s["doc_id"])
+
+
+@pytest.mark.slow
+def test_lm_eval_llgraph_equals_lm_eval_hf_per_sample(tmp_path, report):
+    from reference import hf_folder_from_gguf
+
+    from llgraph.bundled import bundled_model
+
+    folder = hf_folder_from_gguf(bundled_model("smollm2"), tmp_path / "smollm2-hf")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    common = ["--tasks", "llgraph_mc", "llgraph_ppl", "llgraph_gen", "--include_path", str(TASKS), "--log_samples",
+              "--batch_size", "4"]
+    runs = {
+        "hf": [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+               f"pretrained={folder},dtype=float32,max_length={MAX_LEN}", "--device", "cpu"],
+        "llgraph": [sys.executable, "-m", "llgraph", "lm-eval", "--model", "llgraph", "--model_args",
+                    f"model={folder},backend=ort,max_seq_len={MAX_LEN}"],
+    }
+    procs = {name: subprocess.Popen([*cmd, *common, "--output_path", str(tmp_path / name)], cwd=TASKS, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, cmd in runs.items()}  # side by side: each is mostly one core
+    for name, p in procs.items():
+        out = p.communicate()[0]
+        assert p.returncode == 0, f"{name}:\n{out[-3000:]}"
+    print(out[-900:])  # llgraph's table
+    assert "exporting smollm2-hf for ONNX Runtime" in out  # the checkpoint really went through an llgraph export
+
+    for task in ("llgraph_mc", "llgraph_ppl"):
+        hf, llg = _samples(tmp_path / "hf", task), _samples(tmp_path / "llgraph", task)
+        assert len(hf) == len(llg) > 0
+        worst, pairs = 0.0, 0
+        for a, b in zip(hf, llg):
+            assert a["arguments"] == b["arguments"]  # the same requests
+            for (ra,), (rb,) in zip(a["resps"], b["resps"]):  # mc: [log-likelihood, is_greedy]; ppl: one string
+                ra, rb = (r if isinstance(r, list) else [r] for r in (ra, rb))
+                worst = max(worst, abs(float(ra[0]) - float(rb[0])) / _tol(float(ra[0])))
+                pairs += 1
+                assert ra[1:] == rb[1:]  # is_greedy
+            if task == "llgraph_mc":
+                assert (a["acc"], a["acc_norm"]) == (b["acc"], b["acc_norm"])
+        report(f"lm-eval {task}: {pairs} log-likelihoods, max |llgraph - hf| / (1e-4 + 1e-5 |ll|)", worst, 1.0)
+    gen_hf, gen_llg = _samples(tmp_path / "hf", "llgraph_gen"), _samples(tmp_path / "llgraph", "llgraph_gen")
+    print("generations:", [s["resps"][0][0] for s in gen_llg])
+    assert [s["resps"] for s in gen_llg] == [s["resps"] for s in gen_hf]
+    assert any(s["resps"][0][0].strip() for s in gen_llg)  # something was generated
+
+
+def test_harness_rejects_unknown_model_args():
+    from llgraph.errors import LlgraphError
+    from llgraph.runtime.harness import LlgraphLM
+
+    with pytest.raises(LlgraphError, match=r"unknown model_args \['pretrained'\]"):
+        LlgraphLM(model="smollm2", pretrained="x")
+
+
+def test_llgraph_lm_eval_is_the_harness_command_line_with_llgraph_registered():
+    r = subprocess.run([sys.executable, "-m", "llgraph", "lm-eval", "run", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--model_args" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-c", "import llgraph.runtime.harness; from lm_eval.api.registry import "
+                        "get_model; print(get_model('llgraph').__name__, get_model('hf').__name__)"],
+                       capture_output=True, text=True)
+    assert r.stdout.split() == ["LlgraphLM", "HFLM"], r.stderr
