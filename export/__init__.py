@@ -44,21 +44,14 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
 
     checkpoint = resolve(checkpoint)
     config = resolve(config)
-    dtype = DTYPE_ALIASES.get(dtype, dtype)
-    if dtype not in DTYPES:
-        raise ExportError(f"unknown dtype '{dtype}'; use one of fp32, fp16, bf16")
     tgt = get_target(target)
-    if dtype == "bfloat16" and target == "ort":
-        raise ExportError("--dtype bf16 cannot run on the ort target (ONNX Runtime's CPU kernels have no bf16 "
-                          "MatMul); use --dtype fp32 or fp16 for ONNX Runtime, or --target trt / onnx for a GPU "
-                          "runtime with bf16")
+    dtype, bits = check_weight_request(dtype, target, quantize, block_size, dequantize, accuracy_level)
     if checkpoint is not None and not Path(checkpoint).exists():
         raise ExportError(f"--checkpoint {checkpoint} does not exist; pass an HF folder, a .safetensors or .gguf "
                           "file, or 'smollm2'")
     cfg = load_config(config)
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
-    bits = _check_quant_request(quantize, block_size, accuracy_level, dequantize, target)
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
     source = open_checkpoint(checkpoint, cfg, seed)
     if bits:
@@ -75,7 +68,16 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
                   options=options)
 
 
-def _check_quant_request(quantize, block_size, accuracy_level, dequantize, target) -> int:
+def check_weight_request(dtype: str, target: str, quantize: str | None = None, block_size: int = 32,
+                         dequantize: bool = False, accuracy_level: int | None = None) -> tuple[str, int]:
+    """Every weight flag checked before anything is loaded -> (canonical dtype, bits of --quantize or 0)."""
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
+    if dtype not in DTYPES:
+        raise ExportError(f"unknown dtype '{dtype}'; use one of fp32, fp16, bf16")
+    if dtype == "bfloat16" and target == "ort":
+        raise ExportError("--dtype bf16 cannot run on the ort target (ONNX Runtime's CPU kernels have no bf16 "
+                          "MatMul); use --dtype fp32 or fp16 for ONNX Runtime, or --target trt / onnx for a GPU "
+                          "runtime with bf16")
     if quantize not in (None, "int4", "int8"):
         raise ExportError(f"unknown --quantize '{quantize}'; use int4 or int8")
     if quantize and dequantize:
@@ -88,7 +90,7 @@ def _check_quant_request(quantize, block_size, accuracy_level, dequantize, targe
         raise ExportError(f"--{e} (32, 64 or 128)") from None
     if accuracy_level is not None and (accuracy_level not in (0, 1, 2, 3, 4) or target != "ort"):
         raise ExportError(f"--accuracy-level ({accuracy_level}) is MatMulNBits' (0..4) and only for --target ort")
-    return int(quantize[3:]) if quantize else 0
+    return dtype, int(quantize[3:]) if quantize else 0
 
 
 def _check_stored_formats(source) -> None:

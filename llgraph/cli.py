@@ -111,7 +111,7 @@ def cmd_generate(args) -> None:
         raise LlgraphError("--chat wraps a text prompt; drop it with --tokens")
     from llgraph.runtime.runners import open_runner
 
-    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, args.dequantize)
+    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args))
     if args.chat:
         if runner.tokenizer is None:
             raise LlgraphError("--chat needs a tokenizer; this model has none")
@@ -140,7 +140,7 @@ def cmd_eval(args) -> int:
     backends = [args.backend] + ([args.compare] if args.compare else [])
     results = {}
     for backend in backends:
-        runner = open_runner(args.model, backend, args.max_seq_len, args.cache_dir, args.tensorrt, args.dequantize)
+        runner = open_runner(args.model, backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args))
         if args.task == "mc":
             results[backend] = evaluate.evaluate_mc(runner, data, args.batch_size, progress=True)
         else:
@@ -214,6 +214,25 @@ def cmd_diff(args) -> int:
     return 0 if report.passed else 1
 
 
+def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
+    """How weights are run, the same flags for export, generate and eval (runtime.runners.Weights)."""
+    p.add_argument("--dtype", default="fp32", help=f"{whose}dtype: fp32 (default), fp16 or bf16 "
+                   "(bf16: trt and onnx targets only; ONNX Runtime's CPU kernels have none)")
+    p.add_argument("--quantize", choices=("int4", "int8"), help=f"round {whose}float decoder-layer Linears to "
+                   "nearest (a GGUF's Q4_0/Q4_1/Q8_0 blocks are carried as stored without it)")
+    p.add_argument("--block-size", type=int, default=32, help="--quantize: codes per scale (32, 64, 128)")
+    p.add_argument("--symmetric", action="store_true", help="--quantize: no per-block mins (zero point 2^(bits-1))")
+    p.add_argument("--dequantize", action="store_true", help=f"run {whose}quantized GGUF blocks (e.g. the bundled "
+                   "Q4_1) in float instead of as stored")
+
+
+def weights_of(args):
+    from llgraph.export import DTYPE_ALIASES
+    from llgraph.runtime.runners import Weights
+
+    return Weights(DTYPE_ALIASES.get(args.dtype, args.dtype), args.quantize, args.block_size, args.symmetric, args.dequantize)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from llgraph import __version__
 
@@ -232,15 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "GGUF); without it, seeded random weights")
     e.add_argument("--target", default="ort", help="ort (ONNX Runtime, default), onnx (standard ops only) or trt "
                    "(TensorRT plugin nodes; ONNX Runtime runs it too)")
-    e.add_argument("--dtype", default="fp32", help="fp32, fp16 or bf16 (bf16: trt and onnx targets only; ONNX "
-                   "Runtime's CPU kernels have none)")
+    add_weight_flags(e)
     e.add_argument("--max-seq-len", type=int, help="longest position the RoPE tables cover (default: the config's)")
     e.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    e.add_argument("--quantize", choices=("int4", "int8"), help="round a float checkpoint's decoder-layer Linears "
-                   "to nearest (a GGUF's Q4_0/Q4_1/Q8_0 blocks are carried as stored without it)")
-    e.add_argument("--block-size", type=int, default=32, help="--quantize: codes per scale (32, 64, 128)")
-    e.add_argument("--symmetric", action="store_true", help="--quantize: no per-block mins (zero point 2^(bits-1))")
-    e.add_argument("--dequantize", action="store_true", help="export a GGUF's quantized blocks as float instead")
     e.add_argument("--accuracy-level", type=int, help="ort target: MatMulNBits accuracy_level (0 = exact fp32 "
                    "compute, the default; 4 = int8 compute, faster and approximate)")
     e.add_argument("--force", action="store_true", help="replace an earlier llgraph export at -o (never a folder "
@@ -279,8 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
                    help="for --backend trt: the TensorRT to run with (default: the one the engine was built with)")
     g.add_argument("--cache-dir", help=CACHE_HELP)
-    g.add_argument("--dequantize", action="store_true", help="run a quantized checkpoint (e.g. the bundled Q4_1 "
-                   "GGUF) in fp32 instead of as stored")
+    add_weight_flags(g, "a checkpoint's ")
     g.set_defaults(func=cmd_generate)
     d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
     d.add_argument("model", help="checkpoint (HF folder, .gguf, 'smollm2') or a config (random weights)")
@@ -319,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
                    help="for --backend trt: the TensorRT to run with")
     v.add_argument("--cache-dir", help=CACHE_HELP)
-    v.add_argument("--dequantize", action="store_true", help="run a quantized checkpoint in fp32")
+    add_weight_flags(v, "a checkpoint's ")
     v.set_defaults(func=cmd_eval)
     h = sub.add_parser("lm-eval", add_help=False, help="lm-evaluation-harness's command line with the model "
                        "'llgraph' registered: llgraph lm-eval --model llgraph --model_args model=smollm2 --tasks T")

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from llgraph.errors import LlgraphError
@@ -36,14 +37,17 @@ class TorchRunner(Runner):
     """The PyTorch executor on a checkpoint (HF folder, .safetensors, .gguf, or 'smollm2')."""
 
     def __init__(self, checkpoint, config=None, max_seq_len: int | None = None, dtype: str = "float32",
-                 device: str = "cpu", progress: bool = False):
+                 device: str = "cpu", progress: bool = False, weights: "Weights | None" = None):
         from llgraph.bundled import resolve
         from llgraph.config import load_config
-        from llgraph.weights import open_checkpoint
+        from llgraph.weights import QuantizedSource, open_checkpoint
 
         checkpoint = resolve(checkpoint)
         cfg = load_config(resolve(config) or checkpoint)
-        backend = TorchBackend(cfg, open_checkpoint(checkpoint, cfg), max_seq_len, dtype, device, progress)
+        source = open_checkpoint(checkpoint, cfg)
+        if weights is not None and weights.quantize:  # the RTN weights an int4/int8 export carries, dequantized
+            source = QuantizedSource(source, int(weights.quantize[3:]), weights.block_size, weights.symmetric)
+        backend = TorchBackend(cfg, source, max_seq_len, dtype, device, progress)
         super().__init__(backend, _tokenizer(Path(checkpoint)), cfg.eos_token_ids)
 
 
@@ -56,34 +60,58 @@ class TRTRunner(Runner):
         super().__init__(backend, _tokenizer(Path(folder)), backend.config.eos_token_ids)
 
 
+@dataclass(frozen=True)
+class Weights:
+    """How a checkpoint's weights are run (the export flags of the same names): `dtype`; a quantized GGUF as stored
+    or `dequantize`d; a float checkpoint `quantize`d (int4/int8) by round-to-nearest."""
+    dtype: str = "float32"
+    quantize: str | None = None
+    block_size: int = 32
+    symmetric: bool = False
+    dequantize: bool = False
+
+    @property
+    def mode(self) -> str:
+        """The export cache's name for these choices."""
+        if self.quantize:
+            return f"{self.dtype}-{self.quantize}-b{self.block_size}-{'sym' if self.symmetric else 'asym'}"
+        return f"{self.dtype}-{'dequantized' if self.dequantize else 'stored'}"
+
+
 def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str | None = None,
-                tensorrt: str = "auto", dequantize: bool = False):
+                tensorrt: str = "auto", weights: Weights = Weights()):
     """MODEL is an export folder (has manifest.json) or a checkpoint; a checkpoint for the ort backend is exported
-    once into the cache (keyed on the checkpoint's content, see llgraph/cache.py) and reused."""
+    once into the cache (keyed on the checkpoint's content and `weights.mode`, see llgraph/cache.py) and reused."""
     from llgraph.bundled import resolve
     from llgraph.cache import cache_dir as resolve_cache
     from llgraph.cache import entry_for
+    from llgraph.export import check_weight_request
 
+    check_weight_request(weights.dtype, backend, weights.quantize, weights.block_size, weights.dequantize)
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
     if (path / "manifest.json").exists():
+        if weights != Weights():
+            raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize and --dequantize "
+                               "apply to a checkpoint (or pass them to `llgraph export`)")
         if backend == "trt":
             return TRTRunner(path, tensorrt)
         if backend != "ort":
             raise LlgraphError(f"{model} is an ONNX export folder; it runs with --backend ort (or trt once built)")
         return ORTRunner(path, max_seq_len)
     if backend == "torch":
-        return TorchRunner(path, max_seq_len=max_seq_len, progress=True)
+        return TorchRunner(path, max_seq_len=max_seq_len, dtype=weights.dtype, progress=True, weights=weights)
     if backend == "trt":
         raise LlgraphError(f"--backend trt runs a built engine: `llgraph export --checkpoint {model} --target trt "
                            "--dtype fp16 -o OUT`, then `llgraph build OUT`, then pass OUT")
     from llgraph.export import export_model
 
-    folder = entry_for(path, resolve_cache(cache_dir), "ort", "float32" if dequantize else "stored")
+    folder = entry_for(path, resolve_cache(cache_dir), "ort", weights.mode)
     if not (folder / "manifest.json").exists():
         print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
               file=sys.stderr)
-        export_model(path, checkpoint=path, out=folder, target="ort", force=True, progress=True,
-                     dequantize=dequantize)
+        export_model(path, checkpoint=path, out=folder, target="ort", dtype=weights.dtype, force=True, progress=True,
+                     quantize=weights.quantize, block_size=weights.block_size, symmetric=weights.symmetric,
+                     dequantize=weights.dequantize)
     return ORTRunner(folder, max_seq_len)

@@ -132,6 +132,9 @@ def test_cache_list_clean_env_and_flag(tiny_ckpt, tmp_path):
     (["--max-seq-len", "0"], "--max-seq-len (0) must be at least 2"),
     (["--max-seq-len", "16", "--max-new-tokens", "16"], "raise --max-seq-len"),
     (["--tokens", "1,x"], "--tokens '1,x' must be comma-separated token ids"),
+    (["--dtype", "bf16"], "--dtype bf16 cannot run on the ort target"),
+    (["--quantize", "int4", "--block-size", "48"], "--block-size (48) must be a power of 2"),
+    (["--quantize", "int4", "--dequantize"], "--quantize and --dequantize contradict each other"),
 ])
 def test_generate_flags_fail_before_loading(args, message, tmp_path):
     cache = tmp_path / "cache"
