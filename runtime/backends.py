@@ -68,13 +68,21 @@ class OrtBackend(Backend):
         self._binding.bind_output("logits", "cpu")  # first, so it is output 0; ORT sizes it on each run
         # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
         self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, np_dtype))
+        self._batch, self._rows = batch, None
+        self._bind_cache(slice(0, batch))
+
+    def _bind_cache(self, rows: slice) -> None:
+        """Rows `rows` of each cache array as both past and present (a view: ORT writes the array in place)."""
+        if rows == self._rows:
+            return
         for past, present in cache_pairs(self.config):
-            value = self._ort.OrtValue.ortvalue_from_numpy(self._arrays[past])  # borrows the array's memory
+            value = self._ort.OrtValue.ortvalue_from_numpy(self._arrays[past][rows])  # borrows the memory
             self._binding.bind_ortvalue_input(past, value)
             self._binding.bind_ortvalue_output(present, value)
-        self._batch = batch
+        self._rows = rows
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        self._bind_cache(slice(0, self._batch) if rows is None else rows)
         self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids.numpy()))
         self._binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids.numpy()))
         self._binding.bind_output("logits", "cpu")  # re-bound each step: its shape follows seq; cache stays bound
@@ -100,6 +108,7 @@ class TorchBackend(Backend):
                                 lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device))
         self._batch = batch
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        feeds = {"input_ids": input_ids.to(self.device), "position_ids": position_ids.to(self.device), **self._cache}
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        cache = self._cache if rows is None else {k: v[rows] for k, v in self._cache.items()}  # views, written in place
+        feeds = {"input_ids": input_ids.to(self.device), "position_ids": position_ids.to(self.device), **cache}
         return self.executor.run(feeds)["logits"].float().cpu()

@@ -1,7 +1,7 @@
 """The one decode loop every backend shares: prefill, then cached decode, then sampling.
 
-A backend supplies two things: `allocate(batch, max_seq)` (its static KV cache, once per request) and
-`forward(input_ids, position_ids) -> logits` (one step on its bound buffers). Everything else — validation, right
+A backend supplies two things: `allocate(batch)` (its static KV cache, once per request) and
+`forward(input_ids, position_ids, rows=None) -> logits` (one step on its bound buffers, or on a range of their rows). Everything else — validation, right
 padding of a batch, stop conditions, sampling, streaming text — lives here once.
 
 Batches are right-padded. That is correct with the position-indexed static cache: a pad token of row b writes
@@ -26,8 +26,10 @@ class Backend:
     def allocate(self, batch: int) -> None:
         raise NotImplementedError
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids, position_ids: [B, S] int64 -> logits [B, S, V] (any float dtype, CPU)."""
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """input_ids, position_ids: [B, S] int64 -> logits [B, S, V] (any float dtype, CPU). `rows`: run on that
+        contiguous range of the allocated cache's rows only (B == its length; the scheduler prefills one slot
+        while the others keep their caches); None: all of them."""
         raise NotImplementedError
 
 
@@ -53,14 +55,10 @@ class Runner:
         single = isinstance(prompts, str) or isinstance(prompts[0], numbers.Integral)  # numpy ints too
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
-        results = [Generation("", [], "length") for _ in batch]
-        for row, token, reason in self._decode(batch, max_new_tokens, params, stop, eos_token_ids):
-            if token is not None:
-                results[row].token_ids.append(token)
-            if reason:
-                results[row].finish_reason = reason
-        for r in results:
-            r.text = _cut_at_stop(self._text(r.token_ids), stop)
+        seqs = []
+        for seqs in self._decode(batch, max_new_tokens, params, stop, eos_token_ids):
+            pass
+        results = [Generation(s.text(), s.tokens, s.finish_reason) for s in seqs]
         return results[0] if single else results
 
     def stream(self, prompt, max_new_tokens: int = 64, **kwargs) -> Iterator[str]:
@@ -68,18 +66,10 @@ class Runner:
         generate()'s text. Stopping early (or a KeyboardInterrupt) leaves the runner usable."""
         stop = kwargs.pop("stop", ())
         eos = kwargs.pop("eos_token_ids", None)
-        tokens, emitted = [], ""
-        for _, token, reason in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos):
-            if token is not None:
-                tokens.append(token)
-            text = _cut_at_stop(self._text(tokens), stop)
-            if not reason:
-                if text.endswith("\ufffd"):
-                    continue  # a multi-byte character is still incomplete
-                text = text[:len(text) - _stop_prefix(text, stop)]  # may still become a stop string
-            if len(text) > len(emitted):
-                yield text[len(emitted):]
-                emitted = text
+        for (seq,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos):
+            piece = seq.new_text()
+            if piece:
+                yield piece
 
     # -- scoring (runtime/score.py) ---------------------------------------------------------------------------------
     def score(self, context, continuation):
@@ -120,17 +110,12 @@ class Runner:
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids):
-        """Yields (row, new token or None, finish reason or None) as decoding goes."""
+        """Yields the batch's Decodings after each step, as decoding goes."""
         ids = [self._encode(p) for p in prompts]
         eos = self.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         b = self.backend
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise RequestError(f"max_new_tokens ({max_new_tokens}) must be a positive integer")
+        self.check_room(max(len(p) for p in ids), max_new_tokens)
         longest = max(len(p) for p in ids)
-        if longest + max_new_tokens > b.max_seq_len:
-            raise RequestError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the cache "
-                               f"({b.max_seq_len} tokens); shorten the prompt, lower max_new_tokens, or raise "
-                               "--max-seq-len")
         lengths = torch.tensor([len(p) for p in ids])
         tokens = torch.zeros(len(ids), longest, dtype=torch.int64)
         for row, p in enumerate(ids):
@@ -139,37 +124,32 @@ class Runner:
         for row, p in enumerate(ids):
             seen[row, p] = True
         generator = params.generator()
-        texts = [[] for _ in ids]
-        done = [False] * len(ids)
+        seqs = [Decoding(self._text, max_new_tokens, stop, eos) for _ in ids]
 
         b.allocate(len(ids))
         positions = torch.arange(longest).expand(len(ids), longest)
         logits = b.forward(tokens, positions)
         last = logits[torch.arange(len(ids)), lengths - 1]  # each row's last real token
         pos = lengths.clone()  # the position each row's next token takes
-        for step in range(max_new_tokens):
+        while True:
             nxt = sample(last, params, seen, generator)
-            for row in range(len(ids)):
-                if done[row]:
-                    continue
-                token = int(nxt[row])
-                seen[row, token] = True
-                reason = None
-                if token in eos:
-                    reason, token = "eos", None
-                else:
-                    texts[row].append(token)
-                    text = self._text(texts[row]) if stop else ""
-                    if any(s in text for s in stop):
-                        reason = "stop"
-                if reason is None and step == max_new_tokens - 1:
-                    reason = "length"
-                done[row] = reason is not None
-                yield row, token, reason
-            if all(done):
+            for row, seq in enumerate(seqs):
+                if seq.finish_reason is None:
+                    seen[row, int(nxt[row])] = True
+                    seq.push(int(nxt[row]))
+            yield seqs
+            if all(s.finish_reason for s in seqs):
                 return
             last = b.forward(nxt[:, None], pos[:, None])[:, -1]
             pos += 1
+
+    def check_room(self, prompt_tokens: int, max_new_tokens) -> None:
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens ({max_new_tokens}) must be a positive integer")
+        if prompt_tokens + max_new_tokens > self.backend.max_seq_len:
+            raise RequestError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                               f"cache ({self.backend.max_seq_len} tokens); shorten the prompt, lower "
+                               "max_new_tokens, or raise --max-seq-len")
 
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -187,6 +167,47 @@ class Runner:
 
     def _text(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
+
+
+class Decoding:
+    """One request's decoding state, shared by Runner's batch loop and the scheduler: its tokens, the finish rule
+    (an EOS token, a stop string, max_new_tokens) and the text a stream may show so far."""
+
+    def __init__(self, text_of, max_new_tokens: int, stop=(), eos=()):
+        self.text_of, self.max_new_tokens, self.stop, self.eos = text_of, max_new_tokens, tuple(stop), set(eos)
+        self.tokens: list[int] = []
+        self.steps = 0
+        self.finish_reason: str | None = None  # "eos", "stop" or "length"
+        self._shown = ""
+
+    def push(self, token: int) -> str | None:
+        """A sampled token -> the finish reason, once finished (an EOS token is not kept)."""
+        self.steps += 1
+        if token in self.eos:
+            self.finish_reason = "eos"
+        else:
+            self.tokens.append(token)
+            if self.stop and any(s in self.text_of(self.tokens) for s in self.stop):
+                self.finish_reason = "stop"
+        if self.finish_reason is None and self.steps == self.max_new_tokens:
+            self.finish_reason = "length"
+        return self.finish_reason
+
+    def text(self) -> str:
+        return _cut_at_stop(self.text_of(self.tokens), self.stop)
+
+    def new_text(self) -> str:
+        """The text since the last call. Until finished it holds back an incomplete multi-byte character and an end
+        that may still become a stop string, so the pieces concatenate to text()."""
+        text = self.text()
+        if self.finish_reason is None:
+            if text.endswith("\ufffd"):
+                return ""
+            text = text[:len(text) - _stop_prefix(text, self.stop)]
+        if len(text) <= len(self._shown):
+            return ""
+        piece, self._shown = text[len(self._shown):], text
+        return piece
 
 
 def _cut_at_stop(text: str, stop: Sequence[str]) -> str:

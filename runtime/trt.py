@@ -311,7 +311,7 @@ class TRTBackend(Backend):
                               f"rebuild it with `llgraph build {folder}`")
         self.context = self.engine.create_execution_context()
         self.stream = torch.cuda.Stream()
-        self.cache, self._profile, self._bound = {}, None, False
+        self.cache, self._profile, self._bound = {}, None, None
 
     def allocate(self, batch: int) -> None:
         if batch > self.max_batch:
@@ -319,27 +319,28 @@ class TRTBackend(Backend):
                                "rebuild with `llgraph build --max-batch`")
         self.cache = new_cache(self.config, batch, self.max_seq_len,
                                lambda shape: torch.zeros(shape, dtype=self.io["past_key_values.0.key"], device="cuda"))
-        self._bound = False
+        self._bound = None
 
-    def _bind_cache(self) -> None:
-        """Each cache buffer as both past and present: the plugin writes it in place. Once per request and per
-        profile switch (shapes are per profile), not per step."""
+    def _bind_cache(self, rows: slice) -> None:
+        """Rows `rows` of each cache buffer (a contiguous view) as both past and present: the plugin writes it in
+        place. Once per request, per profile switch (shapes are per profile) and per change of rows, not per step."""
         for past, present in cache_pairs(self.config):
-            t = self.cache[past]
+            t = self.cache[past][rows]
             self.context.set_input_shape(past, tuple(t.shape))
             self.context.set_tensor_address(past, t.data_ptr())
             self.context.set_tensor_address(present, t.data_ptr())
-        self._bound = True
+        self._bound = rows
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         batch, seq = input_ids.shape
+        rows = slice(0, next(iter(self.cache.values())).shape[0]) if rows is None else rows
         with torch.cuda.stream(self.stream):
             profile = DECODE if seq == 1 else PREFILL
             if profile != self._profile:
                 self.context.set_optimization_profile_async(profile, self.stream.cuda_stream)
-                self._profile, self._bound = profile, False
-            if not self._bound:
-                self._bind_cache()
+                self._profile, self._bound = profile, None
+            if self._bound != rows:
+                self._bind_cache(rows)
             ids = input_ids.to("cuda", self.io["input_ids"], non_blocking=True)
             pos = position_ids.to("cuda", self.io["position_ids"], non_blocking=True)
             logits = torch.empty(batch, seq, self.vocab_size, dtype=self.io["logits"], device="cuda")
