@@ -58,6 +58,28 @@ def cmd_export(args) -> None:
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
+def cmd_serve(args) -> int:
+    from llgraph.runtime.serve import ServeOptions, serve, serve_on_ray
+
+    for flag, value, low in (("--slots", args.slots, 1), ("--max-queue", args.max_queue, 0),
+                             ("--replicas", args.replicas, 1), ("--port", args.port, 0)):
+        if value < low:
+            raise LlgraphError(f"{flag} ({value}) must be at least {low}")
+    if args.timeout is not None and args.timeout <= 0:
+        raise LlgraphError(f"--timeout ({args.timeout}) must be a positive number of seconds")
+    weights = weights_of(args)
+    from llgraph.export import check_weight_request
+
+    check_weight_request(weights.dtype, args.backend, weights.quantize, weights.block_size, weights.dequantize)
+    options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
+                           args.timeout, args.cache_dir, args.tensorrt, weights)
+    if args.ray:
+        serve_on_ray(options, args.replicas, args.host, args.port, args.ray_address)
+    else:
+        serve(options, args.host, args.port, args.grace)
+    return 0
+
+
 def cmd_cache(args) -> None:
     from llgraph.cache import cache_dir, clean, entries
 
@@ -333,6 +355,26 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--cache-dir", help=CACHE_HELP)
     add_weight_flags(v, "a checkpoint's ")
     v.set_defaults(func=cmd_eval)
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (llgraph[serve])")
+    s.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
+    s.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"), help="the runner (default ort)")
+    s.add_argument("--name", help="the model id clients send (default: MODEL's file or folder name)")
+    s.add_argument("--slots", type=int, default=8, help="requests decoded together: cache rows (default 8)")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429 (default 64)")
+    s.add_argument("--timeout", type=float, help="seconds a request may take before it is ended (default none)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--grace", type=float, default=10.0, help="on SIGTERM: seconds running requests get to finish "
+                   "(default 10)")
+    s.add_argument("--max-seq-len", type=int, help="KV-cache length per slot (default min(2048, the model's))")
+    s.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
+                   help="for --backend trt: the TensorRT to run with")
+    s.add_argument("--cache-dir", help=CACHE_HELP)
+    add_weight_flags(s, "a checkpoint's ")
+    s.add_argument("--ray", action="store_true", help="deploy on Ray Serve (local Ray unless --ray-address)")
+    s.add_argument("--replicas", type=int, default=1, help="--ray: replicas, each with its own runner (default 1)")
+    s.add_argument("--ray-address", help="--ray: join this cluster ('auto': the one `ray start` made here)")
+    s.set_defaults(func=cmd_serve)
     h = sub.add_parser("lm-eval", add_help=False, help="lm-evaluation-harness's command line with the model "
                        "'llgraph' registered: llgraph lm-eval --model llgraph --model_args model=smollm2 --tasks T")
     h.add_argument("harness_args", nargs=argparse.REMAINDER, help="lm_eval's arguments (see llgraph lm-eval --help)")

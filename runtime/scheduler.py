@@ -1,0 +1,275 @@
+"""Continuous batching over any backend: a fixed number of cache rows ("slots"); requests queue, are prefilled into a
+free slot between decode steps, decode together, and leave when done (EOS, a stop string, their length, cancelled
+because the client left, or their timeout).
+
+    scheduler = Scheduler(runner, slots=8).start()       # owns the runner's backend from now on
+    handle = scheduler.submit("Hello", max_new_tokens=32, sampling=Sampling(temperature=0.7, seed=1))
+    for piece in handle.text():                          # streamed text; handle.result() waits for the whole
+        ...
+    handle.cancel()                                      # the slot is free before the next step
+    scheduler.stop(grace=10)                             # no new requests; the running ones get `grace` seconds
+
+Why it is exact: the static cache is indexed by position, so each slot's row holds that request's keys and values
+whatever the others do. A request is prefilled alone on its own row (`backend.forward(..., rows=slot)`), exactly as
+`Runner.generate` prefills it; each decode step runs every row up to the highest busy slot, a free row taking a
+dummy token at position 0 of its own (unused) cache. Each request samples with its own parameters and generator.
+The thread that calls `start()` keeps the caller free: the decode loop runs on one background thread, and
+`submit`/`cancel` are thread-safe; events reach a consumer through a queue (or an asyncio loop's queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from llgraph.runtime.loop import Decoding, Runner
+from llgraph.runtime.sampling import RequestError, Sampling, sample
+
+
+class QueueFull(RequestError):
+    """Every slot is busy and the queue is at its bound: try again later (HTTP 429)."""
+
+
+class ShuttingDown(RequestError):
+    """The scheduler is stopping and admits nothing new (HTTP 503)."""
+
+
+@dataclass
+class Event:
+    kind: str  # "text" (a new piece), "done" (finished: see decoding.finish_reason) or "error"
+    text: str = ""
+    decoding: Decoding | None = None
+
+
+@dataclass
+class _Request:
+    ids: list[int]
+    decoding: Decoding
+    sampling: Sampling
+    deliver: object  # callable(Event)
+    deadline: float | None
+    submitted: float = field(default_factory=time.monotonic)
+    id: int = 0
+    slot: int = -1
+    position: int = 0  # where `token` goes
+    token: int = 0  # the last sampled token, input of the next step
+    seen: torch.Tensor | None = None
+    generator: torch.Generator | None = None
+    first_token_at: float | None = None
+    cancelled: bool = False
+
+
+class Handle:
+    """A submitted request: its events, and `cancel()`."""
+
+    def __init__(self, scheduler: "Scheduler", request: _Request, events):
+        self._scheduler, self._request, self.events = scheduler, request, events
+        self.prompt_tokens = len(request.ids)
+
+    @property
+    def decoding(self) -> Decoding:
+        return self._request.decoding
+
+    def cancel(self) -> None:
+        self._scheduler.cancel(self)
+
+    def text(self, timeout: float | None = None):
+        """Text pieces as they come (a queue consumer); raises RequestError if the backend failed."""
+        while True:
+            event = self.events.get(timeout=timeout)
+            if event.kind == "error":
+                raise RequestError(event.text)
+            if event.text:
+                yield event.text
+            if event.kind == "done":
+                return
+
+    def result(self, timeout: float | None = None) -> Decoding:
+        for _ in self.text(timeout):
+            pass
+        return self._request.decoding
+
+
+class Metrics:
+    """What the scheduler reports; the server's subclass feeds Prometheus."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def tokens(self, n: int) -> None: ...
+
+
+class Scheduler:
+    def __init__(self, runner: Runner, slots: int = 8, max_queue: int = 64, timeout: float | None = None,
+                 metrics: Metrics | None = None):
+        if slots < 1 or max_queue < 0:
+            raise RequestError(f"slots ({slots}) must be >= 1 and max_queue ({max_queue}) >= 0")
+        self.runner, self.backend, self.slots, self.max_queue = runner, runner.backend, slots, max_queue
+        self.timeout, self.metrics = timeout, metrics or Metrics()
+        self._queue: deque[_Request] = deque()
+        self._active: dict[int, _Request] = {}  # slot -> request
+        self._cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self._stopping, self._stop_deadline, self._thread = False, None, None
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the last steps, for tokens/s
+
+    # -- the caller's side ------------------------------------------------------------------------------------------
+    def start(self) -> "Scheduler":
+        self.backend.allocate(self.slots)
+        self._thread = threading.Thread(target=self._run, name="llgraph-scheduler", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, prompt, max_new_tokens: int = 64, sampling: Sampling = Sampling(), stop=(),
+               eos_token_ids=None, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None
+               ) -> Handle:
+        """Queues a request (a text or token ids). Raises RequestError for a bad one, QueueFull when the queue is
+        at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it."""
+        ids = self.runner._encode(prompt)
+        self.runner.check_room(len(ids), max_new_tokens)
+        eos = self.runner.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
+        if loop is None:
+            events = queue.Queue()
+            deliver = events.put
+        else:
+            events = asyncio.Queue()
+            deliver = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
+        timeout = timeout if timeout is not None else self.timeout
+        request = _Request(ids, Decoding(self.runner._text, max_new_tokens, stop, eos), sampling, deliver,
+                           None if timeout is None else time.monotonic() + timeout, id=next(self._ids))
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down; send the request to another replica")
+            if len(self._queue) >= self.max_queue + self.slots - len(self._active):
+                raise QueueFull(f"all {self.slots} slots are busy and {len(self._queue)} requests are queued; "
+                                "retry later")
+            self._queue.append(request)
+            self._cond.notify()
+        return Handle(self, request, events)
+
+    def cancel(self, handle: Handle) -> None:
+        with self._cond:
+            handle._request.cancelled = True
+            self._cond.notify()
+
+    def drain(self, grace: float = 0.0) -> None:
+        """Admits nothing new (ShuttingDown); running and queued requests get `grace` seconds, then are cancelled."""
+        with self._cond:
+            deadline = time.monotonic() + grace
+            self._stop_deadline = deadline if self._stop_deadline is None else min(deadline, self._stop_deadline)
+            self._stopping = True
+            self._cond.notify()
+
+    @property
+    def draining(self) -> bool:
+        return self._stopping
+
+    def stop(self, grace: float = 0.0) -> None:
+        """drain(grace), then wait for the decode thread to end."""
+        self.drain(grace)
+        if self._thread is not None:
+            self._thread.join()
+
+    def stats(self) -> dict:
+        with self._cond:
+            now = time.monotonic()
+            while self._recent and self._recent[0][0] < now - 10:
+                self._recent.popleft()
+            span = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
+            rate = sum(n for _, n in list(self._recent)[1:]) / span if span > 0 else 0.0
+            return {"queue": len(self._queue), "active": len(self._active), "slots": self.slots,
+                    "tokens_per_second": rate}
+
+    # -- the decode thread ------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._queue or self._active or self._stopping):
+                    self._cond.wait()
+                if self._stopping and (time.monotonic() >= self._stop_deadline or
+                                       not (self._queue or self._active)):
+                    for r in [*self._queue, *self._active.values()]:
+                        self._finish(r, "cancelled")
+                    self._queue.clear()
+                    self._active.clear()
+                    return
+                admit = []
+                free = [s for s in range(self.slots) if s not in self._active]
+                while self._queue and free:
+                    r = self._queue.popleft()
+                    if r.cancelled or (r.deadline is not None and time.monotonic() > r.deadline):
+                        self._finish(r, "cancelled" if r.cancelled else "timeout")
+                        continue
+                    r.slot = free.pop(0)  # lowest first: decode steps cover as few rows as they can
+                    self._active[r.slot] = r
+                    admit.append(r)
+            try:
+                for r in admit:
+                    self._prefill(r)
+                self._retire()
+                if self._active:
+                    self._step()
+                    self._retire()
+            except Exception as e:  # a backend failure ends every running request with its message
+                with self._cond:
+                    for r in list(self._active.values()):
+                        r.deliver(Event("error", f"{type(e).__name__}: {e}"))
+                    self._active.clear()
+
+    def _prefill(self, r: _Request) -> None:
+        n = len(r.ids)
+        logits = self.backend.forward(torch.tensor([r.ids]), torch.arange(n)[None], rows=slice(r.slot, r.slot + 1))
+        r.seen = torch.zeros(1, self.backend.vocab_size, dtype=torch.bool)
+        r.seen[0, r.ids] = True
+        r.generator, r.position = r.sampling.generator(), n
+        self._take(r, logits[0, -1])
+
+    def _step(self) -> None:
+        top = max(self._active) + 1
+        tokens = torch.zeros(top, 1, dtype=torch.int64)
+        positions = torch.zeros(top, 1, dtype=torch.int64)  # a free row: a dummy token at its own position 0
+        for slot, r in self._active.items():
+            tokens[slot, 0], positions[slot, 0] = r.token, r.position
+        logits = self.backend.forward(tokens, positions, rows=slice(0, top))[:, -1]
+        for slot, r in list(self._active.items()):
+            r.position += 1
+            self._take(r, logits[slot])
+        with self._cond:
+            self._recent.append((time.monotonic(), len(self._active)))
+
+    def _take(self, r: _Request, logits: torch.Tensor) -> None:
+        token = int(sample(logits[None], r.sampling, r.seen, r.generator)[0])
+        r.seen[0, token] = True
+        r.token = token
+        if r.first_token_at is None:
+            r.first_token_at = time.monotonic()
+            self.metrics.first_token(r.first_token_at - r.submitted)
+        self.metrics.tokens(1)
+        r.decoding.push(token)
+        piece = r.decoding.new_text()
+        if r.decoding.finish_reason is None and piece:
+            r.deliver(Event("text", piece))
+        elif r.decoding.finish_reason is not None:
+            r.deliver(Event("done", piece, r.decoding))
+
+    def _retire(self) -> None:
+        """Frees the slots of finished, cancelled and timed-out requests."""
+        now = time.monotonic()
+        with self._cond:
+            for slot, r in list(self._active.items()):
+                if r.decoding.finish_reason is not None:
+                    del self._active[slot]
+                elif r.cancelled or (r.deadline is not None and now > r.deadline):
+                    self._finish(r, "cancelled" if r.cancelled else "timeout")
+                    del self._active[slot]
+
+    @staticmethod
+    def _finish(r: _Request, reason: str) -> None:
+        r.decoding.finish_reason = reason
+        r.deliver(Event("done", "", r.decoding))

@@ -1,0 +1,380 @@
+"""`llgraph serve`: an OpenAI-compatible HTTP server over the continuous-batching scheduler (runtime/scheduler.py),
+for any runner. `pip install -e ".[serve]"`.
+
+    llgraph serve smollm2 [--backend ort|torch|trt] [--slots 8] [--host 127.0.0.1] [--port 8000]
+    llgraph serve smollm2 --ray --replicas 2          # the same app as a Ray Serve deployment
+
+Endpoints: /v1/models, /v1/completions, /v1/chat/completions (the model's chat template; `stream: true` answers as
+server-sent events in OpenAI's chunk format), /health, /metrics (Prometheus). Errors are OpenAI's error object:
+400 for a bad request, 429 when every slot is busy and the queue is full, 503 while shutting down.
+SIGTERM (or Ctrl-C): admit nothing new, let running requests finish for --grace seconds, cancel the rest, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise ImportError(f"llgraph serve needs its extra: pip install 'llgraph[serve]' ({e})") from None
+
+from llgraph.runtime.sampling import RequestError, Sampling
+from llgraph.runtime.scheduler import Metrics, QueueFull, Scheduler, ShuttingDown
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
+
+
+@dataclass
+class ServeOptions:
+    """Everything a server (or each Ray replica) needs to load its runner and scheduler."""
+    model: str
+    backend: str = "ort"
+    name: str | None = None
+    slots: int = 8
+    max_queue: int = 64
+    max_seq_len: int | None = None
+    timeout: float | None = None
+    cache_dir: str | None = None
+    tensorrt: str = "auto"
+    weights: object = None  # runners.Weights
+    url: str | None = None  # where it listens, for the line that says it is ready
+
+    @property
+    def served_name(self) -> str:
+        from pathlib import Path
+
+        return self.name or Path(str(self.model)).name
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.param, self.code = status, kind, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status_code=self.status)
+
+
+class PrometheusMetrics(Metrics):
+    def __init__(self, scheduler_stats):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = r = CollectorRegistry()
+        self.ttft = Histogram("llgraph_time_to_first_token_seconds", "submit to first token", registry=r,
+                              buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+        self.generated = Counter("llgraph_generated_tokens", "tokens sampled", registry=r)
+        for key, doc in (("queue", "requests waiting for a slot"), ("active", "slots decoding"),
+                         ("slots", "cache rows"), ("tokens_per_second", "tokens sampled per second, last 10 s")):
+            name = {"queue": "llgraph_queue_depth", "active": "llgraph_active_slots"}.get(key, f"llgraph_{key}")
+            Gauge(name, doc, registry=r).set_function(lambda key=key: scheduler_stats()[key])
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def tokens(self, n: int) -> None:
+        self.generated.inc(n)
+
+
+# -- request parsing ---------------------------------------------------------------------------------------------------
+
+def _number(body: dict, key: str, default, lo: float, hi: float, integer: bool = False):
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise ApiError(400, f"'{key}' must be {'an integer' if integer else 'a number'}, not {value!r}", param=key)
+    if not lo <= value <= hi:
+        raise ApiError(400, f"'{key}' ({value}) must be in [{lo}, {hi}]", param=key)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop or []
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
+    return tuple(stop)
+
+
+def _prompt_of(body: dict, tokenizer):
+    """completions: a string, token ids, or a list of one of those (n=1)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        if tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer; send 'prompt' as token ids", param="prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    raise ApiError(400, "'prompt' must be a non-empty string or list of token ids (one prompt per request)",
+                   param="prompt")
+
+
+def _chat_prompt(body: dict, tokenizer) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
+    clean = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # content parts: the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
+            raise ApiError(400, "each message needs a string 'role' and a string 'content'", param="messages")
+        clean.append({"role": m["role"], "content": content})
+    if tokenizer is None or not tokenizer.chat_template:
+        raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+    try:
+        return tokenizer.apply_chat_template(clean, add_generation_prompt=True)
+    except Exception as e:
+        raise ApiError(400, f"the chat template failed on these messages: {e}", param="messages") from None
+
+
+# -- the app -----------------------------------------------------------------------------------------------------------
+
+def create_app(options: ServeOptions) -> FastAPI:
+    """The ASGI app. The runner and scheduler load at startup (lifespan), so a Ray replica loads its own."""
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app):
+        from llgraph.runtime.runners import Weights, open_runner
+
+        runner = open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir,
+                             options.tensorrt, options.weights or Weights())
+        scheduler = Scheduler(runner, options.slots, options.max_queue, options.timeout)
+        scheduler.metrics = state["metrics"] = PrometheusMetrics(scheduler.stats)
+        state.update(runner=runner, scheduler=scheduler.start(), created=int(time.time()))
+        app.state.scheduler = scheduler
+        if options.url:
+            _announce(options, options.url)
+        yield
+        scheduler.stop(0)
+
+    app = FastAPI(title="llgraph", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, e: ApiError):
+        return e.response()
+
+    @app.get("/health")
+    async def health():
+        if state["scheduler"].draining:
+            raise ApiError(503, "shutting down", "server_error", code="shutting_down")
+        return {"status": "ok", "pid": os.getpid(), **state["scheduler"].stats()}
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(state["metrics"].registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": options.served_name, "object": "model",
+                                            "created": state["created"], "owned_by": "llgraph"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(request, chat=True)
+
+    async def _serve(request: Request, chat: bool):
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        if body.get("model") != options.served_name:
+            raise ApiError(400, f"model '{body.get('model')}' is not served here; this server serves "
+                                f"'{options.served_name}' (GET /v1/models)", param="model", code="model_not_found")
+        if _number(body, "n", 1, 1, 1, integer=True) != 1:
+            raise ApiError(400, "n must be 1", param="n")
+        runner, scheduler = state["runner"], state["scheduler"]
+        prompt = _chat_prompt(body, runner.tokenizer) if chat else _prompt_of(body, runner.tokenizer)
+        context = runner.backend.max_seq_len
+        key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+        max_tokens = _number(body, key, None if chat else 16, 1, 1 << 30, integer=True)
+        sampling_args = dict(temperature=_number(body, "temperature", 1.0, 0, 2),
+                             top_p=_number(body, "top_p", 1.0, 0, 1),
+                             seed=_number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True))
+        try:
+            sampling = Sampling(**sampling_args)
+            prompt_tokens = len(runner._encode(prompt))
+            if max_tokens is None:  # chat without a limit: the rest of the context
+                max_tokens = max(1, context - prompt_tokens)
+            if prompt_tokens + max_tokens > context:
+                raise ApiError(400, f"this model's context is {context} tokens; the prompt takes {prompt_tokens} "
+                                    f"and {key} asks for {max_tokens} more; lower {key} or shorten the prompt",
+                               param=key, code="context_length_exceeded")
+            handle = scheduler.submit(prompt, max_tokens, sampling, _stop(body), loop=asyncio.get_running_loop())
+        except QueueFull as e:
+            raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
+        except ShuttingDown as e:
+            raise ApiError(503, str(e), "server_error", code="shutting_down") from None
+        except RequestError as e:
+            raise ApiError(400, str(e)) from None
+        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": options.served_name}
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(_sse(handle, meta, chat, usage), media_type="text/event-stream")
+        return await _whole(request, handle, meta, chat)
+
+    return app
+
+
+def _usage(handle) -> dict:
+    done = handle.decoding.steps
+    return {"prompt_tokens": handle.prompt_tokens, "completion_tokens": done,
+            "total_tokens": handle.prompt_tokens + done}
+
+
+async def _events(handle):
+    """The handle's events until done; cancels the request if the consumer goes away (client disconnect)."""
+    try:
+        while True:
+            event = await handle.events.get()
+            if event.kind == "error":
+                raise ApiError(500, f"the model failed: {event.text}", "server_error")
+            yield event
+            if event.kind == "done":
+                return
+    finally:
+        handle.cancel()  # a no-op once finished; frees the slot of an abandoned request
+
+
+async def _whole(request: Request, handle, meta: dict, chat: bool):
+    text = []
+
+    async def collect():
+        async for event in _events(handle):
+            text.append(event.text)
+
+    task = asyncio.ensure_future(collect())
+    while not task.done():  # a client that leaves frees its slot, streaming or not
+        await asyncio.wait({task}, timeout=0.5)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            handle.cancel()
+            return JSONResponse({}, status_code=499)
+    task.result()
+    reason = FINISH[handle.decoding.finish_reason]
+    choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "logprobs": None,
+               "finish_reason": reason} if chat else
+              {"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": reason})
+    return {**meta, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
+            "usage": _usage(handle)}
+
+
+async def _sse(handle, meta: dict, chat: bool, include_usage: bool):
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, reason: str | None, first: bool = False) -> str:
+        if chat:
+            delta = ({"role": "assistant", "content": ""} if first else
+                     {} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        body = {**meta, "object": kind, "choices": [choice]}
+        if include_usage:
+            body["usage"] = None
+        return f"data: {json.dumps(body)}\n\n"
+
+    if chat:
+        yield chunk(None, None, first=True)
+    try:
+        async for event in _events(handle):
+            if event.text:
+                yield chunk(event.text, None)
+            if event.kind == "done":
+                yield chunk(None, FINISH[handle.decoding.finish_reason])
+    except ApiError as e:
+        yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.kind}})}\n\n"
+    if include_usage:
+        yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': _usage(handle)})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+# -- running it --------------------------------------------------------------------------------------------------------
+
+def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grace: float = 10.0) -> None:
+    """One process: uvicorn on host:port. SIGTERM/SIGINT: stop admitting (503), give running requests `grace`
+    seconds, cancel the rest, return (exit 0)."""
+    import uvicorn
+
+    from dataclasses import replace
+
+    app = create_app(replace(options, url=f"http://{host}:{port}"))
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            scheduler = getattr(app.state, "scheduler", None)
+            if scheduler is not None:
+                scheduler.drain(grace)  # 503 for anything new; the running ones finish or are cancelled
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace)
+    print(f"llgraph serve: loading {options.model} ({options.backend})", flush=True)
+    import signal
+
+    # uvicorn handles SIGTERM/SIGINT while it runs, then re-raises the signal to the handler it found: a drained,
+    # finished server has nothing left to do, so that handler does nothing and serve() returns (exit 0)
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        Server(config).run()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    print("llgraph serve: stopped", flush=True)
+
+
+def serve_on_ray(options: ServeOptions, replicas: int, host: str = "127.0.0.1", port: int = 8000,
+                 address: str | None = None) -> None:
+    """The same app as a Ray Serve deployment of `replicas` replicas (each loads its own runner), on a local Ray
+    (default) or the cluster at `address` ("auto" joins the one `ray start` made here). Blocks until interrupted."""
+    try:
+        import ray
+        from ray import serve as ray_serve
+    except ImportError as e:
+        raise ImportError(f"--ray needs Ray Serve: pip install 'llgraph[serve]' ({e})") from None
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    ray_serve.start(http_options={"host": host, "port": port})
+    def build_app():  # a builder (a function, not an app): Ray Serve calls it on each replica
+        return create_app(options)
+
+    ingress = ray_serve.ingress(build_app)()
+    deployment = ray_serve.deployment(ingress, name="llgraph", num_replicas=replicas,
+                                      ray_actor_options={"num_cpus": 0})
+    ray_serve.run(deployment.bind(), name="llgraph", route_prefix="/", blocking=False)
+    _announce(options, f"http://{host}:{port}", f", {replicas} Ray Serve replicas")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ray_serve.shutdown()
+        ray.shutdown()
+
+
+def _announce(options: ServeOptions, url: str, extra: str = "") -> None:
+    print(f"llgraph serve: '{options.served_name}' from {options.model} on {options.backend}, {options.slots} slots"
+          f"{extra}, listening at {url} (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)",
+          flush=True)
