@@ -45,7 +45,6 @@ class ServeOptions:
     cache_dir: str | None = None
     tensorrt: str = "auto"
     weights: object = None  # runners.Weights
-    url: str | None = None  # where it listens, for the line that says it is ready
 
     @property
     def served_name(self) -> str:
@@ -157,8 +156,6 @@ def create_app(options: ServeOptions) -> FastAPI:
         scheduler.metrics = state["metrics"] = PrometheusMetrics(scheduler.stats)
         state.update(runner=runner, scheduler=scheduler.start(), created=int(time.time()))
         app.state.scheduler = scheduler
-        if options.url:
-            _announce(options, options.url)
         yield
         scheduler.stop(0)
 
@@ -222,7 +219,11 @@ def create_app(options: ServeOptions) -> FastAPI:
                 raise ApiError(400, f"this model's context is {context} tokens; the prompt takes {prompt_tokens} "
                                     f"and {key} asks for {max_tokens} more; lower {key} or shorten the prompt",
                                param=key, code="context_length_exceeded")
-            handle = scheduler.submit(prompt, max_tokens, sampling, _stop(body), loop=asyncio.get_running_loop())
+            ignore_eos = body.get("ignore_eos", False)  # vLLM's extension: benchmarks run to max_tokens
+            if not isinstance(ignore_eos, bool):
+                raise ApiError(400, "'ignore_eos' must be true or false", param="ignore_eos")
+            handle = scheduler.submit(prompt, max_tokens, sampling, _stop(body), () if ignore_eos else None,
+                                      loop=asyncio.get_running_loop())
         except QueueFull as e:
             raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
         except ShuttingDown as e:
@@ -319,11 +320,14 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grac
     seconds, cancel the rest, return (exit 0)."""
     import uvicorn
 
-    from dataclasses import replace
-
-    app = create_app(replace(options, url=f"http://{host}:{port}"))
+    app = create_app(options)
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)  # the model loaded (lifespan), then the socket bound
+            if self.started:
+                _announce(options, f"http://{host}:{port}")
+
         def handle_exit(self, sig, frame):
             scheduler = getattr(app.state, "scheduler", None)
             if scheduler is not None:
