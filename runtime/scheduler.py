@@ -43,9 +43,10 @@ class ShuttingDown(RequestError):
 
 @dataclass
 class Event:
-    kind: str  # "text" (a new piece), "done" (finished: see decoding.finish_reason) or "error"
-    text: str = ""
+    kind: str  # "token" (one sampled), "done" (finished: see decoding.finish_reason) or "error"
+    text: str = ""  # the new text it completes (often "" inside a multi-byte character or a possible stop string)
     decoding: Decoding | None = None
+    token: int | None = None
 
 
 @dataclass
@@ -253,10 +254,7 @@ class Scheduler:
         self.metrics.tokens(1)
         r.decoding.push(token)
         piece = r.decoding.new_text()
-        if r.decoding.finish_reason is None and piece:
-            r.deliver(Event("text", piece))
-        elif r.decoding.finish_reason is not None:
-            r.deliver(Event("done", piece, r.decoding))
+        r.deliver(Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token))
 
     def _retire(self) -> None:
         """Frees the slots of finished, cancelled and timed-out requests."""

@@ -1,0 +1,87 @@
+"""The continuous-batching scheduler in-process, on the tiny model: requests joining and leaving a running batch
+keep their solo tokens — greedy and seeded sampling, each with its own parameters — and cancel, timeout, a bounded
+queue and draining behave as the server relies on."""
+
+import time
+
+import pytest
+import torch
+
+from llgraph.runtime.loop import Backend, Runner
+from llgraph.runtime.sampling import Sampling
+from llgraph.runtime.scheduler import QueueFull, Scheduler, ShuttingDown
+
+
+def _prompts(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(1, 97, (2 + (5 * i) % 13,), generator=g).tolist() for i in range(n)]
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_requests_joining_a_running_batch_keep_their_solo_tokens(backend, tiny_runners):
+    """10 requests through 3 slots, every other one sampled (temperature, top-p, its own seed): each equals
+    generate() of that request alone."""
+    runner = tiny_runners[2][backend]
+    prompts = _prompts(10)
+    sampling = [Sampling() if i % 2 == 0 else Sampling(temperature=0.9, top_p=0.9, seed=100 + i) for i in range(10)]
+    lengths = [6 + (3 * i) % 11 for i in range(10)]
+    solo = [runner.generate(p, n, temperature=s.temperature, top_p=s.top_p, seed=s.seed).token_ids
+            for p, n, s in zip(prompts, lengths, sampling)]
+    scheduler = Scheduler(runner, slots=3).start()
+    try:
+        handles = [scheduler.submit(p, n, s) for p, n, s in zip(prompts, lengths, sampling)]
+        got = [h.result(timeout=60).tokens for h in handles]
+    finally:
+        scheduler.stop()
+    assert got == solo
+    assert all(h.decoding.finish_reason == "length" for h in handles)
+
+
+class Slow(Backend):
+    """The tiny model at 10 ms a step, so a request is still running when the test cancels it."""
+
+    def __init__(self, inner):
+        self.inner, self.max_seq_len, self.vocab_size = inner, inner.max_seq_len, inner.vocab_size
+
+    def allocate(self, batch):
+        self.inner.allocate(batch)
+
+    def forward(self, input_ids, position_ids, rows=None):
+        time.sleep(0.01)
+        return self.inner.forward(input_ids, position_ids, rows)
+
+
+def test_cancel_and_timeout_end_a_request_and_free_its_slot(tiny_runners):
+    runner = Runner(Slow(tiny_runners[2]["ort"].backend))
+    scheduler = Scheduler(runner, slots=1).start()
+    try:
+        long = scheduler.submit([1, 2, 3], 55)
+        long.events.get(timeout=30)  # its first token: it is decoding
+        long.cancel()
+        assert long.result(timeout=30).finish_reason == "cancelled" and len(long.decoding.tokens) < 55
+        after = scheduler.submit([4, 5], 5).result(timeout=30)  # the slot was freed
+        assert after.finish_reason == "length" and len(after.tokens) == 5
+        late = scheduler.submit([1, 2, 3], 55, timeout=0.0)
+        assert late.result(timeout=30).finish_reason == "timeout"
+    finally:
+        scheduler.stop()
+
+
+def test_the_queue_is_bounded_and_draining_refuses_new_requests(tiny_runners):
+    scheduler = Scheduler(tiny_runners[2]["ort"], slots=1, max_queue=1)  # not started: nothing is admitted
+    scheduler.submit([1], 4)
+    scheduler.submit([2], 4)  # one for the free slot, one queued
+    with pytest.raises(QueueFull, match="all 1 slots are busy and 2 requests are queued"):
+        scheduler.submit([3], 4)
+    scheduler.drain()
+    with pytest.raises(ShuttingDown):
+        scheduler.submit([4], 4)
+
+
+def test_stop_with_grace_finishes_running_requests(tiny_runners):
+    scheduler = Scheduler(tiny_runners[2]["ort"], slots=2).start()
+    handles = [scheduler.submit([1, 2], 20), scheduler.submit([3], 20)]
+    time.sleep(0.05)
+    scheduler.stop(grace=30)  # returns once both finished on their own
+    assert [h.decoding.finish_reason for h in handles] == ["length", "length"]
+    assert all(len(h.decoding.tokens) == 20 for h in handles)
