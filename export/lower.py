@@ -209,6 +209,8 @@ def _quant_summary(graph: Graph) -> dict:
     counts: dict[str, int] = {}
     for n in graph.nodes:
         if n.op == "QLinear":
-            key = f"int{n.attrs['bits']}/b{n.attrs['block_size']}/zp{n.attrs['zero_point']}"
+            bits = n.attrs["bits"] if n.attrs.get("code_bits", n.attrs["bits"]) == n.attrs["bits"] else \
+                f"{n.attrs['code_bits']}in{n.attrs['bits']}"
+            key = f"int{bits}/b{n.attrs['block_size']}/zp{n.attrs['zero_point']}"
             counts[key] = counts.get(key, 0) + 1
     return counts

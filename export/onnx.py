@@ -7,6 +7,7 @@ RMSNormalization, RotaryEmbedding and Attention (opset 23); the static KV cache 
 
 from __future__ import annotations
 
+import torch
 from onnx import TensorProto
 
 from llgraph.export.lower import Emitter, Target
@@ -39,24 +40,34 @@ def block_sum_matmul(em: Emitter, x: str, table: str, blocks: int, block: int, h
 
 
 def qlinear(em: Emitter, node: Node) -> None:
-    """Standard ONNX: DequantizeLinear with block_size (opset 21+) on signed codes (q - 2^(bits-1), zero point 0:
-    TensorRT's weight-only int4/int8 pattern) -> Transpose -> MatMul. What the signed form and the mins move out of
-    the blocks, offset[o, b] = mins[o, b] + scales[o, b] * (2^(bits-1) - zero_point), comes back exactly as
-    (block sums of x) @ offset^T."""
+    """Standard ONNX: DequantizeLinear with block_size (opset 21+) on signed codes (q - shift, zero point 0:
+    TensorRT's weight-only int4/int8 pattern) -> Transpose -> MatMul. The shift is the format's own zero point
+    when q - zero_point fits the signed type (Q4_0, Q8_0, GGUF's 5- and 6-bit K-quant codes), else 2^(bits-1).
+    What the shift and the mins move out of the blocks, offset[o, b] = mins[o, b] + scales[o, b] * (shift -
+    zero_point), comes back exactly as (block sums of x) @ offset^T."""
     x, codes, scales, mins, bias, bits, block, zp = qlinear_inputs(node)
     out, blocks, _ = em.graph.values[codes].shape
     half = 1 << (bits - 1)
-    signed = em.derived(f"{codes}.signed", lambda c: c ^ (0x88 if bits == 4 else 0x80), codes,
+    fits = bits == 8 and zp <= half and (1 << node.attrs.get("code_bits", bits)) - 1 - zp < half
+    shift = zp if fits else half
+    signed = em.derived(f"{codes}.signed", lambda c: _signed_codes(c, bits, shift), codes,
                         onnx_type=TensorProto.INT4 if bits == 4 else TensorProto.INT8, dims=(out, blocks * block))
     w = em.node("DequantizeLinear", [signed, em.weight(scales)], hint=node.name, axis=1, block_size=block)[0]
     y = em.node("MatMul", [x, em.node("Transpose", [w], hint=node.name, perm=[1, 0])[0]], hint=node.name)[0]
-    if mins is not None or zp != half:
+    if mins is not None or zp != shift:
         def offset(s, *m):
-            return ((m[0].float() if m else 0) + s.float() * (half - zp)).to(s.dtype).t()
+            return ((m[0].float() if m else 0) + s.float() * (shift - zp)).to(s.dtype).t()
         table = em.derived(f"{scales}.offset.T", offset, scales, *([mins] if mins else []))
         y = em.node("Add", [y, block_sum_matmul(em, x, table, blocks, block, node.name)], hint=node.name)[0]
     em.node("Identity" if bias is None else "Add", [y] + ([em.weight(bias)] if bias else []), node.outputs,
             hint=node.name)
+
+
+def _signed_codes(c: torch.Tensor, bits: int, shift: int) -> torch.Tensor:
+    """Packed unsigned codes -> the bytes of q - shift as two's-complement int4 (shift 8) or int8."""
+    if bits == 4:
+        return c ^ 0x88
+    return ((c.to(torch.int16) - shift) & 0xFF).to(torch.uint8)
 
 
 def embedding(em: Emitter, node: Node) -> None:

@@ -176,6 +176,7 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         Attr("bits", int, "code width", (4, 8)),
         Attr("block_size", int, "codes per scale along the input features"),
         Attr("zero_point", int, "the code that means 0 (before mins)"),
+        Attr("code_bits", int, "bits the codes use, <= bits (5 for GGUF Q5_K, 6 for Q6_K held in 8)"),
     ), _qlinear, "x @ w^T + bias with w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]; "
                  "q unpacked from codes (4-bit: two per byte, low nibble first); see llgraph/quant.py"),
     OpSchema("Split", ("x",), ("*",), (Attr("sizes", tuple, "sizes along the last axis"),),

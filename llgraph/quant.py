@@ -12,6 +12,15 @@ integer for the whole tensor (8 for 4-bit symmetric, 128 for 8-bit). GGUF's bloc
     Q4_0  w = d*(q - 8)        bits 4, B 32, zero_point 8,   scales d
     Q4_1  w = d*q + m          bits 4, B 32, zero_point 0,   scales d, mins m
     Q8_0  w = d*q (q signed)   bits 8, B 32, zero_point 128, scales d   (codes stored as q + 128)
+
+K-quants: super-blocks of 256 whose sub-blocks carry small integer scales (and mins) times a float16 `d` (and
+`dmin`); the products `d*sc` and `dmin*m` are exact in float32 (11 x 6 or 8 bits), so each sub-block is a block:
+
+    Q4_K  w = d*sc*q - dmin*m       bits 4, B 32, zero_point 0,  scales d*sc, mins -dmin*m
+    Q5_K  w = d*sc*q - dmin*m       bits 8, B 32, zero_point 0,  scales d*sc, mins -dmin*m   (5-bit codes in 8)
+    Q6_K  w = d*sc*(q - 32)         bits 8, B 16, zero_point 32, scales d*sc                 (6-bit codes in 8)
+
+Their scales are exact in a float32 export; a float16 export rounds them to float16.
 """
 
 from __future__ import annotations
@@ -28,17 +37,21 @@ class QuantFormat:
     block_size: int
     zero_point: int
     has_mins: bool
+    code_bits: int = 0  # bits the codes use (0: all `bits`); Q5_K and Q6_K hold 5- and 6-bit codes in 8
 
     def __post_init__(self):
         if self.bits not in (4, 8):
             raise ValueError(f"bits ({self.bits}) must be 4 or 8")
+        if self.code_bits == 0:
+            object.__setattr__(self, "code_bits", self.bits)
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block-size ({self.block_size}) must be a power of 2 >= 16")
 
     @property
     def attrs(self) -> dict:
         """The QLinear attributes of this format."""
-        return {"bits": self.bits, "block_size": self.block_size, "zero_point": self.zero_point}
+        return {"bits": self.bits, "block_size": self.block_size, "zero_point": self.zero_point,
+                "code_bits": self.code_bits}
 
 
 @dataclass
@@ -54,7 +67,8 @@ class QuantTensor:
 
 
 GGUF_FORMATS = {"Q4_0": QuantFormat(4, 32, 8, False), "Q4_1": QuantFormat(4, 32, 0, True),
-                "Q8_0": QuantFormat(8, 32, 128, False)}
+                "Q8_0": QuantFormat(8, 32, 128, False), "Q4_K": QuantFormat(4, 32, 0, True),
+                "Q5_K": QuantFormat(8, 32, 0, True, 5), "Q6_K": QuantFormat(8, 16, 32, False, 6)}
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -81,10 +95,54 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | N
     return w.flatten(1).to(dtype or scales.dtype)
 
 
+def _f16(b: np.ndarray) -> np.ndarray:
+    return b.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 bytes -> 8 six-bit scales and 8 six-bit mins (ggml's get_scale_min_k4)."""
+    s = s.astype(np.uint16)
+    low = (s[..., 0:4] & 63, s[..., 4:8] & 63)
+    high = ((s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4), (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4))
+    return np.concatenate((low[0], high[0]), -1), np.concatenate((low[1], high[1]), -1)
+
+
+def _from_k_blocks(blocks: np.ndarray, type_name: str):
+    """[out, n/256, bytes] K-quant super-blocks -> codes [out, n/B, B], scales and mins [out, n/B] (or None)."""
+    out, nsb = blocks.shape[:2]
+    if type_name == "Q6_K":  # ql[128] qh[64] scales[16] (int8) d
+        ql, qh = blocks[..., 0:128].reshape(out, nsb, 2, 64), blocks[..., 128:192].reshape(out, nsb, 2, 32)
+        sc = blocks[..., 192:208].view(np.int8).astype(np.float32)
+        d = _f16(blocks[..., 208:210])
+        parts = [(ql[..., :32] & 0xF) | ((qh & 3) << 4), (ql[..., 32:] & 0xF) | (((qh >> 2) & 3) << 4),
+                 (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4), (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)]
+        q = np.stack(parts, axis=3).reshape(out, nsb * 16, 16)  # 128-halves of 4 x 32, in element order
+        return q, (d[..., None] * sc).reshape(out, nsb * 16), None
+    d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+    sc, m = _k_scales_mins(blocks[..., 4:16])
+    if type_name == "Q4_K":  # d dmin scales[12] qs[128]: chunk c's 32 bytes give sub-block 2c (low), 2c+1 (high)
+        qs = blocks[..., 16:144].reshape(out, nsb, 4, 32)
+        q = np.stack((qs & 0xF, qs >> 4), axis=3)
+    else:  # Q5_K: d dmin scales[12] qh[32] qs[128]; qh bit j of byte l is the fifth bit of sub-block j, element l
+        qh, qs = blocks[..., 16:48], blocks[..., 48:176].reshape(out, nsb, 4, 32)
+        bit = (qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [out, nsb, 8, 32]
+        q = np.stack((qs & 0xF, qs >> 4), axis=3) + (bit.reshape(out, nsb, 4, 2, 32) << 4)
+    scales = (d[..., None] * sc).reshape(out, nsb * 8)
+    mins = -(dmin[..., None] * m).reshape(out, nsb * 8)
+    return q.reshape(out, nsb * 8, 32), scales, mins
+
+
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> QuantTensor:
-    """GGUF Q4_0/Q4_1/Q8_0 block bytes of a [out, in] tensor -> QuantTensor, without rounding anything."""
+    """GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K block bytes of a [out, in] tensor -> QuantTensor, without rounding."""
     fmt = GGUF_FORMATS[type_name]
     out, n_in = shape
+
+    def to_torch(a):
+        return torch.from_numpy(np.ascontiguousarray(a))
+    if type_name.endswith("_K"):
+        q, scales, mins = _from_k_blocks(raw.reshape(out, n_in // 256, -1), type_name)
+        return QuantTensor(to_torch(pack(q, fmt.bits)), to_torch(scales.astype(np.float32)),
+                           None if mins is None else to_torch(mins.astype(np.float32)), fmt)
     nb = n_in // 32
     blocks = raw.reshape(out, nb, -1)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
@@ -97,8 +155,6 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
         mins = blocks[..., 2:4].copy().view(np.float16)[..., 0] if type_name == "Q4_1" else None
         if mins is not None:  # d == 0: every weight of the block is m whatever q says; make q agree
             q = np.where((d == 0)[..., None], 0, q)
-    def to_torch(a):
-        return torch.from_numpy(np.ascontiguousarray(a))
     return QuantTensor(to_torch(pack(q, fmt.bits)), to_torch(d.astype(np.float32)),
                        None if mins is None else to_torch(mins.astype(np.float32)), fmt)
 
