@@ -16,7 +16,7 @@ def genai_config(cfg: LlamaConfig, context_length: int, model_file: str = "model
     eos = list(cfg.eos_token_ids)
     return {
         "model": {
-            "type": "llama",
+            "type": cfg.family,  # llama, mistral, qwen2, phi3: each a model type onnxruntime-genai knows
             "bos_token_id": cfg.bos_token_id if cfg.bos_token_id is not None else 0,
             "eos_token_id": eos[0] if len(eos) == 1 else eos,
             "pad_token_id": eos[0] if eos else 0,

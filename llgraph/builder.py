@@ -84,7 +84,7 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
         attn, _, _ = b.add("GroupedAttention", (q, k, vv, pos, pk, pv), (f"{v}.attn", ok, ov),
                            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, scale=1.0 / math.sqrt(d),
                            causal=True)
-        o = linear(attn, f"{p}.self_attn.o_proj", h, cfg.q_size, cfg.attention_bias, f"{v}.attn_out")
+        o = linear(attn, f"{p}.self_attn.o_proj", h, cfg.q_size, cfg.attention_out_bias, f"{v}.attn_out")
         (x,) = b.add("Add", (x, o), (f"{v}.attn_residual",))
         (n,) = b.add("RMSNorm", (x, weight(f"{p}.post_attention_layernorm.weight", h)), (f"{v}.mlp_norm",),
                      eps=cfg.rms_norm_eps)

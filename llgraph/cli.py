@@ -34,6 +34,12 @@ def cmd_inspect(args) -> None:
     print(f"model: {cfg.name}  ({cfg.num_layers} layers, hidden {cfg.hidden_size}, heads {cfg.num_heads}/"
           f"{cfg.num_kv_heads} kv, head_dim {cfg.head_dim}, vocab {cfg.vocab_size}, rope {cfg.rope.type}/"
           f"{cfg.rope.layout})")
+    bias = ("q/k/v/o" if cfg.attention_out_bias else "q/k/v") if cfg.attention_bias else \
+        ("o" if cfg.attention_out_bias else "none")
+    window = f"{cfg.sliding_window} tokens (exact up to {cfg.exact_positions} positions)" \
+        if cfg.sliding_window else "none"
+    print(f"family: {cfg.family}  (attention biases: {bias}; mlp biases: {'yes' if cfg.mlp_bias else 'no'}; "
+          f"tied embeddings: {'yes' if cfg.tie_word_embeddings else 'no'}; sliding window: {window})")
     print(f"parameters: {graph.param_count():,}")
     for dtype, nbytes in (("float16", 2), ("float32", 4)):
         per_token = cfg.kv_cache_bytes_per_token(nbytes)

@@ -15,6 +15,7 @@ from typing import Any
 
 from llgraph.errors import LlgraphError
 
+FAMILIES = ("llama", "mistral", "qwen2", "phi3")  # the Llama block with other names, biases and weight layouts
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
 ROPE_LAYOUTS = ("half", "interleaved")
 PRESET_DIR = Path(__file__).parent / "configs"
@@ -57,12 +58,15 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q, k, v (and o unless attention_out_bias says otherwise) have biases
     mlp_bias: bool = False
     rope: RopeConfig = field(default_factory=RopeConfig)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "llama"
+    family: str = "llama"  # the model_type it came from: llama, mistral, qwen2, phi3
+    attention_out_bias: bool | None = None  # o_proj's bias; None: = attention_bias (Qwen2: q/k/v only)
+    sliding_window: int | None = None  # keys visible to a query: the last `sliding_window` positions (None: all)
 
     def __post_init__(self):
         # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
@@ -82,6 +86,8 @@ class LlamaConfig:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.rope.rotary_dim is None:
             object.__setattr__(self, "rope", dataclasses.replace(self.rope, rotary_dim=self.head_dim))
+        if self.attention_out_bias is None:
+            object.__setattr__(self, "attention_out_bias", self.attention_bias)
         self._validate()
 
     def _validate(self):
@@ -90,6 +96,10 @@ class LlamaConfig:
             _positive(self, name)
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_heads ({self.num_heads}) must be divisible by num_kv_heads ({self.num_kv_heads})")
+        if self.family not in FAMILIES:
+            raise ConfigError(f"family '{self.family}' is unknown; llgraph builds {', '.join(FAMILIES)}")
+        if self.sliding_window is not None:
+            _positive(self, "sliding_window")
         if not self.rms_norm_eps > 0:
             raise ConfigError(f"rms_norm_eps ({self.rms_norm_eps}) must be > 0")
         r = self.rope
@@ -114,6 +124,12 @@ class LlamaConfig:
 
     # -- derived sizes --------------------------------------------------------------------------------------------
     @property
+    def exact_positions(self) -> int:
+        """Positions llgraph runs exactly: the model's context, and no more than its sliding window (windowed
+        attention is not in the IR yet; within one window it equals full causal attention)."""
+        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -124,7 +140,7 @@ class LlamaConfig:
     def param_count(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
-        attn += (self.q_size + 2 * self.kv_size + h) if self.attention_bias else 0
+        attn += (self.q_size + 2 * self.kv_size) * self.attention_bias + h * self.attention_out_bias
         mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
         per_layer = attn + mlp + 2 * h
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + h
@@ -174,7 +190,7 @@ def _looks_like_hf(data: dict) -> bool:
     return isinstance(data, dict) and ("num_attention_heads" in data or "model_type" in data)
 
 
-_HF_LLAMA_TYPES = ("llama", "mistral")
+_HF_LLAMA_TYPES = FAMILIES
 # HF keys that carry no semantics for inference of a Llama block (training or bookkeeping).
 _HF_IGNORED = {
     "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range",
@@ -216,9 +232,9 @@ def _warn_unknown_hf_keys(d: dict) -> None:
     known = _HF_READ | _HF_IGNORED | _HF_DOCUMENTED
     if set(d) - known:
         try:  # where transformers is installed, whatever its configs define is documented
-            from transformers import LlamaConfig as HFLlamaConfig
+            from transformers import AutoConfig
 
-            known |= set(HFLlamaConfig().to_dict())
+            known |= set(AutoConfig.for_model(d.get("model_type", "llama")).to_dict())
         except Exception:  # noqa: BLE001 (transformers is optional; any failure just means no extra keys)
             pass
     for key in sorted(set(d) - known):
@@ -232,12 +248,13 @@ def from_hf_dict(d: dict) -> LlamaConfig:
     _warn_unknown_hf_keys(d)
     mt = d.get("model_type", "llama")
     if mt not in _HF_LLAMA_TYPES:
-        raise ConfigError(f"model_type '{mt}' is not a Llama-family decoder; llgraph supports {_HF_LLAMA_TYPES}")
+        raise ConfigError(f"model_type '{mt}' is not supported; llgraph builds {', '.join(_HF_LLAMA_TYPES)} "
+                          "(the Llama block and the families that share it)")
     act = d.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ConfigError(f"hidden_act '{act}' is not supported; the Llama MLP is SwiGLU (hidden_act 'silu')")
-    if d.get("sliding_window") and d.get("use_sliding_window", True) and mt == "mistral":
-        raise ConfigError("sliding_window attention is not supported; set sliding_window to null")
+    # Qwen2 windows only with use_sliding_window (then layers >= max_window_layers); Mistral and Phi-3 whenever set
+    window = d.get("sliding_window") if d.get("use_sliding_window", mt != "qwen2") else None
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     missing = [k for k in required if k not in d]
     if missing:
@@ -249,7 +266,8 @@ def from_hf_dict(d: dict) -> LlamaConfig:
         num_kv_heads=d.get("num_key_value_heads"), head_dim=d.get("head_dim"),
         rms_norm_eps=d.get("rms_norm_eps", 1e-6), max_position_embeddings=d.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        attention_bias=bool(d.get("attention_bias", False)), mlp_bias=bool(d.get("mlp_bias", False)),
+        attention_bias=bool(d.get("attention_bias", mt == "qwen2")), mlp_bias=bool(d.get("mlp_bias", False)),
+        attention_out_bias=False if mt == "qwen2" else None, family=mt, sliding_window=window,
         rope=_hf_rope(d, d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]),
         bos_token_id=d.get("bos_token_id"),
         eos_token_ids=() if eos is None else (tuple(eos) if isinstance(eos, list) else (eos,)),

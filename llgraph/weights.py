@@ -313,6 +313,54 @@ class RandomSource(WeightSource):
         return out
 
 
+class FusedSplitSource(WeightSource):
+    """A checkpoint with fused projections (Phi-3's `qkv_proj` = [q; k; v] rows and `gate_up_proj` = [gate; up]
+    rows) seen under the Llama names, each part a row slice of its fused tensor (the QKV and gate/up packing passes
+    then pack them again for the backends that want them packed)."""
+
+    _FUSED = re.compile(r"(model\.layers\.\d+\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)\.(weight|bias)")
+
+    def __init__(self, base: WeightSource, cfg: LlamaConfig):
+        self.base, self.cfg = base, cfg
+        self.description, self.rope_layout = base.description, base.rope_layout
+        self._parts: dict[str, tuple[str, int, int]] = {}  # name -> (fused name, first row, rows)
+        self._names = []
+        for name in base.names():
+            m = self._FUSED.fullmatch(name)
+            if m is None:
+                self._names.append(name)
+                continue
+            if m[2] == "self_attn.qkv_proj":
+                sizes = (("self_attn.q_proj", cfg.q_size), ("self_attn.k_proj", cfg.kv_size),
+                         ("self_attn.v_proj", cfg.kv_size))
+            else:
+                half = base.shape(name)[0] // 2
+                sizes = (("mlp.gate_proj", half), ("mlp.up_proj", half))
+            start = 0
+            for part, rows in sizes:
+                self._parts[f"{m[1]}{part}.{m[3]}"] = (name, start, rows)
+                self._names.append(f"{m[1]}{part}.{m[3]}")
+                start += rows
+
+    def names(self):
+        return list(self._names)
+
+    def shape(self, name):
+        if name not in self._parts:
+            return self.base.shape(name)
+        fused, _, rows = self._parts[name]
+        return (rows, *self.base.shape(fused)[1:])
+
+    def load(self, name, dtype=None):
+        if name not in self._parts:
+            return self.base.load(name, dtype)
+        fused, start, rows = self._parts[name]
+        return self.base.load(fused, dtype)[start:start + rows].clone()
+
+    def tokenizer_files(self):
+        return self.base.tokenizer_files()
+
+
 def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, seed: int = 0) -> WeightSource:
     """A source for a checkpoint folder / safetensors file / GGUF file, or random weights when path is None."""
     if path is None:
@@ -325,7 +373,10 @@ def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, see
     if p.suffix == ".gguf":
         return GGUFSource(p)
     if p.is_dir() or p.suffix == ".safetensors":
-        return SafetensorsSource(p)
+        source = SafetensorsSource(p)
+        if cfg is not None and any(FusedSplitSource._FUSED.fullmatch(n) for n in source.names()):
+            return FusedSplitSource(source, cfg)
+        return source
     raise WeightError(f"checkpoint {p} is neither a folder, a .safetensors nor a .gguf file")
 
 

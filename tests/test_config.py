@@ -82,7 +82,7 @@ def test_bad_config_gets_one_line_error(case):
 
 @pytest.mark.parametrize("text, message", [
     ("{not json", "is not valid JSON"),
-    (json.dumps({"model_type": "gpt2", "num_attention_heads": 2}), "model_type 'gpt2' is not a Llama-family"),
+    (json.dumps({"model_type": "gpt2", "num_attention_heads": 2}), "model_type 'gpt2' is not supported"),
     (json.dumps(dict(HF_4X, hidden_act="gelu")), "hidden_act 'gelu' is not supported"),
     (json.dumps({"model_type": "llama", "num_attention_heads": 2}), "HF config is missing vocab_size"),
     (json.dumps(dict(HF_4X, rope_scaling={"rope_type": "su", "factor": 2.0})), "rope type 'su' is unknown"),

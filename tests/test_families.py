@@ -1,0 +1,139 @@
+"""The families built from the Llama block with other names, biases and weight layouts — Qwen2 (q/k/v biases, no
+o bias), Mistral, Phi-3 (fused qkv_proj and gate_up_proj tensors) — each a random tiny checkpoint made and saved
+by transformers' own class, held to that class on every backend, prefill + 8 cached decode steps."""
+
+import pytest
+import torch
+from reference import OrtStepper, Stepper
+
+from llgraph.config import ConfigError, load_config
+from llgraph.export import ExportError, export_model
+from llgraph.weights import open_checkpoint
+
+TOL = 1e-4
+DIMS = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+FAMILIES = {
+    "qwen2": ("Qwen2Config", {}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+    "mistral-window": ("MistralConfig", {"sliding_window": 64}),  # a window as long as the cache: exact
+    "phi3": ("Phi3Config", {"tie_word_embeddings": False}),
+}
+
+
+def hf_checkpoint(family: str, folder):
+    """transformers' own class, Linear and embedding weights drawn with std 0.3 and norm weights around 1, so the
+    logits are decisive (the test checks), saved with save_pretrained."""
+    import transformers
+
+    cls, extra = FAMILIES[family]
+    config = getattr(transformers, cls)(**DIMS, **extra)
+    torch.manual_seed(7)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.1)
+            else:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    return model
+
+
+def hf_steps(model, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    from transformers import DynamicCache
+
+    cache, out = DynamicCache(), []
+    with torch.no_grad():
+        for _ in range(steps + 1):
+            logits = model(ids, past_key_values=cache, use_cache=True).logits
+            out.append(logits)
+            ids = logits[:, -1:].argmax(-1)
+    return out
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    model = hf_checkpoint(request.param, folder)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    want = hf_steps(model, ids, 8)
+    top = want[0].softmax(-1).amax(-1).mean().item()
+    assert top > 0.3, f"logits too close to uniform (mean top probability {top:.2f}) to tell variants apart"
+    return request.param, folder, want, ids
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort", "onnx", "trt"])
+def test_family_equals_transformers(family, backend, tmp_path, report):
+    name, folder, want, ids = family
+    cfg = load_config(folder)
+    assert cfg.family == name.split("-")[0]
+    if backend == "torch":
+        ours = Stepper(cfg, open_checkpoint(folder, cfg), batch=2, max_seq=64)
+    else:
+        out = export_model(folder, checkpoint=folder, out=tmp_path / backend, target=backend, max_seq_len=64)
+        ours = OrtStepper(out, cfg, batch=2, max_seq=64)
+    worst = 0.0
+    for step, logits in enumerate(want):
+        got = ours.step(ids)["logits"]
+        worst = max(worst, (got - logits).abs().max().item())
+        ids = logits[:, -1:].argmax(-1)
+    report(f"{name} on {backend}: prefill + 8 decode steps vs transformers, logits", worst, TOL)
+
+
+def test_qwen2_has_qkv_biases_and_no_o_bias(tmp_path):
+    hf_checkpoint("qwen2", tmp_path)
+    cfg = load_config(tmp_path)
+    assert (cfg.attention_bias, cfg.attention_out_bias, cfg.family) == (True, False, "qwen2")
+
+
+def test_phi3_fused_tensors_are_split_by_the_weight_mapping(tmp_path):
+    hf_checkpoint("phi3", tmp_path)
+    cfg = load_config(tmp_path)
+    source = open_checkpoint(tmp_path, cfg)
+    names = set(source.names())
+    assert "model.layers.0.self_attn.k_proj.weight" in names and "model.layers.0.mlp.up_proj.weight" in names
+    assert not any("qkv_proj" in n or "gate_up_proj" in n for n in names)
+    assert source.shape("model.layers.1.self_attn.v_proj.weight") == (cfg.kv_size, cfg.hidden_size)
+
+
+def test_a_sliding_window_shorter_than_the_cache_is_refused(tmp_path):
+    """Windowed attention is not in the IR yet: within one window it is exactly causal attention, beyond it llgraph
+    would be wrong, so a cache longer than the window is refused with one line — never silently run."""
+    import transformers
+
+    transformers.MistralConfig(**DIMS, sliding_window=16).save_pretrained(tmp_path)
+    cfg = load_config(tmp_path)
+    assert cfg.sliding_window == 16 and cfg.exact_positions == 16
+    with pytest.raises(ExportError, match="exceeds .*16-token sliding window.*--max-seq-len 16 or less"):
+        export_model(tmp_path, out=tmp_path / "out", max_seq_len=64)
+    assert not (tmp_path / "out").exists()
+    from llgraph.runtime import TorchRunner
+    from llgraph.runtime.backends import TorchBackend
+    from llgraph.weights import RandomSource
+
+    with pytest.raises(Exception, match="16-token sliding window"):
+        TorchBackend(cfg, RandomSource(cfg), max_seq_len=64)
+    assert TorchRunner is not None
+
+
+def test_unknown_model_type_names_the_supported_ones():
+    from llgraph.config import from_hf_dict
+
+    with pytest.raises(ConfigError, match="model_type 'gpt2' is not supported; llgraph builds llama, mistral, qwen2, "
+                                          "phi3"):
+        from_hf_dict({"model_type": "gpt2", **DIMS})
+
+
+def test_inspect_shows_the_family_switches(tmp_path):
+    import subprocess
+    import sys
+
+    import transformers
+
+    transformers.Qwen2Config(**DIMS).save_pretrained(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "llgraph", "inspect", "--config", str(tmp_path / "config.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "family: qwen2  (attention biases: q/k/v; mlp biases: no; tied embeddings: no; sliding window: none)" \
+        in r.stdout, r.stdout
