@@ -81,8 +81,15 @@ def embedding(em: Emitter, node: Node) -> None:
 
 def rmsnorm(em: Emitter, node: Node) -> None:
     x, w = node.inputs
-    em.node("RMSNormalization", [x, em.weight(w)], node.outputs, hint=node.name, axis=-1,
-            epsilon=float(node.attrs["eps"]), stash_type=1)
+    group = node.attrs["group"]
+    if group == em.graph.values[x].shape[-1]:
+        em.node("RMSNormalization", [x, em.weight(w)], node.outputs, hint=node.name, axis=-1,
+                epsilon=float(node.attrs["eps"]), stash_type=1)
+        return
+    grouped = em.node("Reshape", [x, em.const([0, 0, -1, group], "int64")], hint=node.name)[0]
+    y = em.node("RMSNormalization", [grouped, em.weight(w)], hint=node.name, axis=-1,
+                epsilon=float(node.attrs["eps"]), stash_type=1)[0]
+    em.node("Reshape", [y, em.const([0, 0, -1], "int64")], node.outputs, hint=node.name)
 
 
 def split(em: Emitter, node: Node) -> None:

@@ -62,7 +62,11 @@ class _Body:
 
 
 def _rmsnorm(f: _Body) -> None:
-    f("RMSNormalization", "x", "weight", out="out", axis=-1, stash_type=1, refs={"epsilon": ("eps", FLOAT)})
+    """Over groups of `group` features: [B, S, N] -> [B, S, N/group, group] -> normalize -> [B, S, N]."""
+    shape = f("Concat", f.ints(0, 0, -1), f("Unsqueeze", f.attr("group"), f.ints(0)), axis=0)
+    y = f("RMSNormalization", f("Reshape", "x", shape), "weight", axis=-1, stash_type=1,
+          refs={"epsilon": ("eps", FLOAT)})
+    f("Reshape", y, f("Shape", "x"), out="out")
 
 
 def _swiglu(f: _Body) -> None:

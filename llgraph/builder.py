@@ -70,14 +70,21 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
                      dynamic_factor=float(r.factor) if r.type == "dynamic" else 0.0,
                      original_max_position=r.original_max_position_embeddings or cfg.max_position_embeddings)
 
+    def norm(x, name, size, out, group=None):
+        return b.add("RMSNorm", (x, weight(name, size)), (out,), eps=cfg.rms_norm_eps, group=group or size)[0]
+
+    pre = cfg.norm_placement == "pre"  # OLMo 2: no norm before a sublayer, one on its output
     for i in range(cfg.num_layers):
         p, v = f"model.layers.{i}", f"layers.{i}"
         pk, pv, ok, ov = cache_names(i)
-        (n,) = b.add("RMSNorm", (x, weight(f"{p}.input_layernorm.weight", h)), (f"{v}.attn_norm",),
-                     eps=cfg.rms_norm_eps)
+        n = norm(x, f"{p}.input_layernorm.weight", h, f"{v}.attn_norm") if pre else x
         q = linear(n, f"{p}.self_attn.q_proj", cfg.q_size, h, cfg.attention_bias, f"{v}.q")
         k = linear(n, f"{p}.self_attn.k_proj", cfg.kv_size, h, cfg.attention_bias, f"{v}.k")
         vv = linear(n, f"{p}.self_attn.v_proj", cfg.kv_size, h, cfg.attention_bias, f"{v}.v")
+        if cfg.qk_norm != "none":  # before RoPE: per head (weight [head_dim]) or over the whole projection
+            per_head = cfg.qk_norm == "head"
+            q = norm(q, f"{p}.self_attn.q_norm.weight", d if per_head else cfg.q_size, f"{v}.q_norm")
+            k = norm(k, f"{p}.self_attn.k_norm.weight", d if per_head else cfg.kv_size, f"{v}.k_norm")
         interleaved = r.layout == "interleaved"
         (q,) = b.add("Rotary", (q, cos, sin), (f"{v}.q_rot",), num_heads=cfg.num_heads, interleaved=interleaved)
         (k,) = b.add("Rotary", (k, cos, sin), (f"{v}.k_rot",), num_heads=cfg.num_kv_heads, interleaved=interleaved)
@@ -85,16 +92,19 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
                            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, scale=1.0 / math.sqrt(d),
                            causal=True)
         o = linear(attn, f"{p}.self_attn.o_proj", h, cfg.q_size, cfg.attention_out_bias, f"{v}.attn_out")
+        if not pre:
+            o = norm(o, f"{p}.post_attention_layernorm.weight", h, f"{v}.attn_out_norm")
         (x,) = b.add("Add", (x, o), (f"{v}.attn_residual",))
-        (n,) = b.add("RMSNorm", (x, weight(f"{p}.post_attention_layernorm.weight", h)), (f"{v}.mlp_norm",),
-                     eps=cfg.rms_norm_eps)
+        n = norm(x, f"{p}.post_attention_layernorm.weight", h, f"{v}.mlp_norm") if pre else x
         g = linear(n, f"{p}.mlp.gate_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.gate")
         u = linear(n, f"{p}.mlp.up_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.up")
         (a,) = b.add("SwiGLU", (g, u), (f"{v}.swiglu",))
         m = linear(a, f"{p}.mlp.down_proj", h, cfg.intermediate_size, cfg.mlp_bias, f"{v}.mlp_out")
+        if not pre:
+            m = norm(m, f"{p}.post_feedforward_layernorm.weight", h, f"{v}.mlp_out_norm")
         (x,) = b.add("Add", (x, m), (f"{v}.out",))
 
-    (n,) = b.add("RMSNorm", (x, weight("model.norm.weight", h)), ("final_norm",), eps=cfg.rms_norm_eps)
+    n = norm(x, "model.norm.weight", h, "final_norm")
     head = embed_w if cfg.tie_word_embeddings else weight("lm_head.weight", cfg.vocab_size, h)
     b.add("Linear", (n, head, None), ("logits",))
     b.output("logits")

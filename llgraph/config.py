@@ -15,7 +15,9 @@ from typing import Any
 
 from llgraph.errors import LlgraphError
 
-FAMILIES = ("llama", "mistral", "qwen2", "phi3")  # the Llama block with other names, biases and weight layouts
+FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2")  # the Llama block and its variants
+QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k before RoPE: per head (Qwen3), whole (OLMo 2)
+NORM_PLACEMENTS = ("pre", "post")  # before attention and MLP (Llama), or on their outputs (OLMo 2)
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
 ROPE_LAYOUTS = ("half", "interleaved")
 PRESET_DIR = Path(__file__).parent / "configs"
@@ -67,6 +69,8 @@ class LlamaConfig:
     family: str = "llama"  # the model_type it came from: llama, mistral, qwen2, phi3
     attention_out_bias: bool | None = None  # o_proj's bias; None: = attention_bias (Qwen2: q/k/v only)
     sliding_window: int | None = None  # keys visible to a query: the last `sliding_window` positions (None: all)
+    qk_norm: str = "none"  # see QK_NORMS
+    norm_placement: str = "pre"  # see NORM_PLACEMENTS
 
     def __post_init__(self):
         # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
@@ -100,6 +104,10 @@ class LlamaConfig:
             raise ConfigError(f"family '{self.family}' is unknown; llgraph builds {', '.join(FAMILIES)}")
         if self.sliding_window is not None:
             _positive(self, "sliding_window")
+        if self.qk_norm not in QK_NORMS:
+            raise ConfigError(f"qk_norm '{self.qk_norm}' is unknown; use one of {', '.join(QK_NORMS)}")
+        if self.norm_placement not in NORM_PLACEMENTS:
+            raise ConfigError(f"norm_placement '{self.norm_placement}' is unknown; use 'pre' or 'post'")
         if not self.rms_norm_eps > 0:
             raise ConfigError(f"rms_norm_eps ({self.rms_norm_eps}) must be > 0")
         r = self.rope
@@ -142,7 +150,8 @@ class LlamaConfig:
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         attn += (self.q_size + 2 * self.kv_size) * self.attention_bias + h * self.attention_out_bias
         mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
-        per_layer = attn + mlp + 2 * h
+        qk = {"none": 0, "head": 2 * self.head_dim, "projection": self.q_size + self.kv_size}[self.qk_norm]
+        per_layer = attn + mlp + 2 * h + qk
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + h
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:
@@ -268,6 +277,8 @@ def from_hf_dict(d: dict) -> LlamaConfig:
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         attention_bias=bool(d.get("attention_bias", mt == "qwen2")), mlp_bias=bool(d.get("mlp_bias", False)),
         attention_out_bias=False if mt == "qwen2" else None, family=mt, sliding_window=window,
+        qk_norm={"qwen3": "head", "olmo2": "projection"}.get(mt, "none"),
+        norm_placement="post" if mt == "olmo2" else "pre",
         rope=_hf_rope(d, d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]),
         bos_token_id=d.get("bos_token_id"),
         eos_token_ids=() if eos is None else (tuple(eos) if isinstance(eos, list) else (eos,)),

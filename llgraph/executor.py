@@ -66,9 +66,9 @@ def _embedding(node: Node, ids, table):
 
 @torch_impl("RMSNorm")
 def _rmsnorm(node: Node, x, weight):
-    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    xf = x.to(torch.promote_types(x.dtype, torch.float32)).unflatten(-1, (-1, node.attrs["group"]))
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + node.attrs["eps"])
-    return (weight * xf.to(x.dtype),)
+    return ((weight * xf.to(x.dtype)).flatten(-2),)
 
 
 @torch_impl("Linear")

@@ -78,7 +78,9 @@ def _embedding(ins, attrs):
 def _rmsnorm(ins, attrs):
     x, w = ins
     _float(x, "x")
-    _same(w.shape, (x.shape[-1],), "weight shape vs x's last dim")
+    g = attrs["group"]
+    _require(g > 0 and x.shape[-1] % g == 0, f"group ({g}) must divide x's last dim ({x.shape[-1]})")
+    _same(w.shape, (g,), "weight shape vs group")
     return [(x.dtype, x.shape)]
 
 
@@ -169,8 +171,11 @@ def _add(ins, attrs):
 
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     OpSchema("Embedding", ("ids", "table"), ("out",), (), _embedding, "table[ids]"),
-    OpSchema("RMSNorm", ("x", "weight"), ("out",), (Attr("eps", float),),
-             _rmsnorm, "x / sqrt(mean(x^2) + eps) * weight, computed in float32"),
+    OpSchema("RMSNorm", ("x", "weight"), ("out",), (
+        Attr("eps", float),
+        Attr("group", int, "features normalized together: the last dim, or a head's (QK-norm per head)"),
+    ), _rmsnorm, "each consecutive `group` features of the last axis: x / sqrt(mean(x^2) + eps) * weight, "
+                 "computed in float32"),
     OpSchema("Linear", ("x", "weight", "bias?"), ("out",), (), _linear, "x @ weight^T + bias"),
     OpSchema("QLinear", ("x", "codes", "scales", "mins?", "bias?"), ("out",), (
         Attr("bits", int, "code width", (4, 8)),

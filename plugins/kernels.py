@@ -141,10 +141,11 @@ def static(dim) -> int:
 
 def plan(op: str, shapes: dict, attrs: dict) -> Launch:
     """The launch for plugin op `op` on input shapes {input name: (dims...)} with the node's attributes."""
-    if op == "RMSNorm":
+    if op == "RMSNorm":  # one program per group of `group` features
         b, s, n = shapes["x"]
-        return Launch(rmsnorm_kernel, (b * s,), (n,),
-                      dict(EPS=float(attrs["eps"]), BLOCK=triton.next_power_of_2(static(n))))
+        group = attrs["group"]
+        return Launch(rmsnorm_kernel, (b * s * (static(n) // group),), (group,),
+                      dict(EPS=float(attrs["eps"]), BLOCK=triton.next_power_of_2(group)))
     if op == "SwiGLU":
         b, s, n = shapes["gate"]
         block = 1024
@@ -173,7 +174,7 @@ def launch(op: str, inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor]
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     x, y = x.contiguous(), torch.empty_like(x)
-    launch("RMSNorm", {"x": x, "weight": w.contiguous()}, [y], {"eps": eps})
+    launch("RMSNorm", {"x": x, "weight": w.contiguous()}, [y], {"eps": eps, "group": w.shape[-1]})
     return y
 
 

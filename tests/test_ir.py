@@ -42,8 +42,9 @@ def small_graph_builder():
 @pytest.mark.parametrize("mutate, message", [
     (lambda b: b.add("Linear", ("x", "w2", None), ("y",)), "input w2 is not defined before use"),
     (lambda b: b.add("Linear", ("x",), ("y",)), "takes 3 inputs"),
-    (lambda b: b.add("RMSNorm", ("x", "w"), ("y",), eps=1e-5), "weight shape vs x's last dim"),
-    (lambda b: b.add("RMSNorm", ("x", "w"), ("y",)), "attributes missing ['eps']"),
+    (lambda b: b.add("RMSNorm", ("x", "w"), ("y",), eps=1e-5, group=4), "weight shape vs group"),
+    (lambda b: b.add("RMSNorm", ("x", "w"), ("y",), eps=1e-5, group=3), "group \\(3\\) must divide"),
+    (lambda b: b.add("RMSNorm", ("x", "w"), ("y",)), "attributes missing ['eps', 'group']"),
     (lambda b: b.add("Split", ("x",), ("a", "b"), sizes=(3, 3)), "sum of sizes vs x's last dim"),
     (lambda b: b.add("Rotary", ("x", "x", "x"), ("y",), num_heads="2", interleaved=False), "must be int"),
     (lambda b: b.add("Conv", ("x",), ("y",)), "unknown op Conv"),

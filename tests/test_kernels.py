@@ -34,12 +34,13 @@ def reference(op, *inputs, **attrs):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens, hidden", [(1, 576), (37, 576), (5, 4096), (3, 100)])  # decode, prefill, odd
-def test_rmsnorm(dtype, tokens, hidden, report):
+@pytest.mark.parametrize("tokens, hidden, group", [(1, 576, 576), (37, 576, 576), (5, 4096, 4096), (3, 100, 100),
+                                                   (7, 512, 128), (2, 96, 32)])  # decode, prefill, odd, per head
+def test_rmsnorm(dtype, tokens, hidden, group, report):
     torch.manual_seed(0)
-    x, w = torch.randn(1, tokens, hidden).to(DEVICE, dtype) * 3, (torch.rand(hidden) + 0.5).to(DEVICE, dtype)
-    report(f"rmsnorm {dtype} [{tokens}, {hidden}]",
-           max_diff(kernels.rmsnorm(x, w, 1e-5), reference("RMSNorm", x, w, eps=1e-5)), TOL[dtype])
+    x, w = torch.randn(1, tokens, hidden).to(DEVICE, dtype) * 3, (torch.rand(group) + 0.5).to(DEVICE, dtype)
+    report(f"rmsnorm {dtype} [{tokens}, {hidden}] groups of {group}",
+           max_diff(kernels.rmsnorm(x, w, 1e-5), reference("RMSNorm", x, w, eps=1e-5, group=group)), TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -97,7 +98,8 @@ def test_grouped_attention(dtype, batch, seq, heads, kv_heads, head_dim, max_seq
 AOT = """
 from llgraph.plugins.aot import assemble, compile_op
 attn = dict(num_heads=32, num_kv_heads=4, scale=0.125, causal=True)
-cases = [("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5)), ("SwiGLU", dict(gate=(1, 7, 14336)), {}),
+cases = [("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=4096)),
+         ("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=128)), ("SwiGLU", dict(gate=(1, 7, 14336)), {}),
          ("Rotary", dict(x=(1, 7, 4096), cos=(1, 7, 64)), dict(num_heads=32, interleaved=False)),
          ("Rotary", dict(x=(1, 7, 576), cos=(1, 7, 32)), dict(num_heads=9, interleaved=True)),
          ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(1, 8, 512, 128)), attn),
