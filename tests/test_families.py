@@ -142,3 +142,19 @@ def test_inspect_shows_the_family_switches(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "family: qwen2  (attention biases: q/k/v; mlp biases: no; tied embeddings: no; sliding window: none)" \
         in r.stdout, r.stdout
+
+
+def test_a_qk_norm_weight_of_the_wrong_shape_is_one_line(tmp_path):
+    """A Qwen3 checkpoint whose q_norm is over the whole projection (OLMo 2's shape): export refuses it by name."""
+    from safetensors.torch import load_file, save_file
+
+    hf_checkpoint("qwen3", tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.1.self_attn.q_norm.weight"] = torch.ones(4 * 32)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    from llgraph.weights import WeightError
+
+    with pytest.raises(WeightError, match=r"mis-shaped model.layers.1.self_attn.q_norm.weight \(128,\) "
+                                          r"\(config needs \(32,\)\)"):
+        export_model(tmp_path, checkpoint=tmp_path, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
