@@ -52,10 +52,6 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
     cfg = load_config(config)
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
-    if max_seq_len is not None and max_seq_len > cfg.exact_positions < cfg.max_position_embeddings:
-        raise ExportError(f"--max-seq-len ({max_seq_len}) exceeds {cfg.name}'s {cfg.sliding_window}-token sliding "
-                          f"window; llgraph runs windowed attention only within one window (where it is exact): "
-                          f"use --max-seq-len {cfg.exact_positions} or less")
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
     source = open_checkpoint(checkpoint, cfg, seed)
     if bits:
@@ -66,7 +62,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
         _check_stored_formats(source)
     graph = model_graph(cfg, dtype, None if dequantize else source.quant_format)
     options = {} if accuracy_level is None else {"accuracy_level": accuracy_level}
-    return export(graph, source, tgt, out, max_positions=max_seq_len or cfg.exact_positions, force=force,
+    return export(graph, source, tgt, out, max_positions=max_seq_len or cfg.max_position_embeddings, force=force,
                   progress=progress, extra_files=source.tokenizer_files(),
                   write_extras=_gguf_tokenizer(checkpoint) if str(checkpoint).endswith(".gguf") else None,
                   options=options)

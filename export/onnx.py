@@ -137,15 +137,20 @@ def _heads_first(em: Emitter, x: str, heads: int, hint: str) -> str:
     return em.node("Transpose", [y], hint=hint, perm=[0, 2, 1, 3])[0]
 
 
-def attention_mask(em: Emitter, pos: str, hint: str) -> tuple[str, str]:
-    """(length L = max(pos) + 1 as a 1-element int64 tensor, bool mask [B, 1, S, L]: slot j <= pos[b, s])."""
+def attention_mask(em: Emitter, pos: str, hint: str, window: int = 0) -> tuple[str, str]:
+    """(length L = max(pos) + 1 as a 1-element int64 tensor, bool mask [B, 1, S, L]: slot j <= pos[b, s], and
+    with a window, j > pos[b, s] - window)."""
     length = em.node("Add", [em.node("ReduceMax", [pos], hint=hint, keepdims=1)[0],
                              em.const([1], "int64")], hint=hint)[0]
     length = em.node("Reshape", [length, em.const([1], "int64")], hint=hint)[0]
     slots = em.node("Range", [em.const(0, "int64"), em.node("Squeeze", [length], hint=hint)[0],
                               em.const(1, "int64")], hint=hint)[0]
     limit = em.node("Unsqueeze", [pos, em.const([1, 3], "int64")], hint=hint)[0]  # [B, 1, S, 1]
-    return length, em.node("LessOrEqual", [slots, limit], hint=hint)[0]
+    mask = em.node("LessOrEqual", [slots, limit], hint=hint)[0]
+    if window:
+        oldest = em.node("Sub", [limit, em.const(window, "int64")], hint=hint)[0]
+        mask = em.node("And", [mask, em.node("Greater", [slots, oldest], hint=hint)[0]], hint=hint)[0]
+    return length, mask
 
 
 def grouped_attention(em: Emitter, node: Node) -> None:
@@ -156,7 +161,7 @@ def grouped_attention(em: Emitter, node: Node) -> None:
     for new, past, present in ((k, past_k, present_k), (v, past_v, present_v)):
         em.node("TensorScatter", [past, _heads_first(em, new, a["num_kv_heads"], hint), first], [present],
                 hint=hint, axis=2)
-    length, mask = attention_mask(em, pos, hint)
+    length, mask = attention_mask(em, pos, hint, a["window"])
     if not a["causal"]:
         raise NotImplementedError("non-causal GroupedAttention has no ONNX lowering yet")
     zero, two = em.const([0], "int64"), em.const([2], "int64")

@@ -85,6 +85,8 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
         inputs += [em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "cos_cache", torch.cos)),
                    em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "sin_cache", torch.sin))]
         attrs = {"do_rotary": 1, "rotary_interleaved": int(rot.attrs["interleaved"])}
+    if a["window"]:  # GroupQueryAttention's window counts the query's own key, as transformers' does (tested)
+        attrs["local_window_size"] = a["window"]
     em.node("GroupQueryAttention", inputs, node.outputs, domain=MS, hint=node.name, num_heads=a["num_heads"],
             kv_num_heads=a["num_kv_heads"], scale=float(a["scale"]), **attrs)
 

@@ -84,7 +84,8 @@ def _rotary(f: _Body) -> None:
 
 
 def _grouped_attention(f: _Body) -> None:
-    """Causal: query (b, s) sees cache slots 0..positions[b, s] (non-causal nodes are refused at export)."""
+    """Causal: query (b, s) sees cache slots 0..positions[b, s], the last `window` of them with a window
+    (non-causal nodes are refused at export)."""
     q = f.heads_first("q", f.attr("num_heads"))
     kv_heads = f.attr("num_kv_heads")
     first = f("Gather", "positions", f.scalar(0), axis=1)
@@ -92,7 +93,10 @@ def _grouped_attention(f: _Body) -> None:
         f("TensorScatter", past, f.heads_first(new, kv_heads), first, out=present, axis=2)
     length = f("Reshape", f("Add", f("ReduceMax", "positions", keepdims=1), f.ints(1)), f.ints(1))
     slots = f("Range", f.scalar(0), f("Squeeze", length), f.scalar(1))
-    mask = f("LessOrEqual", slots, f("Unsqueeze", "positions", f.ints(1, 3)))
+    limit = f("Unsqueeze", "positions", f.ints(1, 3))
+    window = f.attr("window")  # 0: no window, as if it were longer than any position
+    window = f("Where", f("Equal", window, f.scalar(0)), f.scalar(1 << 62), window)
+    mask = f("And", f("LessOrEqual", slots, limit), f("Greater", slots, f("Sub", limit, window)))
     keys, values = (f("Slice", c, f.ints(0), length, f.ints(2)) for c in ("present_key", "present_value"))
     f.heads_last(f("Attention", q, keys, values, mask, refs={"scale": ("scale", FLOAT)}), "out")
 

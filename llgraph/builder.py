@@ -90,7 +90,7 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
         (k,) = b.add("Rotary", (k, cos, sin), (f"{v}.k_rot",), num_heads=cfg.num_kv_heads, interleaved=interleaved)
         attn, _, _ = b.add("GroupedAttention", (q, k, vv, pos, pk, pv), (f"{v}.attn", ok, ov),
                            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, scale=1.0 / math.sqrt(d),
-                           causal=True)
+                           causal=True, window=cfg.layer_window(i))
         o = linear(attn, f"{p}.self_attn.o_proj", h, cfg.q_size, cfg.attention_out_bias, f"{v}.attn_out")
         if not pre:
             o = norm(o, f"{p}.post_attention_layernorm.weight", h, f"{v}.attn_out_norm")

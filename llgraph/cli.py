@@ -36,8 +36,8 @@ def cmd_inspect(args) -> None:
           f"{cfg.rope.layout})")
     bias = ("q/k/v/o" if cfg.attention_out_bias else "q/k/v") if cfg.attention_bias else \
         ("o" if cfg.attention_out_bias else "none")
-    window = f"{cfg.sliding_window} tokens (exact up to {cfg.exact_positions} positions)" \
-        if cfg.sliding_window else "none"
+    window = "none" if not cfg.sliding_window else f"{cfg.sliding_window} tokens, " + (
+        "every layer" if cfg.sliding_layers is None else f"layers {', '.join(map(str, cfg.sliding_layers))}")
     print(f"family: {cfg.family}  (attention biases: {bias}; mlp biases: {'yes' if cfg.mlp_bias else 'no'}; "
           f"tied embeddings: {'yes' if cfg.tie_word_embeddings else 'no'}; sliding window: {window})")
     print(f"parameters: {graph.param_count():,}")

@@ -69,6 +69,7 @@ class LlamaConfig:
     family: str = "llama"  # the model_type it came from: llama, mistral, qwen2, phi3
     attention_out_bias: bool | None = None  # o_proj's bias; None: = attention_bias (Qwen2: q/k/v only)
     sliding_window: int | None = None  # keys visible to a query: the last `sliding_window` positions (None: all)
+    sliding_layers: tuple[int, ...] | None = None  # the layers with the window (None: every layer)
     qk_norm: str = "none"  # see QK_NORMS
     norm_placement: str = "pre"  # see NORM_PLACEMENTS
 
@@ -76,6 +77,8 @@ class LlamaConfig:
         # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
         if isinstance(self.rope, dict):
             object.__setattr__(self, "rope", _build(RopeConfig, self.rope, "rope."))
+        if self.sliding_layers is not None:
+            object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))
         if isinstance(self.eos_token_ids, int):
             object.__setattr__(self, "eos_token_ids", (self.eos_token_ids,))
         object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
@@ -104,6 +107,13 @@ class LlamaConfig:
             raise ConfigError(f"family '{self.family}' is unknown; llgraph builds {', '.join(FAMILIES)}")
         if self.sliding_window is not None:
             _positive(self, "sliding_window")
+            if self.sliding_window > self.max_position_embeddings:
+                raise ConfigError(f"sliding_window ({self.sliding_window}) is larger than the context "
+                                  f"(max_position_embeddings {self.max_position_embeddings}); it would never apply: "
+                                  "set it to null, or fix the config")
+        if self.sliding_layers is not None and not all(0 <= i < self.num_layers for i in self.sliding_layers):
+            raise ConfigError(f"sliding_layers {list(self.sliding_layers)} must be layer indices in "
+                              f"0..{self.num_layers - 1}")
         if self.qk_norm not in QK_NORMS:
             raise ConfigError(f"qk_norm '{self.qk_norm}' is unknown; use one of {', '.join(QK_NORMS)}")
         if self.norm_placement not in NORM_PLACEMENTS:
@@ -131,11 +141,11 @@ class LlamaConfig:
                 raise ConfigError(f"special token id {t} is outside the vocabulary (0..{self.vocab_size - 1})")
 
     # -- derived sizes --------------------------------------------------------------------------------------------
-    @property
-    def exact_positions(self) -> int:
-        """Positions llgraph runs exactly: the model's context, and no more than its sliding window (windowed
-        attention is not in the IR yet; within one window it equals full causal attention)."""
-        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of `layer` (0: none)."""
+        if not self.sliding_window or (self.sliding_layers is not None and layer not in self.sliding_layers):
+            return 0
+        return self.sliding_window
 
     @property
     def q_size(self) -> int:
@@ -262,8 +272,15 @@ def from_hf_dict(d: dict) -> LlamaConfig:
     act = d.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ConfigError(f"hidden_act '{act}' is not supported; the Llama MLP is SwiGLU (hidden_act 'silu')")
-    # Qwen2 windows only with use_sliding_window (then layers >= max_window_layers); Mistral and Phi-3 whenever set
-    window = d.get("sliding_window") if d.get("use_sliding_window", mt != "qwen2") else None
+    # Qwen2/Qwen3 window only with use_sliding_window, then the layers >= max_window_layers; Mistral and Phi-3
+    # every layer whenever sliding_window is set. transformers 5 spells the layers out in layer_types.
+    qwen = mt in ("qwen2", "qwen3")
+    window = d.get("sliding_window") if d.get("use_sliding_window", not qwen) else None
+    layers = None
+    if window and d.get("layer_types"):
+        layers = tuple(i for i, t in enumerate(d["layer_types"]) if t == "sliding_attention")
+    elif window and qwen:
+        layers = tuple(range(d.get("max_window_layers", 0), d["num_hidden_layers"]))
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     missing = [k for k in required if k not in d]
     if missing:
@@ -277,6 +294,7 @@ def from_hf_dict(d: dict) -> LlamaConfig:
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         attention_bias=bool(d.get("attention_bias", mt == "qwen2")), mlp_bias=bool(d.get("mlp_bias", False)),
         attention_out_bias=False if mt == "qwen2" else None, family=mt, sliding_window=window,
+        sliding_layers=layers,
         qk_norm={"qwen3": "head", "olmo2": "projection"}.get(mt, "none"),
         norm_placement="post" if mt == "olmo2" else "pre",
         rope=_hf_rope(d, d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]),

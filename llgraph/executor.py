@@ -137,6 +137,8 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value):
     slots = torch.arange(length, device=q.device)
     limit = positions if a["causal"] else positions.max(dim=1, keepdim=True).values.expand(b, s)
     mask = slots[None, None, :] <= limit[:, :, None]  # [B, S, L]: key slot j visible to query (b, s)
+    if a["window"]:  # and within the last `window` positions of the query's own
+        mask &= slots[None, None, :] > positions[:, :, None] - a["window"]
     out = F.scaled_dot_product_attention(
         q.view(b, s, hq, d).transpose(1, 2), past_key[:, :, :length], past_value[:, :, :length],
         attn_mask=mask[:, None], scale=a["scale"], enable_gqa=hq != hkv)

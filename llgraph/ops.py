@@ -142,6 +142,7 @@ def _attention(ins, attrs):
     q, k, v, pos, past_k, past_v = ins
     nq, nkv = attrs["num_heads"], attrs["num_kv_heads"]
     _require(nq % nkv == 0, f"num_heads ({nq}) must be divisible by num_kv_heads ({nkv})")
+    _require(attrs["window"] >= 0, f"window ({attrs['window']}) must be >= 0 (0: no window)")
     _require(q.shape[-1] % nq == 0, "q's last dim must be num_heads * head_dim")
     d = q.shape[-1] // nq
     _same(k.shape, q.shape[:-1] + (nkv * d,), "k shape")
@@ -200,6 +201,7 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     OpSchema("GroupedAttention", ("q", "k", "v", "positions", "past_key", "past_value"),
              ("out", "present_key", "present_value"), (
         Attr("num_heads", int), Attr("num_kv_heads", int), Attr("scale", float), Attr("causal", bool),
+        Attr("window", int, "sliding window: a query sees the slots of the last `window` positions (0: all)"),
     ), _attention,
         "write k, v into the cache at slot positions[b, s]; attend query (b, s) to cache slots "
         "0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv head j serves query heads "

@@ -88,14 +88,16 @@ def _attend(q, k_ptrs, v_ptrs, mask, dmask, m, total, acc, SCALE: tl.constexpr):
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, seq, max_seq, out_ptr, kc_out_ptr, vc_out_ptr,
                      NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SCALE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                     WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """GroupedAttention in one launch, for prefill and decode. One (batch row, token, query head) per program.
 
     Row b's positions are contiguous from start = positions[b, 0]: query (b, s) attends to the cached slots
     0..start-1 (read from the cache) and to the row's new tokens 0..s (read from k/v), with an online softmax in
     float32. The first query head of each group then writes the group's new k/v row into the cache at slot
     positions[b, s]. The writes touch only slots >= start and the reads of the cache only slots < start, so the
-    programs never race, and the caches may be updated in place (kc_out_ptr == kc_ptr, as TensorRT aliases them)."""
+    programs never race, and the caches may be updated in place (kc_out_ptr == kc_ptr, as TensorRT aliases them).
+    With WINDOW > 0 the query sees only the positions p > its own - WINDOW: both loops start at the first such
+    key, so no block is wholly masked (an all -inf block would make the online softmax NaN)."""
     b, s, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     kvh = h // (NUM_HEADS // KV_HEADS)
     d = tl.arange(0, BLOCK_D)
@@ -107,11 +109,15 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, seq, max_seq,
     total = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)
     acc = tl.zeros([BLOCK_D], tl.float32)
     cache = (b * KV_HEADS + kvh) * max_seq * HEAD_DIM
-    for n0 in range(0, start, BLOCK_N):  # the cached prefix
+    first_slot, first_new = 0, 0
+    if WINDOW > 0:
+        first_slot = tl.maximum(start + s - WINDOW + 1, 0)
+        first_new = tl.maximum(s - WINDOW + 1, 0)
+    for n0 in range(first_slot, start, BLOCK_N):  # the cached prefix
         offs = cache + (n0 + n)[:, None] * HEAD_DIM + d[None, :]
         m, total, acc = _attend(q, kc_ptr + offs, vc_ptr + offs, n0 + n < start, dmask, m, total, acc, SCALE)
     new = (b * seq * KV_HEADS + kvh) * HEAD_DIM
-    for t0 in range(0, s + 1, BLOCK_N):  # this call's tokens, causally
+    for t0 in range(first_new, s + 1, BLOCK_N):  # this call's tokens, causally
         offs = new + (t0 + n)[:, None] * (KV_HEADS * HEAD_DIM) + d[None, :]
         m, total, acc = _attend(q, k_ptr + offs, v_ptr + offs, t0 + n <= s, dmask, m, total, acc, SCALE)
     tl.store(out_ptr + ((b * seq + s) * NUM_HEADS + h) * HEAD_DIM + d, (acc / total).to(out_ptr.dtype.element_ty),
@@ -160,7 +166,7 @@ def plan(op: str, shapes: dict, attrs: dict) -> Launch:
         (b, s, _), (_, _, max_seq, head_dim) = shapes["q"], shapes["past_key"]
         return Launch(attention_kernel, (b, s, attrs["num_heads"]), (s, max_seq), dict(
             NUM_HEADS=attrs["num_heads"], KV_HEADS=attrs["num_kv_heads"], HEAD_DIM=static(head_dim),
-            SCALE=float(attrs["scale"]), BLOCK_N=32, BLOCK_D=triton.next_power_of_2(static(head_dim))))
+            SCALE=float(attrs["scale"]), WINDOW=int(attrs.get("window", 0)), BLOCK_N=32, BLOCK_D=triton.next_power_of_2(static(head_dim))))
     raise KeyError(f"no kernel for op {op}")
 
 
@@ -192,12 +198,13 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
     return y
 
 
-def grouped_attention(q, k, v, positions, past_key, past_value, num_heads: int, num_kv_heads: int, scale: float):
+def grouped_attention(q, k, v, positions, past_key, past_value, num_heads: int, num_kv_heads: int, scale: float,
+                      window: int = 0):
     """GroupedAttention: q [B, S, Hq*D]; k, v [B, S, Hkv*D]; positions [B, S] (contiguous per row); caches
     [B, Hkv, M, D], written in place at the positions. Returns out [B, S, Hq*D]."""
     q, out = q.contiguous(), torch.empty_like(q)
     inputs = {"q": q, "k": k.contiguous(), "v": v.contiguous(), "positions": positions.contiguous(),
               "past_key": past_key, "past_value": past_value}
     launch("GroupedAttention", inputs, [out, past_key, past_value],
-           {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "scale": scale, "causal": True})
+           {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "scale": scale, "causal": True, "window": window})
     return out

@@ -36,13 +36,6 @@ def cache_length(requested: int | None, limit: int, what: str) -> int:
     return requested
 
 
-def context_name(config: LlamaConfig) -> str:
-    if config.exact_positions < config.max_position_embeddings:
-        return (f"the model's {config.sliding_window}-token sliding window (llgraph runs windowed attention only "
-                "within one window, where it is exact)")
-    return "the model's context"
-
-
 class OrtBackend(Backend):
     def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None):
         import onnxruntime as ort
@@ -103,7 +96,7 @@ class TorchBackend(Backend):
         from llgraph.executor import TorchExecutor
 
         self.config, self.dtype, self.device = config, dtype, device
-        self.max_seq_len = cache_length(max_seq_len, config.exact_positions, context_name(config))
+        self.max_seq_len = cache_length(max_seq_len, config.max_position_embeddings, "the model's context")
         self.vocab_size = config.vocab_size
         self.executor = TorchExecutor(model_graph(config, dtype), source, device, progress)
         self._batch, self._cache = None, {}

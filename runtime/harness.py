@@ -9,8 +9,8 @@
 `llgraph lm-eval ARGS` is the harness's own command line (`lm_eval ARGS`) with this module imported first: lm-eval
 0.4 finds models only in its own registry (no entry points), so a bare `lm_eval --model llgraph` cannot see it.
 
-model_args: model (an export folder, a checkpoint or 'smollm2'), backend (ort|torch|trt), max_seq_len, dequantize,
-cache_dir, tensorrt, max_gen_toks. The harness's batch_size applies (default 8; 'auto' means 8).
+model_args: model (an export folder, a checkpoint or 'smollm2'), backend (ort|torch|trt), max_seq_len, the weight
+flags of `llgraph generate` (dtype, quantize, block_size, symmetric, dequantize), cache_dir, tensorrt, max_gen_toks. The harness's batch_size applies (default 8; 'auto' means 8).
 
 Requests are read as lm-eval's Hugging Face model (HFLM) reads them, so the same task gives the same numbers:
 tokens without special tokens; an empty context becomes the BOS token (else EOS); context + continuation longer than
@@ -35,7 +35,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
 from tqdm import tqdm
 
 from llgraph.errors import LlgraphError
-from llgraph.runtime.runners import open_runner
+from llgraph.runtime.runners import Weights, open_runner
 from llgraph.runtime.score import score_pairs
 
 
@@ -46,14 +46,20 @@ def _flag(value) -> bool:
 @register_model("llgraph")
 class LlgraphLM(TemplateLM):
     def __init__(self, model: str = "smollm2", backend: str = "ort", max_seq_len: int | None = None,
+                 dtype: str = "fp32", quantize: str | None = None, block_size: int = 32, symmetric=False,
                  dequantize=False, cache_dir: str | None = None, tensorrt: str = "auto", max_gen_toks: int = 256,
                  batch_size=8, max_batch_size=None, device=None, **unused):
         super().__init__()
         if unused:
             raise LlgraphError(f"unknown model_args {sorted(unused)}; llgraph takes model, backend, max_seq_len, "
-                               "dequantize, cache_dir, tensorrt, max_gen_toks")
+                               "dtype, quantize, block_size, symmetric, dequantize, cache_dir, tensorrt, "
+                               "max_gen_toks")
+        from llgraph.export import DTYPE_ALIASES
+
+        weights = Weights(DTYPE_ALIASES.get(str(dtype), str(dtype)), quantize or None, int(block_size),
+                          _flag(symmetric), _flag(dequantize))
         self.runner = open_runner(str(model), backend, int(max_seq_len) if max_seq_len else None, cache_dir,
-                                  tensorrt, _flag(dequantize))
+                                  tensorrt, weights)
         if self.runner.tokenizer is None:
             raise LlgraphError(f"{model} has no tokenizer; lm-eval tasks are texts, so give a model with one")
         self.tok = self.runner.tokenizer

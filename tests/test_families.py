@@ -17,7 +17,8 @@ DIMS = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_lay
 FAMILIES = {
     "qwen2": ("Qwen2Config", {}),
     "mistral": ("MistralConfig", {"sliding_window": None}),
-    "mistral-window": ("MistralConfig", {"sliding_window": 64}),  # a window as long as the cache: exact
+    "mistral-window": ("MistralConfig", {"sliding_window": 5}),  # 9 prompt + 8 decode positions: the window bites
+    "qwen2-window": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
     "phi3": ("Phi3Config", {"tie_word_embeddings": False}),
     "qwen3": ("Qwen3Config", {"head_dim": 32}),  # QK-norm per head; head_dim != hidden / heads
     "olmo2": ("Olmo2Config", {}),  # QK-norm over the whole projection; norms on the sublayer outputs only
@@ -70,7 +71,7 @@ def family(request, tmp_path_factory):
 def test_family_equals_transformers(family, backend, tmp_path, report):
     name, folder, want, ids = family
     cfg = load_config(folder)
-    assert cfg.family == name.split("-")[0]
+    assert cfg.family == name.split("-")[0] and bool(cfg.sliding_window) == name.endswith("window")
     assert (cfg.qk_norm, cfg.norm_placement) == {"qwen3": ("head", "pre"), "olmo2": ("projection", "post")}.get(
         cfg.family, ("none", "pre"))
     if backend == "torch":
@@ -102,24 +103,45 @@ def test_phi3_fused_tensors_are_split_by_the_weight_mapping(tmp_path):
     assert source.shape("model.layers.1.self_attn.v_proj.weight") == (cfg.kv_size, cfg.hidden_size)
 
 
-def test_a_sliding_window_shorter_than_the_cache_is_refused(tmp_path):
-    """Windowed attention is not in the IR yet: within one window it is exactly causal attention, beyond it llgraph
-    would be wrong, so a cache longer than the window is refused with one line — never silently run."""
-    import transformers
+def test_the_window_matters(tmp_path, report):
+    """The windowed Mistral run without its window differs from transformers by far more than the tolerance: the
+    parity above is the window's, not an accident of short prompts."""
+    import dataclasses
 
-    transformers.MistralConfig(**DIMS, sliding_window=16).save_pretrained(tmp_path)
+    hf = hf_checkpoint("mistral-window", tmp_path)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    want = hf_steps(hf, ids, 8)
     cfg = load_config(tmp_path)
-    assert cfg.sliding_window == 16 and cfg.exact_positions == 16
-    with pytest.raises(ExportError, match="exceeds .*16-token sliding window.*--max-seq-len 16 or less"):
-        export_model(tmp_path, out=tmp_path / "out", max_seq_len=64)
-    assert not (tmp_path / "out").exists()
-    from llgraph.runtime import TorchRunner
-    from llgraph.runtime.backends import TorchBackend
-    from llgraph.weights import RandomSource
+    assert (cfg.sliding_window, cfg.sliding_layers) == (5, None)
+    full = Stepper(dataclasses.replace(cfg, sliding_window=None), open_checkpoint(tmp_path, cfg), batch=2, max_seq=64)
+    worst = max((full.step(x)["logits"] - w).abs().max().item()
+                for x, w in zip([ids] + [w[:, -1:].argmax(-1) for w in want[:-1]], want))
+    print(f"without its window: max |dlogits| {worst:.3f}")
+    assert worst > 100 * TOL
 
-    with pytest.raises(Exception, match="16-token sliding window"):
-        TorchBackend(cfg, RandomSource(cfg), max_seq_len=64)
-    assert TorchRunner is not None
+
+def test_per_layer_windows_come_from_the_config(tmp_path):
+    hf_checkpoint("qwen2-window", tmp_path)
+    cfg = load_config(tmp_path)
+    assert (cfg.sliding_window, cfg.sliding_layers) == (4, (1,))
+    assert [cfg.layer_window(i) for i in range(cfg.num_layers)] == [0, 4]
+
+
+def test_batched_right_padded_prompts_keep_their_solo_tokens_with_a_window(tmp_path):
+    from llgraph.runtime import ORTRunner
+
+    hf_checkpoint("mistral-window", tmp_path)
+    runner = ORTRunner(export_model(tmp_path, checkpoint=tmp_path, out=tmp_path / "ort", max_seq_len=64), 64)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33, 34, 35, 36]]
+    solo = [runner.generate(p, 12).token_ids for p in prompts]
+    assert [g.token_ids for g in runner.generate(prompts, 12)] == solo
+
+
+def test_a_window_larger_than_the_context_is_one_line():
+    from llgraph.config import from_hf_dict
+
+    with pytest.raises(ConfigError, match=r"sliding_window \(4096\) is larger than the context"):
+        from_hf_dict({"model_type": "mistral", **DIMS, "sliding_window": 4096})
 
 
 def test_unknown_model_type_names_the_supported_ones():
