@@ -76,7 +76,14 @@ def embedding(em: Emitter, node: Node) -> None:
     ids, table = node.inputs
     tied = any(n.op == "Linear" and n.inputs[1] == table for n in em.graph.nodes)
     data = em.node("Transpose", [em.weight(table, transpose=True)], hint=node.name)[0] if tied else em.weight(table)
-    em.node("Gather", [data, ids], node.outputs, hint=node.name, axis=0)
+    scale = node.attrs["scale"]
+    if scale == 1.0:
+        em.node("Gather", [data, ids], node.outputs, hint=node.name, axis=0)
+        return
+    rows = em.node("Gather", [data, ids], hint=node.name, axis=0)[0]
+    dtype = em.graph.values[table].dtype
+    em.node("Mul", [rows, em.const(scale, "float16" if dtype == "float16" else "float32")], node.outputs,
+            hint=node.name)
 
 
 def rmsnorm(em: Emitter, node: Node) -> None:
@@ -166,10 +173,25 @@ def grouped_attention(em: Emitter, node: Node) -> None:
         raise NotImplementedError("non-causal GroupedAttention has no ONNX lowering yet")
     zero, two = em.const([0], "int64"), em.const([2], "int64")
     keys, values = (em.node("Slice", [c, zero, length, two], hint=hint)[0] for c in (present_k, present_v))
+    extra = {"softcap": float(a["softcap"])} if a["softcap"] else {}
     y = em.node("Attention", [_heads_first(em, q, a["num_heads"], hint), keys, values, mask], hint=hint,
-                scale=float(a["scale"]))[0]
+                scale=float(a["scale"]), **extra)[0]
     y = em.node("Transpose", [y], hint=hint, perm=[0, 2, 1, 3])[0]
     em.node("Reshape", [y, em.const([0, 0, -1], "int64")], [out], hint=hint)
+
+
+def geglu(em: Emitter, node: Node) -> None:
+    gate, up = node.inputs
+    gelu = em.node("Gelu", [gate], hint=node.name, approximate="tanh")[0]
+    em.node("Mul", [gelu, up], node.outputs, hint=node.name)
+
+
+def softcap(em: Emitter, node: Node) -> None:
+    (x,) = node.inputs
+    dtype = "float16" if em.graph.values[x].dtype == "float16" else "float32"
+    cap = em.const(node.attrs["cap"], dtype)
+    capped = em.node("Tanh", [em.node("Div", [x, cap], hint=node.name)[0]], hint=node.name)[0]
+    em.node("Mul", [capped, cap], node.outputs, hint=node.name)
 
 
 def swiglu(em: Emitter, node: Node) -> None:
@@ -184,6 +206,6 @@ def add(em: Emitter, node: Node) -> None:
 
 LOWERINGS = {"Embedding": embedding, "RMSNorm": rmsnorm, "Linear": linear, "QLinear": qlinear, "Split": split,
              "RotaryCosSin": rotary_cos_sin, "Rotary": rotary, "GroupedAttention": grouped_attention,
-             "SwiGLU": swiglu, "Add": add}
+             "SwiGLU": swiglu, "GeGLU": geglu, "SoftCap": softcap, "Add": add}
 
 TARGET = Target("onnx", LOWERINGS, {"": OPSET})

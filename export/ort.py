@@ -87,6 +87,8 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
         attrs = {"do_rotary": 1, "rotary_interleaved": int(rot.attrs["interleaved"])}
     if a["window"]:  # GroupQueryAttention's window counts the query's own key, as transformers' does (tested)
         attrs["local_window_size"] = a["window"]
+    if a["softcap"]:
+        attrs["softcap"] = float(a["softcap"])
     em.node("GroupQueryAttention", inputs, node.outputs, domain=MS, hint=node.name, num_heads=a["num_heads"],
             kv_num_heads=a["num_kv_heads"], scale=float(a["scale"]), **attrs)
 

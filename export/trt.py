@@ -98,7 +98,8 @@ def _grouped_attention(f: _Body) -> None:
     window = f("Where", f("Equal", window, f.scalar(0)), f.scalar(1 << 62), window)
     mask = f("And", f("LessOrEqual", slots, limit), f("Greater", slots, f("Sub", limit, window)))
     keys, values = (f("Slice", c, f.ints(0), length, f.ints(2)) for c in ("present_key", "present_value"))
-    f.heads_last(f("Attention", q, keys, values, mask, refs={"scale": ("scale", FLOAT)}), "out")
+    f.heads_last(f("Attention", q, keys, values, mask, refs={"scale": ("scale", FLOAT), "softcap": ("softcap", FLOAT)}),
+                 "out")
 
 
 BODIES = {"RMSNorm": _rmsnorm, "SwiGLU": _swiglu, "Rotary": _rotary, "GroupedAttention": _grouped_attention}

@@ -62,7 +62,7 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
         return b.add("Linear", (x, w, bb), (out,))[0]
 
     embed_w = weight("model.embed_tokens.weight", cfg.vocab_size, h)
-    (x,) = b.add("Embedding", (ids, embed_w), ("embed",))
+    (x,) = b.add("Embedding", (ids, embed_w), ("embed",), scale=float(cfg.embedding_scale))
     inv_freq, scaling = rope_inv_freq(cfg)
     inv = b.param("rope.inv_freq", "float32", inv_freq.shape, constant=inv_freq.astype(np.float32))
     r = cfg.rope
@@ -73,7 +73,10 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
     def norm(x, name, size, out, group=None):
         return b.add("RMSNorm", (x, weight(name, size)), (out,), eps=cfg.rms_norm_eps, group=group or size)[0]
 
-    pre = cfg.norm_placement == "pre"  # OLMo 2: no norm before a sublayer, one on its output
+    # a norm before each sublayer (Llama), on its output (OLMo 2), or both (Gemma 2's "sandwich")
+    pre, post = cfg.norm_placement in ("pre", "sandwich"), cfg.norm_placement in ("post", "sandwich")
+    mlp_norm = "pre_feedforward_layernorm" if post else "post_attention_layernorm"  # Llama's name for its pre-MLP
+    scale = cfg.attention_scale or 1.0 / math.sqrt(d)
     for i in range(cfg.num_layers):
         p, v = f"model.layers.{i}", f"layers.{i}"
         pk, pv, ok, ov = cache_names(i)
@@ -89,24 +92,28 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
         (q,) = b.add("Rotary", (q, cos, sin), (f"{v}.q_rot",), num_heads=cfg.num_heads, interleaved=interleaved)
         (k,) = b.add("Rotary", (k, cos, sin), (f"{v}.k_rot",), num_heads=cfg.num_kv_heads, interleaved=interleaved)
         attn, _, _ = b.add("GroupedAttention", (q, k, vv, pos, pk, pv), (f"{v}.attn", ok, ov),
-                           num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, scale=1.0 / math.sqrt(d),
-                           causal=True, window=cfg.layer_window(i))
+                           num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, scale=scale, causal=True,
+                           window=cfg.layer_window(i), softcap=float(cfg.attention_softcap or 0.0))
         o = linear(attn, f"{p}.self_attn.o_proj", h, cfg.q_size, cfg.attention_out_bias, f"{v}.attn_out")
-        if not pre:
+        if post:
             o = norm(o, f"{p}.post_attention_layernorm.weight", h, f"{v}.attn_out_norm")
         (x,) = b.add("Add", (x, o), (f"{v}.attn_residual",))
-        n = norm(x, f"{p}.post_attention_layernorm.weight", h, f"{v}.mlp_norm") if pre else x
+        n = norm(x, f"{p}.{mlp_norm}.weight", h, f"{v}.mlp_norm") if pre else x
         g = linear(n, f"{p}.mlp.gate_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.gate")
         u = linear(n, f"{p}.mlp.up_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.up")
-        (a,) = b.add("SwiGLU", (g, u), (f"{v}.swiglu",))
+        (a,) = b.add("SwiGLU" if cfg.mlp_activation == "silu" else "GeGLU", (g, u), (f"{v}.gated",))
         m = linear(a, f"{p}.mlp.down_proj", h, cfg.intermediate_size, cfg.mlp_bias, f"{v}.mlp_out")
-        if not pre:
+        if post:
             m = norm(m, f"{p}.post_feedforward_layernorm.weight", h, f"{v}.mlp_out_norm")
         (x,) = b.add("Add", (x, m), (f"{v}.out",))
 
     n = norm(x, "model.norm.weight", h, "final_norm")
     head = embed_w if cfg.tie_word_embeddings else weight("lm_head.weight", cfg.vocab_size, h)
-    b.add("Linear", (n, head, None), ("logits",))
+    if cfg.final_softcap:
+        (raw,) = b.add("Linear", (n, head, None), ("logits.raw",))
+        b.add("SoftCap", (raw,), ("logits",), cap=float(cfg.final_softcap))
+    else:
+        b.add("Linear", (n, head, None), ("logits",))
     b.output("logits")
     for i in range(cfg.num_layers):
         _, _, ok, ov = cache_names(i)

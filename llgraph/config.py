@@ -15,9 +15,11 @@ from typing import Any
 
 from llgraph.errors import LlgraphError
 
-FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2")  # the Llama block and its variants
+FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma2")  # the Llama block, its variants
 QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k before RoPE: per head (Qwen3), whole (OLMo 2)
-NORM_PLACEMENTS = ("pre", "post")  # before attention and MLP (Llama), or on their outputs (OLMo 2)
+NORM_PLACEMENTS = ("pre", "post", "sandwich")  # before attention and MLP (Llama), on their outputs (OLMo 2),
+# or both (Gemma 2)
+ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's: SwiGLU (Llama), GeGLU (Gemma)
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
 ROPE_LAYOUTS = ("half", "interleaved")
 PRESET_DIR = Path(__file__).parent / "configs"
@@ -72,6 +74,12 @@ class LlamaConfig:
     sliding_layers: tuple[int, ...] | None = None  # the layers with the window (None: every layer)
     qk_norm: str = "none"  # see QK_NORMS
     norm_placement: str = "pre"  # see NORM_PLACEMENTS
+    mlp_activation: str = "silu"  # see ACTIVATIONS
+    embedding_scale: float = 1.0  # the embedding rows are multiplied by it (Gemma: sqrt(hidden_size))
+    attention_scale: float | None = None  # None: 1/sqrt(head_dim) (Gemma 2: query_pre_attn_scalar^-0.5)
+    attention_softcap: float | None = None  # attention logits capped as cap * tanh(x / cap) (Gemma 2)
+    final_softcap: float | None = None  # the output logits, likewise
+    norm_weight_offset: float = 0.0  # RMSNorm multiplies by (offset + weight): Gemma stores weight - 1
 
     def __post_init__(self):
         # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
@@ -117,7 +125,16 @@ class LlamaConfig:
         if self.qk_norm not in QK_NORMS:
             raise ConfigError(f"qk_norm '{self.qk_norm}' is unknown; use one of {', '.join(QK_NORMS)}")
         if self.norm_placement not in NORM_PLACEMENTS:
-            raise ConfigError(f"norm_placement '{self.norm_placement}' is unknown; use 'pre' or 'post'")
+            raise ConfigError(f"norm_placement '{self.norm_placement}' is unknown; use one of "
+                              f"{', '.join(NORM_PLACEMENTS)}")
+        if self.mlp_activation not in ACTIVATIONS:
+            raise ConfigError(f"mlp_activation '{self.mlp_activation}' is unknown; use one of {', '.join(ACTIVATIONS)}")
+        for key in ("attention_softcap", "final_softcap", "attention_scale"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{key} ({value}) must be > 0 (or null for none)")
+        if not self.embedding_scale > 0:
+            raise ConfigError(f"embedding_scale ({self.embedding_scale}) must be > 0")
         if not self.rms_norm_eps > 0:
             raise ConfigError(f"rms_norm_eps ({self.rms_norm_eps}) must be > 0")
         r = self.rope
@@ -161,7 +178,7 @@ class LlamaConfig:
         attn += (self.q_size + 2 * self.kv_size) * self.attention_bias + h * self.attention_out_bias
         mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
         qk = {"none": 0, "head": 2 * self.head_dim, "projection": self.q_size + self.kv_size}[self.qk_norm]
-        per_layer = attn + mlp + 2 * h + qk
+        per_layer = attn + mlp + (4 if self.norm_placement == "sandwich" else 2) * h + qk
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + h
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:
@@ -224,7 +241,8 @@ _HF_IGNORED = {
 # keys llgraph reads from an HF config.json
 _HF_READ = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "attention_bias",
-            "mlp_bias"}
+            "mlp_bias", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping",
+            "final_logit_softcapping", "layer_types"}
 # keys transformers' PretrainedConfig documents (generation defaults, task heads, bookkeeping): no warning for them
 _HF_DOCUMENTED = {
     "is_decoder", "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder", "torchscript", "pruned_heads",
@@ -269,9 +287,12 @@ def from_hf_dict(d: dict) -> LlamaConfig:
     if mt not in _HF_LLAMA_TYPES:
         raise ConfigError(f"model_type '{mt}' is not supported; llgraph builds {', '.join(_HF_LLAMA_TYPES)} "
                           "(the Llama block and the families that share it)")
-    act = d.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ConfigError(f"hidden_act '{act}' is not supported; the Llama MLP is SwiGLU (hidden_act 'silu')")
+    act = d.get("hidden_activation") or d.get("hidden_act", "silu")
+    activation = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}.get(act)
+    if activation is None:
+        raise ConfigError(f"hidden_act '{act}' is not supported; llgraph's gated MLPs are SwiGLU ('silu') and GeGLU "
+                          "('gelu_pytorch_tanh')")
+    gemma = mt == "gemma2"
     # Qwen2/Qwen3 window only with use_sliding_window, then the layers >= max_window_layers; Mistral and Phi-3
     # every layer whenever sliding_window is set. transformers 5 spells the layers out in layer_types.
     qwen = mt in ("qwen2", "qwen3")
@@ -279,6 +300,8 @@ def from_hf_dict(d: dict) -> LlamaConfig:
     layers = None
     if window and d.get("layer_types"):
         layers = tuple(i for i, t in enumerate(d["layer_types"]) if t == "sliding_attention")
+    elif window and mt == "gemma2":  # transformers 4.x: every other layer from the first
+        layers = tuple(range(0, d["num_hidden_layers"], 2))
     elif window and qwen:
         layers = tuple(range(d.get("max_window_layers", 0), d["num_hidden_layers"]))
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -291,12 +314,16 @@ def from_hf_dict(d: dict) -> LlamaConfig:
         num_layers=d["num_hidden_layers"], num_heads=d["num_attention_heads"],
         num_kv_heads=d.get("num_key_value_heads"), head_dim=d.get("head_dim"),
         rms_norm_eps=d.get("rms_norm_eps", 1e-6), max_position_embeddings=d.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", mt == "gemma2")),
         attention_bias=bool(d.get("attention_bias", mt == "qwen2")), mlp_bias=bool(d.get("mlp_bias", False)),
         attention_out_bias=False if mt == "qwen2" else None, family=mt, sliding_window=window,
         sliding_layers=layers,
         qk_norm={"qwen3": "head", "olmo2": "projection"}.get(mt, "none"),
-        norm_placement="post" if mt == "olmo2" else "pre",
+        norm_placement={"olmo2": "post", "gemma2": "sandwich"}.get(mt, "pre"), mlp_activation=activation,
+        embedding_scale=float(d["hidden_size"]) ** 0.5 if gemma else 1.0,
+        attention_scale=float(d["query_pre_attn_scalar"]) ** -0.5 if d.get("query_pre_attn_scalar") else None,
+        attention_softcap=d.get("attn_logit_softcapping"), final_softcap=d.get("final_logit_softcapping"),
+        norm_weight_offset=1.0 if gemma else 0.0,
         rope=_hf_rope(d, d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]),
         bos_token_id=d.get("bos_token_id"),
         eos_token_ids=() if eos is None else (tuple(eos) if isinstance(eos, list) else (eos,)),

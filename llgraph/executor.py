@@ -61,7 +61,9 @@ class TorchExecutor:
 
 @torch_impl("Embedding")
 def _embedding(node: Node, ids, table):
-    return (F.embedding(ids, table),)
+    out = F.embedding(ids, table)
+    scale = node.attrs["scale"]
+    return (out if scale == 1.0 else out * torch.tensor(scale, dtype=out.dtype),)
 
 
 @torch_impl("RMSNorm")
@@ -139,15 +141,32 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value):
     mask = slots[None, None, :] <= limit[:, :, None]  # [B, S, L]: key slot j visible to query (b, s)
     if a["window"]:  # and within the last `window` positions of the query's own
         mask &= slots[None, None, :] > positions[:, :, None] - a["window"]
-    out = F.scaled_dot_product_attention(
-        q.view(b, s, hq, d).transpose(1, 2), past_key[:, :, :length], past_value[:, :, :length],
-        attn_mask=mask[:, None], scale=a["scale"], enable_gqa=hq != hkv)
+    qh, keys, values = q.view(b, s, hq, d).transpose(1, 2), past_key[:, :, :length], past_value[:, :, :length]
+    if a["softcap"]:  # SDPA has no soft-capping: the scores spelled out, as transformers' eager Gemma 2
+        keys, values = (t.repeat_interleave(hq // hkv, dim=1) for t in (keys, values))
+        scores = (qh @ keys.transpose(-1, -2)) * a["scale"]
+        scores = a["softcap"] * torch.tanh(scores / a["softcap"])
+        scores = scores.masked_fill(~mask[:, None], float("-inf"))
+        out = scores.float().softmax(-1).to(q.dtype) @ values
+    else:
+        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[:, None], scale=a["scale"],
+                                             enable_gqa=hq != hkv)
     return out.transpose(1, 2).reshape(b, s, hq * d), past_key, past_value
 
 
 @torch_impl("SwiGLU")
 def _swiglu(node: Node, gate, up):
     return (F.silu(gate) * up,)
+
+
+@torch_impl("GeGLU")
+def _geglu(node: Node, gate, up):
+    return (F.gelu(gate, approximate="tanh") * up,)
+
+
+@torch_impl("SoftCap")
+def _softcap(node: Node, x):
+    return (node.attrs["cap"] * torch.tanh(x / node.attrs["cap"]),)
 
 
 @torch_impl("Add")

@@ -143,6 +143,7 @@ def _attention(ins, attrs):
     nq, nkv = attrs["num_heads"], attrs["num_kv_heads"]
     _require(nq % nkv == 0, f"num_heads ({nq}) must be divisible by num_kv_heads ({nkv})")
     _require(attrs["window"] >= 0, f"window ({attrs['window']}) must be >= 0 (0: no window)")
+    _require(attrs["softcap"] >= 0, f"softcap ({attrs['softcap']}) must be >= 0 (0: none)")
     _require(q.shape[-1] % nq == 0, "q's last dim must be num_heads * head_dim")
     d = q.shape[-1] // nq
     _same(k.shape, q.shape[:-1] + (nkv * d,), "k shape")
@@ -154,6 +155,13 @@ def _attention(ins, attrs):
     for t in (k, v, past_k, past_v):
         _same(t.dtype, q.dtype, "dtype")
     return [(q.dtype, q.shape), (past_k.dtype, past_k.shape), (past_v.dtype, past_v.shape)]
+
+
+def _softcap(ins, attrs):
+    (x,) = ins
+    _float(x, "x")
+    _require(attrs["cap"] > 0, f"cap ({attrs['cap']}) must be > 0")
+    return [(x.dtype, x.shape)]
 
 
 def _swiglu(ins, attrs):
@@ -171,7 +179,9 @@ def _add(ins, attrs):
 
 
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
-    OpSchema("Embedding", ("ids", "table"), ("out",), (), _embedding, "table[ids]"),
+    OpSchema("Embedding", ("ids", "table"), ("out",), (
+        Attr("scale", float, "multiplies the rows, in the table's dtype (Gemma: sqrt(hidden); else 1)"),
+    ), _embedding, "table[ids] * scale"),
     OpSchema("RMSNorm", ("x", "weight"), ("out",), (
         Attr("eps", float),
         Attr("group", int, "features normalized together: the last dim, or a head's (QK-norm per head)"),
@@ -202,10 +212,14 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
              ("out", "present_key", "present_value"), (
         Attr("num_heads", int), Attr("num_kv_heads", int), Attr("scale", float), Attr("causal", bool),
         Attr("window", int, "sliding window: a query sees the slots of the last `window` positions (0: all)"),
+        Attr("softcap", float, "logits (after scale) become softcap * tanh(logits / softcap); 0: none (Gemma 2)"),
     ), _attention,
         "write k, v into the cache at slot positions[b, s]; attend query (b, s) to cache slots "
         "0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv head j serves query heads "
         "j*g..(j+1)*g-1 with g = num_heads / num_kv_heads"),
     OpSchema("SwiGLU", ("gate", "up"), ("out",), (), _swiglu, "silu(gate) * up"),
+    OpSchema("GeGLU", ("gate", "up"), ("out",), (), _swiglu, "gelu_tanh(gate) * up (Gemma's MLP)"),
+    OpSchema("SoftCap", ("x",), ("out",), (Attr("cap", float),), _softcap,
+             "cap * tanh(x / cap) (Gemma 2's final logits)"),
     OpSchema("Add", ("a", "b"), ("out",), (), _add, "a + b"),
 )}

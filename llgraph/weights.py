@@ -361,6 +361,28 @@ class FusedSplitSource(WeightSource):
         return self.base.tokenizer_files()
 
 
+class NormOffsetSource(WeightSource):
+    """Gemma stores each RMSNorm weight as w - 1 and multiplies by (1 + w): seen here as the weight the RMSNorm op
+    multiplies by, 1 + w computed in float32 as transformers computes it."""
+
+    def __init__(self, base: WeightSource, offset: float):
+        self.base, self.offset = base, offset
+        self.description, self.rope_layout = base.description, base.rope_layout
+
+    def names(self):
+        return self.base.names()
+
+    def shape(self, name):
+        return self.base.shape(name)
+
+    def load(self, name, dtype=None):
+        t = self.base.load(name, dtype)
+        return t.float() + self.offset if name.endswith("norm.weight") else t
+
+    def tokenizer_files(self):
+        return self.base.tokenizer_files()
+
+
 def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, seed: int = 0) -> WeightSource:
     """A source for a checkpoint folder / safetensors file / GGUF file, or random weights when path is None."""
     if path is None:
@@ -375,7 +397,9 @@ def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, see
     if p.is_dir() or p.suffix == ".safetensors":
         source = SafetensorsSource(p)
         if cfg is not None and any(FusedSplitSource._FUSED.fullmatch(n) for n in source.names()):
-            return FusedSplitSource(source, cfg)
+            source = FusedSplitSource(source, cfg)
+        if cfg is not None and cfg.norm_weight_offset:
+            source = NormOffsetSource(source, cfg.norm_weight_offset)
         return source
     raise WeightError(f"checkpoint {p} is neither a folder, a .safetensors nor a .gguf file")
 

@@ -74,10 +74,16 @@ def rotary_kernel(x_ptr, cos_ptr, sin_ptr, num_heads, head_dim, half, y_ptr, INT
 
 
 @triton.jit
-def _attend(q, k_ptrs, v_ptrs, mask, dmask, m, total, acc, SCALE: tl.constexpr):
-    """One block of keys/values into a running (max, sum of exp, weighted sum) — the online softmax, in float32."""
+def _attend(q, k_ptrs, v_ptrs, mask, dmask, m, total, acc, SCALE: tl.constexpr, SOFTCAP: tl.constexpr):
+    """One block of keys/values into a running (max, sum of exp, weighted sum) — the online softmax, in float32.
+    SOFTCAP > 0: the scaled scores become SOFTCAP * tanh(scores / SOFTCAP) before the mask."""
     k = tl.load(k_ptrs, mask=mask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-    scores = tl.where(mask, tl.sum(k * q[None, :], axis=1) * SCALE, float("-inf"))
+    scores = tl.sum(k * q[None, :], axis=1) * SCALE
+    if SOFTCAP > 0:  # tanh from exp, stable for any magnitude: sign(t) * (1 - e^-2|t|) / (1 + e^-2|t|)
+        t = scores / SOFTCAP
+        e = tl.exp(-2.0 * tl.abs(t))
+        scores = SOFTCAP * tl.where(t < 0, -1.0, 1.0) * (1.0 - e) / (1.0 + e)
+    scores = tl.where(mask, scores, float("-inf"))
     m_new = tl.maximum(m, tl.max(scores, axis=0))
     p = tl.exp(scores - m_new)
     correction = tl.exp(m - m_new)
@@ -88,7 +94,7 @@ def _attend(q, k_ptrs, v_ptrs, mask, dmask, m, total, acc, SCALE: tl.constexpr):
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, seq, max_seq, out_ptr, kc_out_ptr, vc_out_ptr,
                      NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SCALE: tl.constexpr,
-                     WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """GroupedAttention in one launch, for prefill and decode. One (batch row, token, query head) per program.
 
     Row b's positions are contiguous from start = positions[b, 0]: query (b, s) attends to the cached slots
@@ -115,11 +121,13 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, seq, max_seq,
         first_new = tl.maximum(s - WINDOW + 1, 0)
     for n0 in range(first_slot, start, BLOCK_N):  # the cached prefix
         offs = cache + (n0 + n)[:, None] * HEAD_DIM + d[None, :]
-        m, total, acc = _attend(q, kc_ptr + offs, vc_ptr + offs, n0 + n < start, dmask, m, total, acc, SCALE)
+        m, total, acc = _attend(q, kc_ptr + offs, vc_ptr + offs, n0 + n < start, dmask, m, total, acc, SCALE,
+                                SOFTCAP)
     new = (b * seq * KV_HEADS + kvh) * HEAD_DIM
     for t0 in range(first_new, s + 1, BLOCK_N):  # this call's tokens, causally
         offs = new + (t0 + n)[:, None] * (KV_HEADS * HEAD_DIM) + d[None, :]
-        m, total, acc = _attend(q, k_ptr + offs, v_ptr + offs, t0 + n <= s, dmask, m, total, acc, SCALE)
+        m, total, acc = _attend(q, k_ptr + offs, v_ptr + offs, t0 + n <= s, dmask, m, total, acc, SCALE,
+                                SOFTCAP)
     tl.store(out_ptr + ((b * seq + s) * NUM_HEADS + h) * HEAD_DIM + d, (acc / total).to(out_ptr.dtype.element_ty),
              mask=dmask)
     if h % (NUM_HEADS // KV_HEADS) == 0:
@@ -166,7 +174,8 @@ def plan(op: str, shapes: dict, attrs: dict) -> Launch:
         (b, s, _), (_, _, max_seq, head_dim) = shapes["q"], shapes["past_key"]
         return Launch(attention_kernel, (b, s, attrs["num_heads"]), (s, max_seq), dict(
             NUM_HEADS=attrs["num_heads"], KV_HEADS=attrs["num_kv_heads"], HEAD_DIM=static(head_dim),
-            SCALE=float(attrs["scale"]), WINDOW=int(attrs.get("window", 0)), BLOCK_N=32, BLOCK_D=triton.next_power_of_2(static(head_dim))))
+            SCALE=float(attrs["scale"]), WINDOW=int(attrs.get("window", 0)),
+            SOFTCAP=float(attrs.get("softcap", 0.0)), BLOCK_N=32, BLOCK_D=triton.next_power_of_2(static(head_dim))))
     raise KeyError(f"no kernel for op {op}")
 
 
@@ -199,12 +208,13 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
 
 
 def grouped_attention(q, k, v, positions, past_key, past_value, num_heads: int, num_kv_heads: int, scale: float,
-                      window: int = 0):
+                      window: int = 0, softcap: float = 0.0):
     """GroupedAttention: q [B, S, Hq*D]; k, v [B, S, Hkv*D]; positions [B, S] (contiguous per row); caches
     [B, Hkv, M, D], written in place at the positions. Returns out [B, S, Hq*D]."""
     q, out = q.contiguous(), torch.empty_like(q)
     inputs = {"q": q, "k": k.contiguous(), "v": v.contiguous(), "positions": positions.contiguous(),
               "past_key": past_key, "past_value": past_value}
     launch("GroupedAttention", inputs, [out, past_key, past_value],
-           {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "scale": scale, "causal": True, "window": window})
+           {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "scale": scale, "causal": True, "window": window,
+            "softcap": softcap})
     return out

@@ -22,6 +22,10 @@ FAMILIES = {
     "phi3": ("Phi3Config", {"tie_word_embeddings": False}),
     "qwen3": ("Qwen3Config", {"head_dim": 32}),  # QK-norm per head; head_dim != hidden / heads
     "olmo2": ("Olmo2Config", {}),  # QK-norm over the whole projection; norms on the sublayer outputs only
+    # soft-capping (small caps, so they bite), a window of 5 on every other layer, GeGLU, sandwich norms,
+    # sqrt(hidden) embeddings, (1 + w) norms, query_pre_attn_scalar != head_dim, tied embeddings
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 5,
+                                "attn_logit_softcapping": 4.0, "final_logit_softcapping": 10.0}),
 }
 
 
@@ -71,9 +75,10 @@ def family(request, tmp_path_factory):
 def test_family_equals_transformers(family, backend, tmp_path, report):
     name, folder, want, ids = family
     cfg = load_config(folder)
-    assert cfg.family == name.split("-")[0] and bool(cfg.sliding_window) == name.endswith("window")
-    assert (cfg.qk_norm, cfg.norm_placement) == {"qwen3": ("head", "pre"), "olmo2": ("projection", "post")}.get(
-        cfg.family, ("none", "pre"))
+    assert cfg.family == name.split("-")[0]
+    assert bool(cfg.sliding_window) == (name.endswith("window") or name == "gemma2")
+    assert (cfg.qk_norm, cfg.norm_placement) == {"qwen3": ("head", "pre"), "olmo2": ("projection", "post"),
+                                                 "gemma2": ("none", "sandwich")}.get(cfg.family, ("none", "pre"))
     if backend == "torch":
         ours = Stepper(cfg, open_checkpoint(folder, cfg), batch=2, max_seq=64)
     else:
@@ -103,20 +108,22 @@ def test_phi3_fused_tensors_are_split_by_the_weight_mapping(tmp_path):
     assert source.shape("model.layers.1.self_attn.v_proj.weight") == (cfg.kv_size, cfg.hidden_size)
 
 
-def test_the_window_matters(tmp_path, report):
-    """The windowed Mistral run without its window differs from transformers by far more than the tolerance: the
-    parity above is the window's, not an accident of short prompts."""
+@pytest.mark.parametrize("family, switch", [("mistral-window", {"sliding_window": None}),
+                                            ("gemma2", {"attention_softcap": None}),
+                                            ("gemma2", {"final_softcap": None})])
+def test_each_switch_matters(family, switch, tmp_path):
+    """The model run without one of its switches differs from transformers by far more than the tolerance: the
+    parity above is the switch's, not an accident of small logits or short prompts."""
     import dataclasses
 
-    hf = hf_checkpoint("mistral-window", tmp_path)
+    hf = hf_checkpoint(family, tmp_path)
     ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
     want = hf_steps(hf, ids, 8)
     cfg = load_config(tmp_path)
-    assert (cfg.sliding_window, cfg.sliding_layers) == (5, None)
-    full = Stepper(dataclasses.replace(cfg, sliding_window=None), open_checkpoint(tmp_path, cfg), batch=2, max_seq=64)
-    worst = max((full.step(x)["logits"] - w).abs().max().item()
+    without = Stepper(dataclasses.replace(cfg, **switch), open_checkpoint(tmp_path, cfg), batch=2, max_seq=64)
+    worst = max((without.step(x)["logits"] - w).abs().max().item()
                 for x, w in zip([ids] + [w[:, -1:].argmax(-1) for w in want[:-1]], want))
-    print(f"without its window: max |dlogits| {worst:.3f}")
+    print(f"{family} without {switch}: max |dlogits| {worst:.3f}")
     assert worst > 100 * TOL
 
 
@@ -148,7 +155,7 @@ def test_unknown_model_type_names_the_supported_ones():
     from llgraph.config import from_hf_dict
 
     with pytest.raises(ConfigError, match="model_type 'gpt2' is not supported; llgraph builds llama, mistral, qwen2, "
-                                          "phi3, qwen3, olmo2"):
+                                          "phi3, qwen3, olmo2, gemma2"):
         from_hf_dict({"model_type": "gpt2", **DIMS})
 
 

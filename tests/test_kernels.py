@@ -67,16 +67,18 @@ def test_rotary(dtype, interleaved, tokens, heads, head_dim, rotary_dim, report)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch, seq, heads, kv_heads, head_dim, max_seq, start, window", [
-    (2, 7, 8, 8, 64, 64, 0, 0),        # prefill, MHA (ratio 1)
-    (1, 1, 9, 3, 64, 64, 20, 0),       # decode, ratio 3 (SmolLM2's heads)
-    (2, 5, 16, 4, 128, 64, 10, 0),     # prefill onto a cache, ratio 4
-    (2, 1, 32, 4, 128, 512, 505, 0),   # decode near max_seq, ratio 8
-    (1, 6, 8, 1, 64, 512, 506, 0),     # prefill ending at the last slot, MQA
-    (2, 9, 8, 2, 64, 128, 40, 5),      # sliding window: prefill onto a cache, shorter than the tokens
-    (2, 1, 8, 2, 64, 128, 90, 37),     # sliding window: decode, more than a block of keys
+@pytest.mark.parametrize("batch, seq, heads, kv_heads, head_dim, max_seq, start, window, softcap", [
+    (2, 7, 8, 8, 64, 64, 0, 0, 0.0),        # prefill, MHA (ratio 1)
+    (1, 1, 9, 3, 64, 64, 20, 0, 0.0),       # decode, ratio 3 (SmolLM2's heads)
+    (2, 5, 16, 4, 128, 64, 10, 0, 0.0),     # prefill onto a cache, ratio 4
+    (2, 1, 32, 4, 128, 512, 505, 0, 0.0),   # decode near max_seq, ratio 8
+    (1, 6, 8, 1, 64, 512, 506, 0, 0.0),     # prefill ending at the last slot, MQA
+    (2, 9, 8, 2, 64, 128, 40, 5, 0.0),      # sliding window: prefill onto a cache, shorter than the tokens
+    (2, 1, 8, 2, 64, 128, 90, 37, 0.0),     # sliding window: decode, more than a block of keys
+    (2, 6, 8, 2, 64, 128, 30, 0, 1.5),      # soft-capped logits (Gemma 2), prefill onto a cache
+    (1, 1, 8, 4, 64, 128, 70, 16, 1.5),     # soft-capped and windowed decode
 ])
-def test_grouped_attention(dtype, batch, seq, heads, kv_heads, head_dim, max_seq, start, window, report):
+def test_grouped_attention(dtype, batch, seq, heads, kv_heads, head_dim, max_seq, start, window, softcap, report):
     """Rows of a batch at different positions; caches pre-filled with noise, so reading past a row's position
     would show."""
     import math
@@ -89,25 +91,27 @@ def test_grouped_attention(dtype, batch, seq, heads, kv_heads, head_dim, max_seq
     positions = positions.to(DEVICE)
     key, value = (torch.randn(batch, kv_heads, max_seq, head_dim).to(DEVICE, dtype) for _ in range(2))
     ref_key, ref_value = key.clone(), value.clone()
-    attrs = dict(num_heads=heads, num_kv_heads=kv_heads, scale=1 / math.sqrt(head_dim), window=window)
+    attrs = dict(num_heads=heads, num_kv_heads=kv_heads, scale=1 / math.sqrt(head_dim), window=window,
+                 softcap=softcap)
     want, _, _ = reference("GroupedAttention", q, k, v, positions, ref_key, ref_value, causal=True, **attrs)
-    got = kernels.grouped_attention(q, k, v, positions, key, value, heads, kv_heads, attrs["scale"], window)
+    got = kernels.grouped_attention(q, k, v, positions, key, value, heads, kv_heads, attrs["scale"], window, softcap)
     report(f"attention {dtype} B{batch} S{seq} {heads}/{kv_heads} D{head_dim} pos {positions.min()}..{positions.max()}"
-           f" window {window}",
+           f" window {window} softcap {softcap}",
            max_diff(got, want), TOL[dtype])
     assert torch.equal(key, ref_key) and torch.equal(value, ref_value)  # the same slots written, bit for bit
 
 
 AOT = """
 from llgraph.plugins.aot import assemble, compile_op
-attn = dict(num_heads=32, num_kv_heads=4, scale=0.125, causal=True, window=0)
+attn = dict(num_heads=32, num_kv_heads=4, scale=0.125, causal=True, window=0, softcap=0.0)
 cases = [("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=4096)),
          ("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=128)), ("SwiGLU", dict(gate=(1, 7, 14336)), {}),
          ("Rotary", dict(x=(1, 7, 4096), cos=(1, 7, 64)), dict(num_heads=32, interleaved=False)),
          ("Rotary", dict(x=(1, 7, 576), cos=(1, 7, 32)), dict(num_heads=9, interleaved=True)),
          ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(1, 8, 512, 128)), attn),
          ("GroupedAttention", dict(q=(1, 1, 576), past_key=(1, 3, 512, 64)), dict(attn, num_heads=9, num_kv_heads=3)),
-         ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(1, 8, 512, 128)), dict(attn, window=4096))]
+         ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(1, 8, 512, 128)), dict(attn, window=4096)),
+         ("GroupedAttention", dict(q=(1, 1, 4096), past_key=(1, 8, 512, 128)), dict(attn, softcap=50.0))]
 for cc in (80, 90):
     for dtype in ("float32", "float16", "bfloat16"):
         for op, shapes, attrs in cases:
@@ -125,7 +129,7 @@ def test_aot_compiles_to_ptx_that_ptxas_assembles():
     r = subprocess.run([sys.executable, "-c", AOT], capture_output=True, text=True, env=env)
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "sm_80: 24 kernels" in r.stdout and "sm_90: 24 kernels" in r.stdout  # 8 cases x 3 dtypes
+    assert "sm_80: 27 kernels" in r.stdout and "sm_90: 27 kernels" in r.stdout  # 9 cases x 3 dtypes
 
 
 @pytest.mark.gpu
