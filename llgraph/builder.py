@@ -98,14 +98,15 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
         if post:
             o = norm(o, f"{p}.post_attention_layernorm.weight", h, f"{v}.attn_out_norm")
         (x,) = b.add("Add", (x, o), (f"{v}.attn_residual",))
-        n = norm(x, f"{p}.{mlp_norm}.weight", h, f"{v}.mlp_norm") if pre else x
+        if not cfg.parallel_block:  # parallel (GPT-J, PaLM): the MLP reads the attention's normed input
+            n = norm(x, f"{p}.{mlp_norm}.weight", h, f"{v}.mlp_norm") if pre else x
         g = linear(n, f"{p}.mlp.gate_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.gate")
         u = linear(n, f"{p}.mlp.up_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.up")
         (a,) = b.add("SwiGLU" if cfg.mlp_activation == "silu" else "GeGLU", (g, u), (f"{v}.gated",))
         m = linear(a, f"{p}.mlp.down_proj", h, cfg.intermediate_size, cfg.mlp_bias, f"{v}.mlp_out")
         if post:
             m = norm(m, f"{p}.post_feedforward_layernorm.weight", h, f"{v}.mlp_out_norm")
-        (x,) = b.add("Add", (x, m), (f"{v}.out",))
+        (x,) = b.add("Add", (x, m), (f"{v}.out",))  # parallel: residual + attention + MLP
 
     n = norm(x, "model.norm.weight", h, "final_norm")
     head = embed_w if cfg.tie_word_embeddings else weight("lm_head.weight", cfg.vocab_size, h)

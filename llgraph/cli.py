@@ -40,6 +40,11 @@ def cmd_inspect(args) -> None:
         "every layer" if cfg.sliding_layers is None else f"layers {', '.join(map(str, cfg.sliding_layers))}")
     print(f"family: {cfg.family}  (attention biases: {bias}; mlp biases: {'yes' if cfg.mlp_bias else 'no'}; "
           f"tied embeddings: {'yes' if cfg.tie_word_embeddings else 'no'}; sliding window: {window})")
+    caps = ", ".join(f"{k} {v:g}" for k, v in (("attention", cfg.attention_softcap), ("final", cfg.final_softcap))
+                     if v) or "none"
+    print(f"block: norms {cfg.norm_placement}{' (parallel attention + MLP)' if cfg.parallel_block else ''}, "
+          f"QK-norm {cfg.qk_norm}, MLP {'SwiGLU' if cfg.mlp_activation == 'silu' else 'GeGLU'}, "
+          f"soft-capping {caps}, embedding scale {cfg.embedding_scale:g}")
     print(f"parameters: {graph.param_count():,}")
     for dtype, nbytes in (("float16", 2), ("float32", 4)):
         per_token = cfg.kv_cache_bytes_per_token(nbytes)

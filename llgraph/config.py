@@ -80,6 +80,7 @@ class LlamaConfig:
     attention_softcap: float | None = None  # attention logits capped as cap * tanh(x / cap) (Gemma 2)
     final_softcap: float | None = None  # the output logits, likewise
     norm_weight_offset: float = 0.0  # RMSNorm multiplies by (offset + weight): Gemma stores weight - 1
+    parallel_block: bool = False  # attention and MLP both read the layer's one norm; both add to the residual
 
     def __post_init__(self):
         # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
@@ -133,6 +134,9 @@ class LlamaConfig:
             value = getattr(self, key)
             if value is not None and not value > 0:
                 raise ConfigError(f"{key} ({value}) must be > 0 (or null for none)")
+        if self.parallel_block and self.norm_placement != "pre":
+            raise ConfigError(f"parallel_block needs norm_placement 'pre' (one norm both sublayers read), not "
+                              f"'{self.norm_placement}'")
         if not self.embedding_scale > 0:
             raise ConfigError(f"embedding_scale ({self.embedding_scale}) must be > 0")
         if not self.rms_norm_eps > 0:
@@ -178,7 +182,8 @@ class LlamaConfig:
         attn += (self.q_size + 2 * self.kv_size) * self.attention_bias + h * self.attention_out_bias
         mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
         qk = {"none": 0, "head": 2 * self.head_dim, "projection": self.q_size + self.kv_size}[self.qk_norm]
-        per_layer = attn + mlp + (4 if self.norm_placement == "sandwich" else 2) * h + qk
+        norms = 4 if self.norm_placement == "sandwich" else 1 if self.parallel_block else 2
+        per_layer = attn + mlp + norms * h + qk
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + h
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:

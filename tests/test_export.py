@@ -27,6 +27,7 @@ CONFIGS = {
                          "original_max_position_embeddings": 32}),
     "dynamic": tiny(max_position_embeddings=12, rope={"type": "dynamic", "factor": 2.0}),
     "partial-rotary": tiny(rope={"rotary_dim": 8}),
+    "parallel-block": tiny(parallel_block=True),  # wiring only: every backend runs it with no op of its own
 }
 
 

@@ -171,6 +171,7 @@ def test_inspect_shows_the_family_switches(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "family: qwen2  (attention biases: q/k/v; mlp biases: no; tied embeddings: no; sliding window: none)" \
         in r.stdout, r.stdout
+    assert "block: norms pre, QK-norm none, MLP SwiGLU, soft-capping none, embedding scale 1" in r.stdout
 
 
 def test_a_qk_norm_weight_of_the_wrong_shape_is_one_line(tmp_path):

@@ -88,3 +88,34 @@ def test_prefill_then_decode_equals_longer_prefill(report):
     split = a.step(ids[:, 8:])["logits"][:, -1]
     whole = Stepper(cfg, source, batch=2).step(ids)["logits"][:, -1]
     report("prefill(8)+decode(1) vs prefill(9)", max_diff(split, whole), 1e-5)
+
+
+def test_parallel_block_equals_its_equation(report):
+    """Parallel attention + MLP (GPT-J/PaLM): no transformers RMSNorm model has it, so the reference is
+    transformers' Llama modules wired by the equation x + attn(norm(x)) + mlp(norm(x)), one norm per layer."""
+    from transformers.models.llama import modeling_llama
+
+    cfg = tiny(parallel_block=True)
+    source = RandomSource(cfg, seed=4, std=STD)
+
+    def parallel(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                 use_cache=False, position_embeddings=None, **kwargs):
+        n = self.input_layernorm(hidden_states)
+        attn, _ = self.self_attn(hidden_states=n, attention_mask=attention_mask, position_ids=position_ids,
+                                 past_key_values=past_key_values, use_cache=use_cache,
+                                 position_embeddings=position_embeddings, **kwargs)
+        return hidden_states + attn + self.mlp(n)
+
+    original = modeling_llama.LlamaDecoderLayer.forward
+    modeling_llama.LlamaDecoderLayer.forward = parallel
+    try:
+        model = hf_model(cfg, source, unread="post_attention_layernorm")  # the equation never reads it
+        compare_with_hf(cfg, Stepper(cfg, source, batch=2), model, report)
+    finally:
+        modeling_llama.LlamaDecoderLayer.forward = original
+    ids = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # the switch matters: the sequential block on the same weights is far off
+        sequential = hf_model(cfg, source, unread="post_attention_layernorm")(ids).logits
+    gap = max_diff(Stepper(cfg, source, batch=1).step(ids)["logits"], sequential)
+    print(f"parallel vs sequential on the same weights: {gap:.3f}")
+    assert gap > 100 * TOL
