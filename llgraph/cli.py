@@ -423,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "command", None) == "export" and not (args.config or args.checkpoint):
         print("llgraph: error: export needs --config or --checkpoint", file=sys.stderr)
         return 2
+    status = 0
     try:
         with signals_raise():  # SIGTERM/SIGHUP clean up like Ctrl-C: no partial output is left behind
             status = args.func(args)

@@ -53,3 +53,13 @@ def test_export_errors_are_one_line_exit_2_and_leave_nothing(tmp_path):
         assert r.returncode == 2 and len(errors) == 1 and message in errors[0], r.stderr
         assert "Traceback" not in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_output_into_a_closed_pipe_is_quiet():
+    """`llgraph inspect ... | head -1`: the reader goes away early; no traceback, exit 0."""
+    p = subprocess.Popen([sys.executable, "-m", "llgraph", "inspect", "--config", "8b.json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, bufsize=1)
+    p.stdout.readline()
+    p.stdout.close()  # like head after its first line
+    err = p.stderr.read()
+    assert p.wait(30) == 0 and "Traceback" not in err, err
