@@ -188,3 +188,25 @@ def test_a_qk_norm_weight_of_the_wrong_shape_is_one_line(tmp_path):
                                           r"\(config needs \(32,\)\)"):
         export_model(tmp_path, checkpoint=tmp_path, out=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"attn_logit_softcapping": -1.0}, "attention_softcap (-1.0) must be > 0"),
+    ({"final_logit_softcapping": 0.0}, "final_softcap (0.0) must be > 0"),
+    ({"sliding_window": 1000}, "sliding_window (1000) is larger than the context"),
+    ({"hidden_activation": "relu"}, "hidden_act 'relu' is not supported"),
+])
+def test_bad_family_configs_are_one_line_and_write_nothing(change, message, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import transformers
+
+    config = transformers.Gemma2Config(**DIMS, head_dim=16, sliding_window=5).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    r = subprocess.run([sys.executable, "-m", "llgraph", "export", "--config", "config.json", "-o", "out"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+    assert r.returncode == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
