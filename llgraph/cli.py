@@ -61,6 +61,7 @@ def cmd_export(args) -> None:
 
     check_writable_target(Path(args.output), args.force)  # a refused -o is the first thing said, before any work
     if args.checkpoint is None:
+        load_config(args.config)  # a bad config is the one line said, before the notice below
         print(f"no --checkpoint: exporting seeded random weights (seed {args.seed})", file=sys.stderr)
     out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, args.target, args.dtype,
                        args.max_seq_len, args.force, progress=True, seed=args.seed, quantize=args.quantize,
