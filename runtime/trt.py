@@ -213,6 +213,10 @@ def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, m
     if trt.flavor == "rtx" and plugins != "none":
         raise EngineError(f"{trt.name} cannot run llgraph's plugins (its Python wheel has no tensorrt.plugin); "
                           "use --plugins none (its native attention, KV-cache and rotary layers)")
+    if plugins == "none" and cfg.attention_softcap:
+        raise EngineError(f"{cfg.name} soft-caps its attention logits, which TensorRT's own attention layer cannot "
+                          f"({trt.name} refuses 'softcap'); build it with TensorRT and --plugins aot, so llgraph's "
+                          "attention plugin runs it, or run the export with ONNX Runtime")
     if trt.flavor == "tensorrt":
         _check_gpu()  # TensorRT-RTX builds ahead of time on the CPU; TensorRT needs the GPU it builds for
     if plugins != "none":

@@ -29,13 +29,13 @@ FAMILIES = {
 }
 
 
-def hf_checkpoint(family: str, folder):
+def hf_checkpoint(family: str, folder, **overrides):
     """transformers' own class, Linear and embedding weights drawn with std 0.3 and norm weights around 1, so the
     logits are decisive (the test checks), saved with save_pretrained."""
     import transformers
 
     cls, extra = FAMILIES[family]
-    config = getattr(transformers, cls)(**DIMS, **extra)
+    config = getattr(transformers, cls)(**DIMS, **{**extra, **overrides})
     torch.manual_seed(7)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():
