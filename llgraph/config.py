@@ -16,6 +16,7 @@ from typing import Any
 from llgraph.errors import LlgraphError
 
 FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma2")  # the Llama block, its variants
+GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # general.architecture values read (Mistral GGUFs are 'llama')
 QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k before RoPE: per head (Qwen3), whole (OLMo 2)
 NORM_PLACEMENTS = ("pre", "post", "sandwich")  # before attention and MLP (Llama), on their outputs (OLMo 2),
 # or both (Gemma 2)
@@ -365,11 +366,12 @@ def from_gguf(path: str | Path) -> LlamaConfig:
 
     r = GGUFReader(str(path), "r")
     arch = _gguf_value(r, "general.architecture")
-    if arch != "llama":
-        raise ConfigError(f"GGUF architecture '{arch}' is not supported; llgraph reads 'llama' GGUF files")
+    if arch not in GGUF_ARCHS:
+        raise ConfigError(f"GGUF architecture '{arch}' is not supported; llgraph reads {', '.join(GGUF_ARCHS)} GGUF "
+                          "files (and the other families from their HF folders)")
 
     def get(key, default=None):
-        v = _gguf_value(r, f"llama.{key}")
+        v = _gguf_value(r, f"{arch}.{key}")
         return default if v is None else v
 
     n_head = get("attention.head_count")
@@ -378,7 +380,8 @@ def from_gguf(path: str | Path) -> LlamaConfig:
     vocab = get("vocab_size") or (len(tokens.data) if tokens is not None else None)
     tensor_names = {t.name for t in r.tensors}
     scaling = get("rope.scaling.type", "none")
-    rope = dict(theta=float(get("rope.freq_base", 10000.0)), layout="interleaved",
+    # llama.cpp permutes q/k rows for its llama architecture only (interleaved pairs); qwen2/qwen3 keep HF's
+    rope = dict(theta=float(get("rope.freq_base", 10000.0)), layout="interleaved" if arch == "llama" else "half",
                 rotary_dim=get("rope.dimension_count"))
     if scaling == "linear":
         rope.update(type="linear", factor=float(get("rope.scaling.factor")))
@@ -399,6 +402,11 @@ def from_gguf(path: str | Path) -> LlamaConfig:
         bos_token_id=_gguf_value(r, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (eos,),
         name=_gguf_value(r, "general.name") or "gguf",
+        family="llama" if arch == "llama" else arch,
+        attention_bias=any(n.endswith("attn_q.bias") for n in tensor_names),
+        attention_out_bias=any(n.endswith("attn_output.bias") for n in tensor_names),
+        qk_norm="head" if any(n.endswith("attn_q_norm.weight") for n in tensor_names) else "none",
+        sliding_window=get("attention.sliding_window"),
     )
 
 

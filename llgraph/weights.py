@@ -195,6 +195,7 @@ _GGUF_NAMES = {
     "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
 
 
@@ -215,7 +216,7 @@ class GGUFSource(WeightSource):
     undoes the permutation explicitly, for use with an HF-layout config.
     """
 
-    def __init__(self, path: str | Path, rope_layout: str = "interleaved"):
+    def __init__(self, path: str | Path, rope_layout: str | None = None):
         from gguf import GGUFReader
 
         self.path = Path(path)
@@ -223,13 +224,19 @@ class GGUFSource(WeightSource):
             self._reader = GGUFReader(str(self.path), "r")
         except (OSError, ValueError) as e:
             raise WeightError(f"cannot read GGUF {self.path}: {e}") from None
-        if rope_layout not in ("half", "interleaved"):
-            raise ValueError(f"rope_layout '{rope_layout}' must be 'half' or 'interleaved'")
+        # llama.cpp permutes q/k rows for its llama architecture only; qwen2/qwen3 rows are stored as in HF
+        arch = self._reader.fields.get("general.architecture")
+        self.arch = arch.contents() if arch is not None else "llama"
+        stored = "interleaved" if self.arch == "llama" else "half"
+        rope_layout = rope_layout or stored
+        if rope_layout not in ("half", "interleaved") or (stored == "half" and rope_layout != "half"):
+            raise ValueError(f"rope_layout '{rope_layout}' is not available for GGUF architecture '{self.arch}'")
         self.rope_layout = rope_layout
+        self._unpermute = rope_layout != stored
         self.description = f"GGUF {self.path.name}"
         self._tensors = {_hf_name(t.name): t for t in self._reader.tensors}
-        heads = self._reader.fields.get("llama.attention.head_count")
-        kv = self._reader.fields.get("llama.attention.head_count_kv")
+        heads = self._reader.fields.get(f"{self.arch}.attention.head_count")
+        kv = self._reader.fields.get(f"{self.arch}.attention.head_count_kv")
         self._heads = int(heads.contents()) if heads else None
         self._kv_heads = int(kv.contents()) if kv else self._heads
 
@@ -251,7 +258,7 @@ class GGUFSource(WeightSource):
             return super().load_quantized(name)
         raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
         q = from_gguf_blocks(raw, t.tensor_type.name, self.shape(name))
-        if self.rope_layout == "half" and (m := re.search(r"self_attn\.([qk])_proj", name)):
+        if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             heads = self._heads if m[1] == "q" else self._kv_heads
             q = QuantTensor(*(None if a is None else torch.from_numpy(interleaved_to_half(a.numpy(), heads))
                               for a in (q.codes, q.scales, q.mins)), q.fmt)
@@ -271,7 +278,7 @@ class GGUFSource(WeightSource):
         step = max(1, (16 << 20) // (4 * shape[-1]))  # dequantize ~16 MB of rows at a time: bounded temporaries
         for i in range(0, rows.shape[0], step):
             rows[i:i + step] = dequantize(blocks[i:i + step], t.tensor_type).reshape(-1, shape[-1])
-        if self.rope_layout == "half" and (m := re.search(r"self_attn\.([qk])_proj", name)):
+        if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             out = interleaved_to_half(out, self._heads if m[1] == "q" else self._kv_heads)
         return torch.from_numpy(np.ascontiguousarray(out))
 

@@ -209,3 +209,58 @@ def test_bad_family_configs_are_one_line_and_write_nothing(change, message, tmp_
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def write_family_gguf(folder, path, arch: str, cfg) -> None:
+    """The HF checkpoint as a GGUF of `arch` (float32 tensors), named by gguf's own tensor-name map — not by
+    llgraph's — with the metadata keys llama.cpp's converter writes for it."""
+    import gguf
+    from safetensors.torch import load_file
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope.theta)
+    w.add_vocab_size(cfg.vocab_size)
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), cfg.num_layers)
+    for name, tensor in load_file(folder / "model.safetensors").items():
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_gguf_of_the_family_equals_transformers(family, tmp_path, report):
+    """The family's GGUF metadata and tensor names (q/k rows stored as in HF: llama.cpp permutes only its llama
+    architecture): llgraph's ort export of the GGUF == transformers on the original checkpoint, prefill + 8 decode."""
+    model = hf_checkpoint(family, tmp_path / "hf")
+    hf_cfg = load_config(tmp_path / "hf")
+    write_family_gguf(tmp_path / "hf", tmp_path / "m.gguf", family, hf_cfg)
+    cfg = load_config(tmp_path / "m.gguf")
+    assert (cfg.family, cfg.rope.layout, cfg.attention_bias, cfg.attention_out_bias, cfg.qk_norm) == (
+        hf_cfg.family, "half", hf_cfg.attention_bias, hf_cfg.attention_out_bias, hf_cfg.qk_norm)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    want = hf_steps(model, ids, 8)
+    out = export_model(tmp_path / "m.gguf", checkpoint=tmp_path / "m.gguf", out=tmp_path / "ort", max_seq_len=64)
+    ours, worst = OrtStepper(out, cfg, batch=2, max_seq=64), 0.0
+    for logits in want:
+        worst = max(worst, (ours.step(ids)["logits"] - logits).abs().max().item())
+        ids = logits[:, -1:].argmax(-1)
+    report(f"{family} GGUF on ort vs transformers", worst, TOL)
+    if cfg.head_dim != cfg.hidden_size // cfg.num_heads:
+        return  # transformers' GGUF reader derives head_dim from the hidden size (it ignores key_length)
+    from transformers import AutoModelForCausalLM  # the file is a GGUF transformers itself reads the same way
+
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).eval()
+    first = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (theirs(first).logits - want[0]).abs().max().item() < TOL
