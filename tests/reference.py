@@ -112,6 +112,33 @@ class OrtStepper:
         return {k: torch.from_numpy(v) for k, v in out.items()}
 
 
+def gguf_writer(path, arch: str, cfg: LlamaConfig):
+    """gguf's own writer for `arch`, with the model metadata llama.cpp's converter writes."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny-gguf")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope.theta)
+    w.add_vocab_size(cfg.vocab_size)
+    return w
+
+
+def finish_gguf(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
     """A llama GGUF written with gguf's own writer: config metadata, every tensor of `source` in
     `qtype_of(index, hf_name, array)`, q/k rows permuted as llama.cpp's converter does. Returns, per HF name,
@@ -122,18 +149,8 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
     from llgraph.weights import _GGUF_NAMES
 
     to_gguf = {v: k for k, v in _GGUF_NAMES.items()}
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-gguf")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope.theta)
+    w = gguf_writer(path, "llama", cfg)
     w.add_rope_dimension_count(cfg.head_dim)
-    w.add_vocab_size(cfg.vocab_size)
     expected = {}
     for i, name in enumerate(source.names()):
         x = source.load(name).numpy()
@@ -148,10 +165,7 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
         m = stem.split(".")
         gname = (f"blk.{m[2]}.{to_gguf['.'.join(m[3:])]}" if stem.startswith("model.layers.") else to_gguf[stem])
         w.add_tensor(f"{gname}.{kind}", data, raw_shape=data.shape, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
     return expected
 
 

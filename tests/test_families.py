@@ -5,7 +5,7 @@ made and saved by transformers' own class, held to that class on every backend, 
 
 import pytest
 import torch
-from reference import OrtStepper, Stepper
+from reference import OrtStepper, Stepper, finish_gguf, gguf_writer
 
 from llgraph.config import ConfigError, load_config
 from llgraph.export import ExportError, export_model
@@ -217,25 +217,11 @@ def write_family_gguf(folder, path, arch: str, cfg) -> None:
     import gguf
     from safetensors.torch import load_file
 
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope.theta)
-    w.add_vocab_size(cfg.vocab_size)
+    w = gguf_writer(path, arch, cfg)
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), cfg.num_layers)
     for name, tensor in load_file(folder / "model.safetensors").items():
         w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.float().numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
