@@ -264,7 +264,8 @@ def weights_of(args):
     from llgraph.export import DTYPE_ALIASES
     from llgraph.runtime.runners import Weights
 
-    return Weights(DTYPE_ALIASES.get(args.dtype, args.dtype), args.quantize, args.block_size, args.symmetric, args.dequantize)
+    return Weights(DTYPE_ALIASES.get(args.dtype, args.dtype), args.quantize, args.block_size, args.symmetric,
+                   args.dequantize)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,8 +1,9 @@
 """The one decode loop every backend shares: prefill, then cached decode, then sampling.
 
 A backend supplies two things: `allocate(batch)` (its static KV cache, once per request) and
-`forward(input_ids, position_ids, rows=None) -> logits` (one step on its bound buffers, or on a range of their rows). Everything else — validation, right
-padding of a batch, stop conditions, sampling, streaming text — lives here once.
+`forward(input_ids, position_ids, rows=None) -> logits` (one step on its bound buffers, or on a range of their
+rows). Everything else — validation, right padding of a batch, stop conditions, sampling, streaming text — lives
+here once.
 
 Batches are right-padded. That is correct with the position-indexed static cache: a pad token of row b writes
 slot p >= len(b), and row b's decode token at position p overwrites slot p before any query of row b can see it.

@@ -6,8 +6,8 @@ per batch over the static cache, with no decoding.
 
 A pair is scored as one right-padded row `context + continuation`, less its last token (only ever predicted), at
 positions 0..n-2: the logits at position t give the distribution of token t+1, so the continuation's log-probability
-is the sum over its tokens of log_softmax(logits[t - 1])[token t]. `greedy` says whether every continuation token is the argmax there (lm-eval's
-`is_greedy`). Log-softmax is taken in float64.
+is the sum over its tokens of log_softmax(logits[t - 1])[token t]. `greedy` says whether every continuation token
+is the argmax there (lm-eval's `is_greedy`). Log-softmax is taken in float64.
 """
 
 from __future__ import annotations

@@ -143,7 +143,6 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
     """A llama GGUF written with gguf's own writer: config metadata, every tensor of `source` in
     `qtype_of(index, hf_name, array)`, q/k rows permuted as llama.cpp's converter does. Returns, per HF name,
     (gguf's own dequantization of what was written, its type, the head count for q/k rows or None)."""
-    import gguf
     import gguf.quants as gq
 
     from llgraph.weights import _GGUF_NAMES
@@ -175,7 +174,8 @@ _K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}), "Q5_K": (176, {0: 5e-4, 2: 7.7
 
 def random_k_blocks(shape, qtype, seed: int):
     """K-quant super-blocks of random codes, sub-block scales and mins (gguf cannot quantize to K-quants), with
-    float16 d/dmin chosen so the weights are zero-mean, std ~0.25: valid blocks of a [rows, cols] tensor, as the writer takes."""
+    float16 d/dmin chosen so the weights are zero-mean, std ~0.25: valid blocks of a [rows, cols] tensor, as the
+    writer takes."""
     import numpy as np
 
     size, halves = _K_LAYOUT[qtype.name]

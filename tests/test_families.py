@@ -8,7 +8,7 @@ import torch
 from reference import OrtStepper, Stepper, finish_gguf, gguf_writer
 
 from llgraph.config import ConfigError, load_config
-from llgraph.export import ExportError, export_model
+from llgraph.export import export_model
 from llgraph.weights import open_checkpoint
 
 TOL = 1e-4

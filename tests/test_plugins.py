@@ -31,8 +31,8 @@ register_plugins(trtp)
 out = {}
 for pid, d in QDP_REGISTRY.items():
     descs = [trtp.TensorDesc(trtp.ShapeExprs(3, _is_dummy=True), trt.float16) for _ in d.input_tensor_names]
-    attrs = {"eps": 1e-5, "group": 32, "num_heads": 4, "num_kv_heads": 2, "scale": 0.125, "causal": True, "window": 0, "softcap": 0.0,
-             "interleaved": False}
+    attrs = {"eps": 1e-5, "group": 32, "num_heads": 4, "num_kv_heads": 2, "scale": 0.125, "causal": True,
+             "window": 0, "softcap": 0.0, "interleaved": False}
     attrs = {k: attrs[k] for k in d.input_attrs}
     outputs = d.register_func(*descs, **attrs)
     combos = d.autotune_func(*descs, *attrs.values(), outputs)

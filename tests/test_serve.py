@@ -1,6 +1,7 @@
 """`llgraph serve`: real server processes driven over HTTP with the official `openai` client — streaming equals
 whole, continuous batching keeps every request's solo greedy tokens, slots are freed by clients that leave, a full
-queue is a 429, bad requests are 400s with OpenAI's error object, SIGTERM drains and exits 0 — and Ray Serve replicas."""
+queue is a 429, bad requests are 400s with OpenAI's error object, SIGTERM drains and exits 0 — and Ray Serve
+replicas."""
 
 import json
 import signal
@@ -169,7 +170,8 @@ def _stream_tokens(url, body, leave_after=None, hold: threading.Event | None = N
 
 
 def _generated(url) -> float:
-    line = next(x for x in httpx.get(f"{url}/metrics").text.splitlines() if x.startswith("llgraph_generated_tokens_total"))
+    lines = httpx.get(f"{url}/metrics").text.splitlines()
+    line = next(x for x in lines if x.startswith("llgraph_generated_tokens_total"))
     return float(line.split()[-1])
 
 
