@@ -142,19 +142,23 @@ def _chat_prompt(body: dict, tokenizer) -> str:
 
 # -- the app -----------------------------------------------------------------------------------------------------------
 
-def create_app(options: ServeOptions) -> FastAPI:
-    """The ASGI app. The runner and scheduler load at startup (lifespan), so a Ray replica loads its own."""
+def load_runner(options: ServeOptions):
+    from llgraph.runtime.runners import Weights, open_runner
+
+    return open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir, options.tensorrt,
+                       options.weights or Weights())
+
+
+def create_app(options: ServeOptions, runner=None) -> FastAPI:
+    """The ASGI app. Without `runner`, the runner and scheduler load at startup (lifespan), so a Ray replica loads
+    its own; `serve` loads it first, so a bad model is one line before anything listens."""
     state: dict = {}
 
     @asynccontextmanager
     async def lifespan(app):
-        from llgraph.runtime.runners import Weights, open_runner
-
-        runner = open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir,
-                             options.tensorrt, options.weights or Weights())
-        scheduler = Scheduler(runner, options.slots, options.max_queue, options.timeout)
+        scheduler = Scheduler(runner or load_runner(options), options.slots, options.max_queue, options.timeout)
         scheduler.metrics = state["metrics"] = PrometheusMetrics(scheduler.stats)
-        state.update(runner=runner, scheduler=scheduler.start(), created=int(time.time()))
+        state.update(runner=scheduler.runner, scheduler=scheduler.start(), created=int(time.time()))
         app.state.scheduler = scheduler
         yield
         scheduler.stop(0)
@@ -320,7 +324,12 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grac
     seconds, cancel the rest, return (exit 0)."""
     import uvicorn
 
-    app = create_app(options)
+    print(f"llgraph serve: loading {options.model} ({options.backend})", flush=True)
+    runner = load_runner(options)  # a bad model or flag is one line, before anything listens
+    if options.backend == "trt" and options.slots > getattr(runner.backend, "max_batch", options.slots):
+        raise RequestError(f"--slots {options.slots} exceeds the engine's max batch ({runner.backend.max_batch}); "
+                           "lower --slots or rebuild with `llgraph build --max-batch`")
+    app = create_app(options, runner)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
@@ -335,7 +344,6 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grac
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace)
-    print(f"llgraph serve: loading {options.model} ({options.backend})", flush=True)
     import signal
 
     # uvicorn handles SIGTERM/SIGINT while it runs, then re-raises the signal to the handler it found: a drained,

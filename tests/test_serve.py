@@ -233,3 +233,12 @@ def test_ray_serve_two_local_replicas_answer(export_folder):
     finally:
         s.proc.send_signal(signal.SIGINT)
         s.proc.wait(120)
+
+
+def test_a_bad_model_is_one_line_before_anything_listens(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "llgraph", "serve", str(tmp_path / "nope"), "--port", str(_free_port())],
+                       capture_output=True, text=True, timeout=120)
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and errors == [f"llgraph: error: model {tmp_path / 'nope'} does not exist; pass an "
+                                            "export folder, a checkpoint or 'smollm2'"], r.stderr
+    assert "listening" not in r.stdout
