@@ -7,20 +7,12 @@ import json
 import sys
 from pathlib import Path
 
-from llgraph.config import load_config, presets
+from llgraph.cli_args import build_parser
+from llgraph.config import load_config
 from llgraph.errors import LlgraphError
 from llgraph.outdir import Terminated, signals_raise
 
 USER_ERRORS = (LlgraphError, FileNotFoundError, PermissionError)
-CACHE_HELP = "where checkpoints are exported for ONNX Runtime (default $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph)"
-
-
-def dtype_name(text: str) -> str:
-    """fp32/fp16/bf16 or float32/float16/bfloat16 -> the canonical name."""
-    names = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-    if text not in names and text not in names.values():
-        raise argparse.ArgumentTypeError(f"unknown dtype '{text}'; use fp32, fp16 or bf16")
-    return names.get(text, text)
 
 
 def cmd_inspect(args) -> None:
@@ -248,156 +240,12 @@ def cmd_diff(args) -> int:
     return 0 if report.passed else 1
 
 
-def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
-    """How weights are run, the same flags for export, generate and eval (runtime.runners.Weights)."""
-    p.add_argument("--dtype", default="fp32", help=f"{whose}dtype: fp32 (default), fp16 or bf16 "
-                   "(bf16: trt and onnx targets only; ONNX Runtime's CPU kernels have none)")
-    p.add_argument("--quantize", choices=("int4", "int8"), help=f"round {whose}float decoder-layer Linears to "
-                   "nearest (a GGUF's Q4_0/Q4_1/Q8_0 blocks are carried as stored without it)")
-    p.add_argument("--block-size", type=int, default=32, help="--quantize: codes per scale (32, 64, 128)")
-    p.add_argument("--symmetric", action="store_true", help="--quantize: no per-block mins (zero point 2^(bits-1))")
-    p.add_argument("--dequantize", action="store_true", help=f"run {whose}quantized GGUF blocks (e.g. the bundled "
-                   "Q4_1) in float instead of as stored")
-
-
 def weights_of(args):
     from llgraph.export import DTYPE_ALIASES
     from llgraph.runtime.runners import Weights
 
     return Weights(DTYPE_ALIASES.get(args.dtype, args.dtype), args.quantize, args.block_size, args.symmetric,
                    args.dequantize)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from llgraph import __version__
-
-    p = argparse.ArgumentParser(prog="llgraph", description=__doc__)
-    p.add_argument("--version", action="version", version=f"llgraph {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    i = sub.add_parser("inspect", help="summarize the graph a config builds: ops, parameters, KV-cache size")
-    i.add_argument("--config", required=True,
-                   help=f"a config file (llgraph JSON, HF config.json, .gguf) or a preset: {', '.join(presets())}")
-    i.add_argument("--dtype", default="fp32", type=dtype_name, help="fp32, fp16 or bf16 (as for export)")
-    i.add_argument("--passes", action="store_true", help="show the graph after QKV and gate/up packing")
-    i.set_defaults(func=cmd_inspect)
-    e = sub.add_parser("export", help="export a model to an ONNX folder (model.onnx + external data + manifest)")
-    e.add_argument("--config", help="config file or preset; defaults to the checkpoint's own (config.json / GGUF)")
-    e.add_argument("--checkpoint", help="HF folder, .safetensors, .gguf, or 'smollm2' (the bundled SmolLM2-135M "
-                   "GGUF); without it, seeded random weights")
-    e.add_argument("--target", default="ort", help="ort (ONNX Runtime, default), onnx (standard ops only) or trt "
-                   "(TensorRT plugin nodes; ONNX Runtime runs it too)")
-    add_weight_flags(e)
-    e.add_argument("--max-seq-len", type=int, help="longest position the RoPE tables cover (default: the config's)")
-    e.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    e.add_argument("--accuracy-level", type=int, help="ort target: MatMulNBits accuracy_level (0 = exact fp32 "
-                   "compute, the default; 4 = int8 compute, faster and approximate)")
-    e.add_argument("--force", action="store_true", help="replace an earlier llgraph export at -o (never a folder "
-                   "holding anything llgraph did not write)")
-    e.add_argument("-o", "--output", required=True, help="output folder")
-    e.set_defaults(func=cmd_export)
-    b = sub.add_parser("build", help="build a TensorRT engine from a --target trt export folder (needs a GPU)")
-    b.add_argument("folder", help="an export folder made with --target trt")
-    b.add_argument("-o", "--output", help="engine path (default FOLDER/model.engine)")
-    b.add_argument("--max-batch", type=int, default=8, help="most prompts in one batch (default 8)")
-    b.add_argument("--max-seq-len", type=int, help="KV-cache length, fixed in the engine (default min(2048, the "
-                   "export's RoPE range))")
-    b.add_argument("--opt-prefill", type=int, default=128, help="prompt length the prefill profile is tuned for")
-    b.add_argument("--plugins", choices=("aot", "jit", "none"), help="aot: llgraph's Triton plugins as PTX inside "
-                   "the engine (TensorRT's default); jit: the same plugins called from Python; none: TensorRT's "
-                   "native layers from the function bodies (TensorRT-RTX's default and only choice)")
-    b.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto", help="which TensorRT builds "
-                   "when both are installed: tensorrt (10.15+/11) or rtx (TensorRT-RTX; builds without a GPU)")
-    b.set_defaults(func=cmd_build)
-    g = sub.add_parser("generate", help="stream a completion from an export folder or a checkpoint")
-    g.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
-    g.add_argument("--prompt", help="the prompt text")
-    g.add_argument("--tokens", help="the prompt as comma-separated token ids (e.g. for a random-weight export)")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"),
-                   help="ort: ONNX Runtime CPU (default); torch: the PyTorch executor; trt: a built TensorRT engine")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
-    g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 disables")
-    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats; 1 disables")
-    g.add_argument("--seed", type=int, help="seed for sampling (same seed, same tokens)")
-    g.add_argument("--stop", action="append", help="stop string (repeatable)")
-    g.add_argument("--max-seq-len", type=int, help="KV-cache length: prompt + new tokens (default min(2048, the "
-                   "model's range))")
-    g.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
-                   help="for --backend trt: the TensorRT to run with (default: the one the engine was built with)")
-    g.add_argument("--cache-dir", help=CACHE_HELP)
-    add_weight_flags(g, "a checkpoint's ")
-    g.set_defaults(func=cmd_generate)
-    d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
-    d.add_argument("model", help="checkpoint (HF folder, .gguf, 'smollm2') or a config (random weights)")
-    d.add_argument("--a", default="torch", help="reference side (torch, ort, onnx)")
-    d.add_argument("--b", help="side under test (torch, ort, onnx, trt); omit with --save to only record side a")
-    d.add_argument("--engine", help="for trt: the export folder holding the built engine (its dtype is the engine's)")
-    prompt = d.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", default="The quick brown fox", help="prompt text (needs a checkpoint's "
-                        "tokenizer)")
-    prompt.add_argument("--tokens", help="comma-separated token ids")
-    d.add_argument("--steps", type=int, default=4, help="decode steps after the prefill")
-    d.add_argument("--dtype", default="float32", help="side b's dtype (fp32, fp16, bf16)")
-    d.add_argument("--a-dtype", default="float32", help="side a's dtype")
-    d.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
-    d.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
-    d.add_argument("--max-seq-len", type=int, default=256, help="KV-cache length of both sides (default 256)")
-    d.add_argument("--save", help="write side a's inputs and values to this .npz (compressed)")
-    d.add_argument("--save-values", choices=("outputs", "layers", "all"), default="layers",
-                   help="what --save keeps: final outputs; those + each layer's output (default); every value")
-    d.add_argument("--load", help="use a saved run as side a (its inputs drive side b)")
-    d.add_argument("--all", action="store_true", help="print every value, not only failures and layer outputs")
-    d.set_defaults(func=cmd_diff)
-    v = sub.add_parser("eval", help="multiple-choice accuracy or perplexity of a model on any backend")
-    v.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
-    v.add_argument("--task", required=True, choices=("mc", "perplexity"), help="mc: JSONL items with context, "
-                   "choices, answer; perplexity: a text file")
-    v.add_argument("--data", required=True, help="the items (.jsonl) or the text (.txt)")
-    v.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"), help="the backend scored (default ort)")
-    v.add_argument("--compare", choices=("ort", "torch", "trt"), help="score the same data on this backend too and "
-                   "print the per-item differences")
-    v.add_argument("--context", type=int, help="perplexity: tokens per window (default: the cache length)")
-    v.add_argument("--stride", type=int, help="perplexity: tokens a window advances (default: the window)")
-    v.add_argument("--batch-size", type=int, default=8, help="mc: pairs scored per forward pass (default 8)")
-    v.add_argument("--max-seq-len", type=int, help="KV-cache length (default min(2048, the model's range))")
-    v.add_argument("--output", help="also write the numbers to this JSON file")
-    v.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
-                   help="for --backend trt: the TensorRT to run with")
-    v.add_argument("--cache-dir", help=CACHE_HELP)
-    add_weight_flags(v, "a checkpoint's ")
-    v.set_defaults(func=cmd_eval)
-    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (llgraph[serve])")
-    s.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
-    s.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"), help="the runner (default ort)")
-    s.add_argument("--name", help="the model id clients send (default: MODEL's file or folder name)")
-    s.add_argument("--slots", type=int, default=8, help="requests decoded together: cache rows (default 8)")
-    s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429 (default 64)")
-    s.add_argument("--timeout", type=float, help="seconds a request may take before it is ended (default none)")
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    s.add_argument("--grace", type=float, default=10.0, help="on SIGTERM: seconds running requests get to finish "
-                   "(default 10)")
-    s.add_argument("--max-seq-len", type=int, help="KV-cache length per slot (default min(2048, the model's))")
-    s.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
-                   help="for --backend trt: the TensorRT to run with")
-    s.add_argument("--cache-dir", help=CACHE_HELP)
-    add_weight_flags(s, "a checkpoint's ")
-    s.add_argument("--ray", action="store_true", help="deploy on Ray Serve (local Ray unless --ray-address)")
-    s.add_argument("--replicas", type=int, default=1, help="--ray: replicas, each with its own runner (default 1)")
-    s.add_argument("--ray-address", help="--ray: join this cluster ('auto': the one `ray start` made here)")
-    s.set_defaults(func=cmd_serve)
-    h = sub.add_parser("lm-eval", add_help=False, help="lm-evaluation-harness's command line with the model "
-                       "'llgraph' registered: llgraph lm-eval --model llgraph --model_args model=smollm2 --tasks T")
-    h.add_argument("harness_args", nargs=argparse.REMAINDER, help="lm_eval's arguments (see llgraph lm-eval --help)")
-    h.set_defaults(func=cmd_lm_eval)
-    c = sub.add_parser("cache", help="list or clean the checkpoints `generate` exported for ONNX Runtime")
-    c.add_argument("action", choices=("list", "clean"), help="list: entries with size and source; clean: remove")
-    c.add_argument("names", nargs="*", help="for clean: the entries to remove (default: all)")
-    c.add_argument("--cache-dir", help=CACHE_HELP)
-    c.set_defaults(func=cmd_cache)
-    return p
 
 
 def _one_line_warnings() -> None:
@@ -418,9 +266,10 @@ def _one_line_warnings() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # the harness's own parser reads the rest, --help included
-        args = argparse.Namespace(command="lm-eval", func=cmd_lm_eval, harness_args=argv[1:])
+        args = argparse.Namespace(command="lm-eval", func="lm_eval", harness_args=argv[1:])
     else:
         args = build_parser().parse_args(argv)
+    args.func = globals()[f"cmd_{args.func}"]  # the parser names the command; its function is here
     _one_line_warnings()
     if getattr(args, "command", None) == "export" and not (args.config or args.checkpoint):
         print("llgraph: error: export needs --config or --checkpoint", file=sys.stderr)
