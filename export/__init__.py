@@ -55,7 +55,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
     source = open_checkpoint(checkpoint, cfg, seed)
     if bits:
-        from llgraph.weights import QuantizedSource
+        from llgraph.source_views import QuantizedSource
 
         source = QuantizedSource(source, bits, block_size, symmetric)
     elif not dequantize:

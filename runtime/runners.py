@@ -40,7 +40,8 @@ class TorchRunner(Runner):
                  device: str = "cpu", progress: bool = False, weights: "Weights | None" = None):
         from llgraph.bundled import resolve
         from llgraph.config import load_config
-        from llgraph.weights import QuantizedSource, open_checkpoint
+        from llgraph.source_views import QuantizedSource
+        from llgraph.weights import open_checkpoint
 
         checkpoint = resolve(checkpoint)
         cfg = load_config(resolve(config) or checkpoint)

@@ -14,7 +14,8 @@ from test_export import compare_steps
 from llgraph.config import load_config
 from llgraph.export import export_model
 from llgraph.quant import dequantize, quantize_rtn
-from llgraph.weights import GGUFSource, QuantizedSource, RandomSource
+from llgraph.source_views import QuantizedSource
+from llgraph.weights import GGUFSource, RandomSource
 
 T = gguf.GGMLQuantizationType
 TARGETS = ("ort", "onnx", "trt")
