@@ -251,7 +251,7 @@ def weights_of(args):
 def _one_line_warnings() -> None:
     import warnings
 
-    from llgraph.config import ConfigWarning
+    from llgraph.hf_config import ConfigWarning
 
     show = warnings.showwarning
 

@@ -145,14 +145,14 @@ def test_batched_right_padded_prompts_keep_their_solo_tokens_with_a_window(tmp_p
 
 
 def test_a_window_larger_than_the_context_is_one_line():
-    from llgraph.config import from_hf_dict
+    from llgraph.hf_config import from_hf_dict
 
     with pytest.raises(ConfigError, match=r"sliding_window \(4096\) is larger than the context"):
         from_hf_dict({"model_type": "mistral", **DIMS, "sliding_window": 4096})
 
 
 def test_unknown_model_type_names_the_supported_ones():
-    from llgraph.config import from_hf_dict
+    from llgraph.hf_config import from_hf_dict
 
     with pytest.raises(ConfigError, match="model_type 'gpt2' is not supported; llgraph builds llama, mistral, qwen2, "
                                           "phi3, qwen3, olmo2, gemma2"):

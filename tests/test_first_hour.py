@@ -161,7 +161,7 @@ def test_missing_checkpoint_is_named_as_such(tmp_path):
 # -- configs ---------------------------------------------------------------------------------------------------------
 
 def test_hf_config_typo_is_warned_about_with_the_closest_key():
-    from llgraph.config import ConfigWarning, from_hf_dict
+    from llgraph.hf_config import ConfigWarning, from_hf_dict
 
     d = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
          "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "num_beams": 1}
