@@ -180,6 +180,7 @@ class Decoding:
         self.steps = 0
         self.finish_reason: str | None = None  # "eos", "stop" or "length"
         self._shown = ""
+        self._decoded = (0, "")  # (tokens decoded, their text): each step decodes once, not once per caller
 
     def push(self, token: int) -> str | None:
         """A sampled token -> the finish reason, once finished (an EOS token is not kept)."""
@@ -188,14 +189,19 @@ class Decoding:
             self.finish_reason = "eos"
         else:
             self.tokens.append(token)
-            if self.stop and any(s in self.text_of(self.tokens) for s in self.stop):
+            if self.stop and any(s in self._full_text() for s in self.stop):
                 self.finish_reason = "stop"
         if self.finish_reason is None and self.steps == self.max_new_tokens:
             self.finish_reason = "length"
         return self.finish_reason
 
+    def _full_text(self) -> str:
+        if self._decoded[0] != len(self.tokens):
+            self._decoded = (len(self.tokens), self.text_of(self.tokens))
+        return self._decoded[1]
+
     def text(self) -> str:
-        return _cut_at_stop(self.text_of(self.tokens), self.stop)
+        return _cut_at_stop(self._full_text(), self.stop)
 
     def new_text(self) -> str:
         """The text since the last call. Until finished it holds back an incomplete multi-byte character and an end
