@@ -117,8 +117,8 @@ def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", m
 
 def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype: str = "float32",
               max_seq: int = 256, folder: str | Path | None = None, graph: Graph | None = None) -> Side:
-    """Exports (into `folder`, or a temporary one) and runs in ONNX Runtime CPU with every IR-named node output
-    exposed as a graph output."""
+    """Exports (into `folder`, or a temporary one removed when the side is dropped) and runs in ONNX Runtime CPU with
+    every IR-named node output exposed as a graph output."""
     import onnx
     import onnxruntime as ort
 
@@ -126,7 +126,8 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
     from llgraph.export.lower import ONNX_DTYPES, export
 
     graph = graph or model_graph(cfg, dtype)
-    folder = Path(folder or tempfile.mkdtemp(prefix="llgraph-diff-")) / target
+    scratch = None if folder else tempfile.TemporaryDirectory(prefix="llgraph-diff-")  # removed with the side
+    folder = Path(folder or scratch.name) / target
     export(graph, source, get_target(target), folder, max_positions=max_seq, force=True)
     model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
     present = {o.name for o in model.graph.output}
@@ -147,6 +148,7 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
         cache = {}
 
         def step(s: Step) -> Values:
+            _ = scratch  # the export lives as long as a stepper can run
             if not cache:
                 cache.update(new_cache(cfg, s["input_ids"].shape[0], max_seq, lambda shape: np.zeros(shape, np_dtype)))
             values = dict(zip(names, session.run(names, {**s, **cache})))

@@ -30,6 +30,22 @@ def report_for(setup, side):
                         [v.name for v in graph.outputs])
 
 
+def test_temporary_export_is_removed_with_the_side(setup, tmp_path, monkeypatch):
+    """`llgraph diff` without a folder exported into a temporary one and left it (a model's size per run)."""
+    import gc
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg, source, graph, inputs, reference = setup
+    side = diff.onnx_side(cfg, source, "ort")
+    (made,) = tmp_path.glob("llgraph-diff-*")
+    assert (made / "ort" / "model.onnx").exists()
+    diff.run_steps(side, inputs[:1])
+    del side
+    gc.collect()
+    assert not made.exists()
+
+
 @pytest.mark.parametrize("target", ["ort", "onnx"])
 def test_torch_vs_onnxruntime_passes_for_every_value(setup, target):
     cfg, source = setup[:2]
