@@ -32,11 +32,18 @@ def qlinear_inputs(node: Node):
     return x, codes, scales, mins, bias, node.attrs["bits"], node.attrs["block_size"], node.attrs["zero_point"]
 
 
-def block_sum_matmul(em: Emitter, x: str, table: str, blocks: int, block: int, hint: str) -> str:
-    """sum_b (sum over block b of x) * table[b, :]: the term of x @ W^T that a per-block offset of W contributes."""
-    grouped = em.node("Reshape", [x, em.const([0, 0, blocks, block], "int64")], hint=hint)[0]
-    sums = em.node("ReduceSum", [grouped, em.const([-1], "int64")], hint=hint, keepdims=0)[0]
-    return em.node("MatMul", [sums, table], hint=hint)[0]
+def offset_term(em: Emitter, node: Node, shift: int) -> str:
+    """What a QLinear's blocks hold beyond scale * (q - shift): offset[o, b] = mins[o, b] + scales[o, b] * (shift -
+    zero_point), as (block sums of x) @ offset^T, the term of x @ W^T a per-block offset of W contributes."""
+    x, codes, scales, mins, _, _, block, zp = qlinear_inputs(node)
+    _, blocks, _ = em.graph.values[codes].shape
+
+    def offset(s, *m):
+        return ((m[0].float() if m else 0) + s.float() * (shift - zp)).to(s.dtype).t()
+    table = em.derived(f"{scales}.offset{shift}.T", offset, scales, *([mins] if mins else []))
+    grouped = em.node("Reshape", [x, em.const([0, 0, blocks, block], "int64")], hint=node.name)[0]
+    sums = em.node("ReduceSum", [grouped, em.const([-1], "int64")], hint=node.name, keepdims=0)[0]
+    return em.node("MatMul", [sums, table], hint=node.name)[0]
 
 
 def qlinear(em: Emitter, node: Node) -> None:
@@ -55,10 +62,7 @@ def qlinear(em: Emitter, node: Node) -> None:
     w = em.node("DequantizeLinear", [signed, em.weight(scales)], hint=node.name, axis=1, block_size=block)[0]
     y = em.node("MatMul", [x, em.node("Transpose", [w], hint=node.name, perm=[1, 0])[0]], hint=node.name)[0]
     if mins is not None or zp != shift:
-        def offset(s, *m):
-            return ((m[0].float() if m else 0) + s.float() * (shift - zp)).to(s.dtype).t()
-        table = em.derived(f"{scales}.offset.T", offset, scales, *([mins] if mins else []))
-        y = em.node("Add", [y, block_sum_matmul(em, x, table, blocks, block, node.name)], hint=node.name)[0]
+        y = em.node("Add", [y, offset_term(em, node, shift)], hint=node.name)[0]
     em.node("Identity" if bias is None else "Add", [y] + ([em.weight(bias)] if bias else []), node.outputs,
             hint=node.name)
 

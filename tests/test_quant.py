@@ -146,7 +146,8 @@ def test_smollm2_int4_greedy_equals_the_executor(smollm2_export, tmp_path, repor
     kl = (logp[0].exp() * (logp[0] - logp[1])).sum(-1).mean().item()
     agree = (logp[0].argmax(-1) == logp[1].argmax(-1)).double().mean().item()
     print(f"accuracy level 4 vs 0 over {ids.shape[1]} tokens: top-1 agreement {agree:.2f}")
-    report("accuracy level 4 vs 0, mean KL of next-token distributions", kl, 0.1)
+    # 0.0025 here; 0.013-0.016 before Q4_1's codes were centred (q - 8, the mins term carrying the rest)
+    report("accuracy level 4 vs 0, mean KL of next-token distributions", kl, 0.006)
 
 
 def test_bad_quantization_requests(tmp_path):
