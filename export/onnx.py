@@ -80,12 +80,30 @@ def embedding(em: Emitter, node: Node) -> None:
     ids, table = node.inputs
     tied = any(n.op == "Linear" and n.inputs[1] == table for n in em.graph.nodes)
     data = em.node("Transpose", [em.weight(table, transpose=True)], hint=node.name)[0] if tied else em.weight(table)
+    scaled_rows(em, node, em.node("Gather", [data, ids], hint=node.name, axis=0)[0])
+
+
+def qembedding(em: Emitter, node: Node) -> None:
+    """Standard ONNX has no blocked gather: the table is dequantized at export (exactly, as the executor does) and
+    gathered in float."""
+    ids, codes, scales, mins = (list(node.inputs) + [None])[:4]
+    a = node.attrs
+
+    def dequantized(c, s, *m):
+        from llgraph.quant import dequantize
+
+        return dequantize(c, s, m[0] if m else None, a["bits"], a["zero_point"])
+    table = em.derived(f"{codes}.dequantized", dequantized, codes, scales, *([mins] if mins else []))
+    scaled_rows(em, node, em.node("Gather", [table, ids], hint=node.name, axis=0)[0])
+
+
+def scaled_rows(em: Emitter, node: Node, rows: str) -> None:
+    """An embedding's output: its gathered rows times the node's `scale` (Gemma's sqrt(hidden)), in their dtype."""
     scale = node.attrs["scale"]
     if scale == 1.0:
-        em.node("Gather", [data, ids], node.outputs, hint=node.name, axis=0)
+        em.node("Identity", [rows], node.outputs, hint=node.name)
         return
-    rows = em.node("Gather", [data, ids], hint=node.name, axis=0)[0]
-    dtype = em.graph.values[table].dtype
+    dtype = em.graph.values[node.outputs[0]].dtype
     em.node("Mul", [rows, em.const(scale, "float16" if dtype == "float16" else "float32")], node.outputs,
             hint=node.name)
 
@@ -208,7 +226,7 @@ def add(em: Emitter, node: Node) -> None:
     em.node("Add", list(node.inputs), node.outputs, hint=node.name)
 
 
-LOWERINGS = {"Embedding": embedding, "RMSNorm": rmsnorm, "Linear": linear, "QLinear": qlinear, "Split": split,
+LOWERINGS = {"Embedding": embedding, "QEmbedding": qembedding, "RMSNorm": rmsnorm, "Linear": linear, "QLinear": qlinear, "Split": split,
              "RotaryCosSin": rotary_cos_sin, "Rotary": rotary, "GroupedAttention": grouped_attention,
              "SwiGLU": swiglu, "GeGLU": geglu, "SoftCap": softcap, "Add": add}
 

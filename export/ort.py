@@ -137,6 +137,35 @@ def qlinear_nbits(em: Emitter, node: Node) -> None:
             hint=node.name)
 
 
+def qembedding_gather(em: Emitter, node: Node) -> None:
+    """com.microsoft GatherBlockQuantized on the codes as they are — a table tied to the lm head shares its codes
+    initializer with the head's MatMulNBits, so the export holds the table once, at its own bits. Mins (which
+    GatherBlockQuantized has no input for) are gathered and added, as the executor adds them."""
+    ids, codes, scales, mins = (list(node.inputs) + [None])[:4]
+    bits, block, zp = node.attrs["bits"], node.attrs["block_size"], node.attrs["zero_point"]
+    inputs = [em.weight(codes), ids, em.weight(scales, compute=_per_block)]
+    if zp != 1 << (bits - 1):  # uint8 [rows, blocks, 1]: one code (4-bit: the byte's two nibbles) per block
+        byte = zp if bits == 8 else zp | (zp << 4)
+        inputs.append(em.weight(scales, compute=_zero_points(byte)))
+    rows = em.node("GatherBlockQuantized", inputs, hint=node.name, domain=MS, bits=bits, block_size=block,
+                   gather_axis=0, quantize_axis=2)[0]  # [B, S, blocks, block]
+    if mins is not None:
+        row_mins = em.node("Gather", [em.weight(mins), ids], hint=node.name, axis=0)[0]
+        rows = em.node("Add", [rows, em.node("Unsqueeze", [row_mins, em.const([-1], "int64")], hint=node.name)[0]],
+                       hint=node.name)[0]
+    std.scaled_rows(em, node, em.node("Reshape", [rows, em.const([0, 0, -1], "int64")], hint=node.name)[0])
+
+
+def _per_block(t):
+    return t.unsqueeze(-1)
+
+
+def _zero_points(byte: int):
+    def gather_zero_points(s):
+        return torch.full((*s.shape, 1), byte, dtype=torch.uint8)
+    return gather_zero_points
+
+
 def _flat(t):
     return t.reshape(-1)
 
@@ -152,4 +181,4 @@ def _table(em: Emitter, cos_sin: Node, name: str, fn):
     return table
 
 
-TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear_nbits}, {"": std.OPSET, MS: 1}, plan=plan)
+TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear_nbits, "QEmbedding": qembedding_gather}, {"": std.OPSET, MS: 1}, plan=plan)

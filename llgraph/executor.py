@@ -87,6 +87,17 @@ def _qlinear(node: Node, x, codes, scales, mins=None, bias=None):
     return (F.linear(x, dequantize(codes, scales, mins, a["bits"], a["zero_point"], x.dtype), bias),)
 
 
+@torch_impl("QEmbedding")
+def _qembedding(node: Node, ids, codes, scales, mins=None):
+    """The rows asked for, dequantized as QLinear's reference does (== the whole table dequantized, then gathered)."""
+    from llgraph.quant import dequantize
+
+    a, flat = node.attrs, ids.reshape(-1)
+    rows = dequantize(codes[flat], scales[flat], None if mins is None else mins[flat], a["bits"], a["zero_point"])
+    out = rows.reshape(*ids.shape, rows.shape[-1])
+    return (out if a["scale"] == 1.0 else out * torch.tensor(a["scale"], dtype=out.dtype),)
+
+
 @torch_impl("Split")
 def _split(node: Node, x):
     return tuple(torch.split(x, list(node.attrs["sizes"]), dim=-1))

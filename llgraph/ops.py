@@ -113,6 +113,20 @@ def _qlinear(ins, attrs):
     return [(x.dtype, x.shape[:-1] + (codes.shape[0],))]
 
 
+def _qembedding(ins, attrs):
+    ids, codes, scales, mins = ins
+    _require(ids.dtype in INTS, f"ids must be integer, got {ids.dtype}")
+    _require(codes.dtype == "uint8" and len(codes.shape) == 3, f"codes must be uint8 [rows, features/block, packed],"
+             f" got {codes.dtype}{list(codes.shape)}")
+    _same(codes.shape[2], attrs["block_size"] * attrs["bits"] // 8, "packed bytes per block vs block_size * bits / 8")
+    _same(scales.shape, codes.shape[:2], "scales shape vs codes' [rows, blocks]")
+    _float(scales, "scales")
+    if mins is not None:
+        _same(mins.shape, scales.shape, "mins shape vs scales")
+        _same(mins.dtype, scales.dtype, "mins dtype vs scales dtype")
+    return [(scales.dtype, ids.shape + (codes.shape[1] * attrs["block_size"],))]
+
+
 def _split(ins, attrs):
     (x,) = ins
     _same(sum(attrs["sizes"]), x.shape[-1], "sum of sizes vs x's last dim")
@@ -178,6 +192,13 @@ def _add(ins, attrs):
     return [(a.dtype, a.shape)]
 
 
+QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbedding's codes
+    Attr("bits", int, "code width", (4, 8)),
+    Attr("block_size", int, "codes per scale along the input features"),
+    Attr("zero_point", int, "the code that means 0 (before mins)"),
+    Attr("code_bits", int, "bits the codes use, <= bits (5 for GGUF Q5_K, 6 for Q6_K held in 8)"),
+)
+
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     OpSchema("Embedding", ("ids", "table"), ("out",), (
         Attr("scale", float, "multiplies the rows, in the table's dtype (Gemma: sqrt(hidden); else 1)"),
@@ -188,13 +209,12 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     ), _rmsnorm, "each consecutive `group` features of the last axis: x / sqrt(mean(x^2) + eps) * weight, "
                  "computed in float32"),
     OpSchema("Linear", ("x", "weight", "bias?"), ("out",), (), _linear, "x @ weight^T + bias"),
-    OpSchema("QLinear", ("x", "codes", "scales", "mins?", "bias?"), ("out",), (
-        Attr("bits", int, "code width", (4, 8)),
-        Attr("block_size", int, "codes per scale along the input features"),
-        Attr("zero_point", int, "the code that means 0 (before mins)"),
-        Attr("code_bits", int, "bits the codes use, <= bits (5 for GGUF Q5_K, 6 for Q6_K held in 8)"),
-    ), _qlinear, "x @ w^T + bias with w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]; "
+    OpSchema("QLinear", ("x", "codes", "scales", "mins?", "bias?"), ("out",), QUANT_ATTRS, _qlinear, "x @ w^T + bias with w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]; "
                  "q unpacked from codes (4-bit: two per byte, low nibble first); see llgraph/quant.py"),
+    OpSchema("QEmbedding", ("ids", "codes", "scales", "mins?"), ("out",), (
+        *QUANT_ATTRS, Attr("scale", float, "multiplies the rows, as Embedding's"),
+    ), _qembedding, "Embedding over a blocked table in QLinear's format (a GGUF's token_embd as stored; tied to a "
+                    "QLinear lm head, the same codes): the rows ids, dequantized, * scale"),
     OpSchema("Split", ("x",), ("*",), (Attr("sizes", tuple, "sizes along the last axis"),),
              _split, "split the last axis into consecutive pieces"),
     OpSchema("RotaryCosSin", ("positions", "inv_freq"), ("cos", "sin"), (

@@ -98,15 +98,15 @@ def _packed_name(names: list[str], label: str) -> str:
 
 
 def quantize_linears(format_of: Callable[[str], object]) -> Pass:
-    """Linear -> QLinear where every checkpoint tensor of the weight has the same blocked format
-    (`format_of(name)` -> llgraph.quant.QuantFormat or None). The weight param becomes three lazy params — codes,
-    scales and (for formats with them) mins — over the same checkpoint tensors (a tied embedding table keeps its
-    float param for the Embedding). Runs after packing, so a packed [q; k; v] is quantized when its parts agree."""
+    """Linear -> QLinear and Embedding -> QEmbedding where every checkpoint tensor of the weight has the same
+    blocked format (`format_of(name)` -> llgraph.quant.QuantFormat or None). The weight param becomes three lazy
+    params — codes, scales and (for formats with them) mins — over the same checkpoint tensors; a table tied to the
+    lm head is one set, read by both. Runs after packing, so a packed [q; k; v] is quantized when its parts agree."""
     def quantize(graph: Graph) -> Graph:
         params, values, nodes = dict(graph.params), dict(graph.values), []
-        readers = graph.consumers()
+        readers = {name: len(nodes_) for name, nodes_ in graph.consumers().items()}
         for node in graph.nodes:
-            w = graph.params.get(node.inputs[1]) if node.op == "Linear" else None
+            w = graph.params.get(node.inputs[1]) if node.op in ("Linear", "Embedding") else None
             formats = {format_of(p.name) for p in w.parts} if w is not None and w.parts else {None}
             if len(formats) != 1 or None in formats:
                 nodes.append(node)
@@ -117,14 +117,19 @@ def quantize_linears(format_of: Callable[[str], object]) -> Pass:
                       "scales": (w.value.dtype, (out, n_in // fmt.block_size))}
             if fmt.has_mins:
                 pieces["mins"] = pieces["scales"]
-            if len(readers[w.name]) == 1:  # a tied table stays for the Embedding that also reads it
+            readers[w.name] -= 1
+            if readers[w.name] == 0:
                 del params[w.name], values[w.name]
             for piece, (dtype, shape) in pieces.items():
                 v = Value(f"{w.name}.{piece}", dtype, shape)
                 params[v.name], values[v.name] = Param(v, w.parts, component=piece), v
+            blocked = (f"{w.name}.codes", f"{w.name}.scales", f"{w.name}.mins" if fmt.has_mins else None)
+            if node.op == "Embedding":
+                nodes.append(Node("QEmbedding", (node.inputs[0], *blocked)[:4 if fmt.has_mins else 3], node.outputs,
+                                  {**fmt.attrs, "scale": node.attrs["scale"]}))
+                continue
             bias = node.inputs[2] if len(node.inputs) > 2 else None
-            inputs = (node.inputs[0], f"{w.name}.codes", f"{w.name}.scales",
-                      f"{w.name}.mins" if fmt.has_mins else None, bias)
+            inputs = (node.inputs[0], *blocked, bias)
             nodes.append(Node("QLinear", inputs[:5 if bias else (4 if fmt.has_mins else 3)], node.outputs,
                               fmt.attrs))
         return verify(Graph(graph.inputs, graph.outputs, params, tuple(nodes), values, graph.metadata))
