@@ -245,7 +245,7 @@ def weights_of(args):
     from llgraph.runtime.runners import Weights
 
     return Weights(DTYPE_ALIASES.get(args.dtype, args.dtype), args.quantize, args.block_size, args.symmetric,
-                   args.dequantize)
+                   args.dequantize, args.accuracy_level)
 
 
 def _one_line_warnings() -> None:

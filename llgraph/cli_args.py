@@ -27,6 +27,8 @@ def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
     p.add_argument("--symmetric", action="store_true", help="--quantize: no per-block mins (zero point 2^(bits-1))")
     p.add_argument("--dequantize", action="store_true", help=f"run {whose}quantized GGUF blocks (e.g. the bundled "
                    "Q4_1) in float instead of as stored")
+    p.add_argument("--accuracy-level", type=int, help="ONNX Runtime's MatMulNBits accuracy_level for quantized "
+                   "weights: 0 (default) = exact fp32 compute; 4 = int8 activations, 1.6x faster, approximate")
 
 
 def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_help: str) -> None:
@@ -63,8 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_weight_flags(e)
     e.add_argument("--max-seq-len", type=int, help="longest position the RoPE tables cover (default: the config's)")
     e.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    e.add_argument("--accuracy-level", type=int, help="ort target: MatMulNBits accuracy_level (0 = exact fp32 "
-                   "compute, the default; 4 = int8 compute, faster and approximate)")
     e.add_argument("--force", action="store_true", help="replace an earlier llgraph export at -o (never a folder "
                    "holding anything llgraph did not write)")
     e.add_argument("-o", "--output", required=True, help="output folder")

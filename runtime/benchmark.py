@@ -3,17 +3,20 @@ eager, same prompt, same greedy tokens, one invocation, the same thread count.
 
     python -m llgraph.runtime.benchmark [--hf-dir DIR] [--work DIR] [--threads 2] [--new-tokens 64] [--repeats 3]
     python -m llgraph.runtime.benchmark --int4     # 4-bit: llgraph on the GGUF's own Q4_1 blocks (accuracy level 4
-                                                   # and 0) vs onnxruntime-genai int4 vs llama.cpp on the same GGUF
+                                                   # and 0) vs onnxruntime-genai int4 vs llama.cpp on the same GGUF,
+                                                   # then each one's mean KL from the exact computation
     python -m llgraph.runtime.benchmark --quality  # RTN int4/int8: mean KL of next-token distributions vs fp32
 
 Prefill tok/s = prompt tokens / time to the first token's logits; decode tok/s = (new tokens - 1) / the time of
 the decode steps after it. Each engine is loaded once, then the engines run in turn `repeats` times (interleaved,
-so drift in the machine's speed hits each alike); each engine's best run counts.
+so drift in the machine's speed hits each alike); each engine's best run counts. Each engine runs in a process of
+its own, whose peak RSS is reported above that of a bare process.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -120,6 +123,38 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _serve(conn, factory, args) -> None:
+    """A child process holding one engine: `factory(*args)` loads it, each "run" runs it, "stop" answers the
+    process's peak RSS."""
+    run = factory(*args) if factory is not None else None
+    while conn.recv() == "run":
+        conn.send(run())
+    conn.send(peak_rss_mb())
+
+
+class Isolated:
+    """An engine in a process of its own, so that each engine's peak RSS is its own: `Isolated(None)` is the
+    baseline, a process that imported what every engine's process imports (Python, torch, this module)."""
+
+    def __init__(self, factory, *args):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, factory, args), daemon=True)
+        self.process.start()
+
+    def __call__(self):
+        self.conn.send("run")
+        return self.conn.recv()
+
+    def peak_rss(self) -> float:
+        self.conn.send("stop")
+        rss = self.conn.recv()
+        self.process.join()
+        return rss
+
+
 def int4_engines(args, hf_dir: Path, prompt: list[int]) -> dict:
     """llgraph int4 from the bundled GGUF's Q4_1 blocks at accuracy level 4 (default) and 0 (exact fp32 compute),
     onnxruntime-genai's int4 build of the same model (its builder re-rounds the HF weights; it cannot read a
@@ -131,21 +166,51 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> dict:
     from llgraph.export import export_model
 
     gguf = bundled_model("smollm2")
-    engines = {}
+    engines, args.int4_folders = {}, {}
     for level in (4, 0):
         folder = export_model(gguf, checkpoint=gguf, out=args.work / f"llgraph-int4-l{level}", target="ort",
                               force=True, accuracy_level=level)
-        engines[f"llgraph int4 (level {level})"] = llgraph_engine(folder, prompt, args.new_tokens, args.threads)
+        args.int4_folders[f"llgraph int4 (level {level})"] = folder
+        engines[f"llgraph int4 (level {level})"] = Isolated(llgraph_engine, folder, prompt, args.new_tokens,
+                                                             args.threads)
     genai_dir = args.work / "genai-int4"
     if not (genai_dir / "genai_config.json").exists():
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o",
                         str(genai_dir), "-p", "int4", "-e", "cpu"], check=True, capture_output=True)
-    engines["onnxruntime-genai int4"] = genai_engine(genai_dir, prompt, args.new_tokens, args.threads)
-    try:
-        engines["llama.cpp Q4_1"] = llama_cpp_engine(gguf, prompt, args.new_tokens, args.threads)
-    except ImportError:
+    engines["onnxruntime-genai int4"] = Isolated(genai_engine, genai_dir, prompt, args.new_tokens, args.threads)
+    if importlib.util.find_spec("llama_cpp") is not None:
+        engines["llama.cpp Q4_1"] = Isolated(llama_cpp_engine, gguf, prompt, args.new_tokens, args.threads)
+    else:
         print("llama-cpp-python is not installed: no llama.cpp row (pip install llama-cpp-python, built for AVX2)")
     return engines
+
+
+def int4_fidelity(args, folders: dict, gguf: Path) -> None:
+    """How far each int4 engine's next-token distributions are from the exact ones (llgraph at accuracy level 0
+    on the same GGUF blocks): mean KL and top-1 agreement over TEXT, teacher-forced in one prefill."""
+    import numpy as np
+
+    from llgraph.runtime.backends import OrtBackend
+    from llgraph.runtime.tokenizer import Tokenizer
+
+    ids = Tokenizer.load(gguf).encode(TEXT)
+    logp = {}
+    for name, folder in folders.items():
+        backend = OrtBackend(folder, len(ids), args.threads)
+        backend.allocate(1)
+        logp[name] = backend.forward(torch.tensor([ids]), torch.arange(len(ids))[None]).double().log_softmax(-1)[0]
+    if importlib.util.find_spec("llama_cpp") is not None:
+        from llama_cpp import Llama
+
+        model = Llama(str(gguf), n_ctx=len(ids), n_threads=args.threads, n_batch=1, logits_all=True, verbose=False)
+        model.eval(ids)
+        logp["llama.cpp Q4_1"] = torch.from_numpy(np.array(model.scores[:len(ids)])).double().log_softmax(-1)
+    ref = logp.pop("llgraph int4 (level 0)")
+    print(f"\nvs the exact computation (llgraph level 0) over {len(ids)} tokens of A Tale of Two Cities:")
+    print(f"{'engine':<28}{'mean KL':>10}{'top-1 agreement':>18}")
+    for name, lp in logp.items():
+        kl = (ref.exp() * (ref - lp)).sum(-1).mean().item()
+        print(f"{name:<28}{kl:>10.4f}{(ref.argmax(-1) == lp.argmax(-1)).double().mean().item():>18.3f}")
 
 
 # the opening of A Tale of Two Cities (Dickens, 1859; public domain): the fixed text of --quality
@@ -207,8 +272,11 @@ def main(argv=None) -> None:
     if args.quality:
         return quality(args, hf_dir)
     if args.int4:
-        return report(int4_engines(args, hf_dir, prompt), args, prompt, "SmolLM2-135M 4-bit",
-                      "onnxruntime-genai int4", "llgraph int4 (level 0)")
+        from llgraph.bundled import bundled_model
+
+        report(int4_engines(args, hf_dir, prompt), args, prompt, "SmolLM2-135M 4-bit", "onnxruntime-genai int4",
+               "llgraph int4 (level 0)")
+        return int4_fidelity(args, args.int4_folders, bundled_model("smollm2"))
     ours = export_model(hf_dir, checkpoint=hf_dir, out=args.work / "llgraph-ort", target="ort", force=True)
     genai_dir = args.work / "genai"
     if not (genai_dir / "genai_config.json").exists():
@@ -216,16 +284,17 @@ def main(argv=None) -> None:
         import sys
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o",
                         str(genai_dir), "-p", "fp32", "-e", "cpu"], check=True, capture_output=True)
-    engines = {"llgraph ORTRunner": llgraph_engine(ours, prompt, args.new_tokens, args.threads),
-               "onnxruntime-genai": genai_engine(genai_dir, prompt, args.new_tokens, args.threads),
-               "transformers eager": transformers_engine(hf_dir, prompt, args.new_tokens, args.threads)}
+    engines = {"llgraph ORTRunner": Isolated(llgraph_engine, ours, prompt, args.new_tokens, args.threads),
+               "onnxruntime-genai": Isolated(genai_engine, genai_dir, prompt, args.new_tokens, args.threads),
+               "transformers eager": Isolated(transformers_engine, hf_dir, prompt, args.new_tokens, args.threads)}
     report(engines, args, prompt, "SmolLM2-135M fp32", "onnxruntime-genai", "transformers eager")
 
 
 def report(engines: dict, args, prompt: list[int], title: str, peer: str, reference: str) -> None:
-    """Run the engines in turn `repeats` times (interleaved, so drift in the machine's speed hits each alike) and
-    print each one's best prefill and decode rates, its ratio to `peer`, and whether its greedy tokens equal
-    `reference`'s."""
+    """Run the engines (each `Isolated`) in turn `repeats` times (interleaved, so drift in the machine's speed hits
+    each alike) and print each one's best prefill and decode rates, its ratio to `peer`, whether its greedy tokens
+    equal `reference`'s, and its process's peak RSS above a bare process's."""
+    baseline = Isolated(None)
     runs = {name: [] for name in engines}
     for _ in range(args.repeats):
         for name, run in engines.items():
@@ -234,12 +303,16 @@ def report(engines: dict, args, prompt: list[int], title: str, peer: str, refere
     for name, rs in runs.items():
         assert all(r[0] == rs[0][0] for r in rs)
         results[name] = (rs[0][0], max(r[1] for r in rs), max(r[2] for r in rs))
+    rss = {name: engine.peak_rss() for name, engine in engines.items()}
+    bare = baseline.peak_rss()
     want = results[reference][0]
     print(f"\n{title}, prompt {len(prompt)} tokens, {args.new_tokens} new tokens, {args.threads} threads, best of "
-          f"{args.repeats}; peak RSS of this process {peak_rss_mb():.0f} MB")
-    print(f"{'engine':<28}{'prefill tok/s':>15}{'decode tok/s':>14}{f'x {peer}':>28}  tokens == {reference}")
+          f"{args.repeats}; each engine in its own process, peak RSS above a bare one's ({bare:.0f} MB: Python, torch)")
+    print(f"{'engine':<28}{'prefill tok/s':>15}{'decode tok/s':>14}{f'x {peer}':>28}{'peak RSS MB':>13}  "
+          f"tokens == {reference}")
     for name, (tokens, prefill, decode) in results.items():
-        print(f"{name:<28}{prefill:>15.1f}{decode:>14.1f}{decode / results[peer][2]:>28.2f}  {tokens == want}")
+        print(f"{name:<28}{prefill:>15.1f}{decode:>14.1f}{decode / results[peer][2]:>28.2f}{rss[name] - bare:>13.0f}  "
+              f"{tokens == want}")
 
 
 if __name__ == "__main__":

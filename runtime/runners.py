@@ -64,19 +64,24 @@ class TRTRunner(Runner):
 @dataclass(frozen=True)
 class Weights:
     """How a checkpoint's weights are run (the export flags of the same names): `dtype`; a quantized GGUF as stored
-    or `dequantize`d; a float checkpoint `quantize`d (int4/int8) by round-to-nearest."""
+    or `dequantize`d; a float checkpoint `quantize`d (int4/int8) by round-to-nearest; the ort target's
+    MatMulNBits `accuracy_level` (None: its default, llgraph.export.ort.DEFAULT_ACCURACY_LEVEL)."""
     dtype: str = "float32"
     quantize: str | None = None
     block_size: int = 32
     symmetric: bool = False
     dequantize: bool = False
+    accuracy_level: int | None = None
 
     @property
     def mode(self) -> str:
         """The export cache's name for these choices."""
+        from llgraph.export.ort import DEFAULT_ACCURACY_LEVEL
+
+        level = f"-l{DEFAULT_ACCURACY_LEVEL if self.accuracy_level is None else self.accuracy_level}"
         if self.quantize:
-            return f"{self.dtype}-{self.quantize}-b{self.block_size}-{'sym' if self.symmetric else 'asym'}"
-        return f"{self.dtype}-{'dequantized' if self.dequantize else 'stored'}"
+            return f"{self.dtype}-{self.quantize}-b{self.block_size}-{'sym' if self.symmetric else 'asym'}{level}"
+        return f"{self.dtype}-{'dequantized' if self.dequantize else 'stored' + level}"
 
 
 def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str | None = None,
@@ -88,14 +93,15 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
     from llgraph.cache import entry_for
     from llgraph.export import check_weight_request
 
-    check_weight_request(weights.dtype, backend, weights.quantize, weights.block_size, weights.dequantize)
+    check_weight_request(weights.dtype, backend, weights.quantize, weights.block_size, weights.dequantize,
+                         weights.accuracy_level if backend == "ort" else None)  # torch computes exactly anyway
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
     if (path / "manifest.json").exists():
         if weights != Weights():
-            raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize and --dequantize "
-                               "apply to a checkpoint (or pass them to `llgraph export`)")
+            raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --dequantize and "
+                               "--accuracy-level apply to a checkpoint (or pass them to `llgraph export`)")
         if backend == "trt":
             return TRTRunner(path, tensorrt)
         if backend != "ort":
@@ -114,5 +120,5 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
               file=sys.stderr)
         export_model(path, checkpoint=path, out=folder, target="ort", dtype=weights.dtype, force=True, progress=True,
                      quantize=weights.quantize, block_size=weights.block_size, symmetric=weights.symmetric,
-                     dequantize=weights.dequantize)
+                     dequantize=weights.dequantize, accuracy_level=weights.accuracy_level)
     return ORTRunner(folder, max_seq_len)

@@ -133,6 +133,7 @@ def test_cache_list_clean_env_and_flag(tiny_ckpt, tmp_path):
     (["--max-seq-len", "16", "--max-new-tokens", "16"], "raise --max-seq-len"),
     (["--tokens", "1,x"], "--tokens '1,x' must be comma-separated token ids"),
     (["--dtype", "bf16"], "--dtype bf16 cannot run on the ort target"),
+    (["--accuracy-level", "7"], "--accuracy-level (7) is MatMulNBits' (0..4)"),
     (["--quantize", "int4", "--block-size", "48"], "--block-size (48) must be a power of 2"),
     (["--quantize", "int4", "--dequantize"], "--quantize and --dequantize contradict each other"),
 ])

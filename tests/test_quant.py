@@ -35,6 +35,7 @@ def tiny_gguf(path, qtype, cfg=None):
     return cfg, expected
 
 
+EXACT = {"ort": 0}  # MatMulNBits' exact-compute accuracy level (the default; 4 quantizes activations to int8)
 K_CFG = dict(hidden_size=256, intermediate_size=512, head_dim=64)  # K-quant rows are super-blocks of 256
 BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q8_0: 8, T.Q4_K: 4, T.Q5_K: 8, T.Q6_K: 8}
 
@@ -66,7 +67,7 @@ def test_quantized_export_matches_executor_on_dequantized_weights(qtype, target,
     tiny_gguf(tmp_path / "t.gguf", qtype, tiny(**K_CFG) if qtype.name.endswith("_K") else None)
     cfg = load_config(tmp_path / "t.gguf")  # the GGUF's own: interleaved RoPE rows
     folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / target,
-                          target=target, max_seq_len=64)
+                          target=target, max_seq_len=64, accuracy_level=EXACT.get(target))
     ops = [n.op_type for n in __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph.node]
     if target != "ort":
         assert "DequantizeLinear" in ops
@@ -98,7 +99,7 @@ def test_rtn_export_matches_executor(target, tmp_path, report):
     cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16)
     ckpt = write_hf_checkpoint(tmp_path / "ckpt", cfg, RandomSource(cfg, seed=3, std=0.25))
     folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path / target, target=target, max_seq_len=64,
-                          quantize="int4", block_size=32)
+                          quantize="int4", block_size=32, accuracy_level=EXACT.get(target))
     from llgraph.weights import SafetensorsSource
     truth = Stepper(cfg, QuantizedSource(SafetensorsSource(ckpt), 4, 32), batch=2, max_seq=64)
     compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"{target} RTN int4")
@@ -128,7 +129,7 @@ def test_smollm2_int4_from_its_q4_1_gguf(target, smollm2_export, smollm2_truth, 
 def test_smollm2_int4_greedy_equals_the_executor(smollm2_export, tmp_path, report):
     """Exact compute (accuracy level 0, the default): 32 greedy tokens == the executor's (== transformers',
     test_smollm2.py). Level 4 (int8 activations, opt-in) is approximate: its mean KL divergence from the exact
-    next-token distributions and its top-1 agreement are printed, with a loose bound."""
+    next-token distributions and its top-1 agreement are printed, with a bound the uncentred codes broke."""
     from llgraph.runtime import ORTRunner, TorchRunner
     from llgraph.runtime.backends import OrtBackend
 
@@ -158,6 +159,20 @@ def test_smollm2_int4_greedy_equals_the_executor(smollm2_export, tmp_path, repor
     print(f"accuracy level 4 vs 0 over {ids.shape[1]} tokens: top-1 agreement {agree:.2f}")
     # 0.0025 here; 0.013-0.016 before Q4_1's codes were centred (q - 8, the mins term carrying the rest)
     report("accuracy level 4 vs 0, mean KL of next-token distributions", kl, 0.006)
+
+
+def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
+    """generate/eval/serve/lm-eval take --accuracy-level like export: its own export-cache entry, its MatMulNBits."""
+    import onnx
+
+    from llgraph.runtime.runners import Weights, open_runner
+
+    assert Weights(accuracy_level=4).mode != Weights().mode == Weights(accuracy_level=0).mode
+    open_runner("smollm2", "ort", 64, str(tmp_path), weights=Weights(accuracy_level=4))
+    (model,) = tmp_path.glob("*/model.onnx")
+    levels = {a.i for n in onnx.load(str(model), load_external_data=False).graph.node if n.op_type == "MatMulNBits"
+              for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {4}
 
 
 def test_bad_quantization_requests(tmp_path):
