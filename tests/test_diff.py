@@ -36,7 +36,7 @@ def test_temporary_export_is_removed_with_the_side(setup, tmp_path, monkeypatch)
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    cfg, source, graph, inputs, reference = setup
+    cfg, source, _, inputs, _ = setup
     side = diff.onnx_side(cfg, source, "ort")
     (made,) = tmp_path.glob("llgraph-diff-*")
     assert (made / "ort" / "model.onnx").exists()
