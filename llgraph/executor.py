@@ -41,13 +41,15 @@ class TorchExecutor:
 
     @torch.inference_mode()
     def run(self, feeds: Mapping[str, torch.Tensor], record: Iterable[str] | bool = ()) -> dict[str, torch.Tensor]:
-        """Graph outputs (and the values named in `record`, or every value if record is True) by name."""
+        """Graph outputs (and the values named in `record`, or every value if record is True) by name. Feeds on
+        another device (ids and positions made on the CPU) are moved to the executor's; the caches, already there,
+        stay the very storage the step writes in place."""
         missing = [v.name for v in self.graph.inputs if v.name not in feeds]
         if missing:
             raise ValueError(f"missing graph inputs {missing}")
         keep = set(self._outputs) | (set(self.graph.values) if record is True else set(record or ()))
         env: dict[str, torch.Tensor] = dict(self.params)
-        env.update(feeds)
+        env.update({name: t.to(self.device) for name, t in feeds.items()})
         for i, node in enumerate(self.graph.nodes):
             outs = TORCH_IMPLS[node.op](node, *(env[n] if n is not None else None for n in node.inputs))
             env.update(zip(node.outputs, outs))
