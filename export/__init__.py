@@ -113,9 +113,9 @@ def _gguf_tokenizer(gguf_path):
     for a GGUF that carries no vocabulary)."""
     import json
 
-    from gguf import GGUFReader
+    from llgraph.weights import gguf_reader
 
-    if "tokenizer.ggml.tokens" not in GGUFReader(str(gguf_path), "r").fields:
+    if "tokenizer.ggml.tokens" not in gguf_reader(gguf_path).fields:
         return None
 
     def write(folder: Path):

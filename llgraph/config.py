@@ -236,9 +236,9 @@ def _looks_like_hf(data: dict) -> bool:
 
 def from_gguf(path: str | Path) -> LlamaConfig:
     """Config from a GGUF file's metadata. GGUF stores Q/K rows for interleaved RoPE, so layout='interleaved'."""
-    from gguf import GGUFReader
+    from llgraph.weights import gguf_reader
 
-    r = GGUFReader(str(path), "r")
+    r = gguf_reader(path)
     arch = _gguf_value(r, "general.architecture")
     if arch not in GGUF_ARCHS:
         raise ConfigError(f"GGUF architecture '{arch}' is not supported; llgraph reads {', '.join(GGUF_ARCHS)} GGUF "

@@ -7,7 +7,9 @@ needs and raises one WeightError listing every missing, unexpected and mis-shape
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import zlib
 from pathlib import Path
@@ -162,6 +164,20 @@ def _hf_name(gguf_name: str) -> str:
     return f"{_GGUF_NAMES[stem]}.{kind}" if stem in _GGUF_NAMES else gguf_name
 
 
+@functools.lru_cache(maxsize=4)
+def _gguf_reader(path: str, mtime_ns: int, size: int):
+    from gguf import GGUFReader
+
+    return GGUFReader(path, "r")
+
+
+def gguf_reader(path: str | Path):
+    """gguf's reader of a GGUF file, parsed once per process for the config, the weights and the tokenizer alike
+    (parsing SmolLM2's 49k-token vocabulary takes seconds; it was parsed four times per export)."""
+    st = os.stat(path)
+    return _gguf_reader(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+
+
 class GGUFSource(WeightSource):
     """A GGUF file, dequantized per tensor with the `gguf` package (F32, F16, Q4_0, Q4_1, Q8_0, K-quants, ...).
 
@@ -171,11 +187,9 @@ class GGUFSource(WeightSource):
     """
 
     def __init__(self, path: str | Path, rope_layout: str | None = None):
-        from gguf import GGUFReader
-
-        self.path = Path(path)
+        self.path, self._recent = Path(path), {}
         try:
-            self._reader = GGUFReader(str(self.path), "r")
+            self._reader = gguf_reader(self.path)
         except (OSError, ValueError) as e:
             raise WeightError(f"cannot read GGUF {self.path}: {e}") from None
         # llama.cpp permutes q/k rows for its llama architecture only; qwen2/qwen3 rows are stored as in HF
@@ -207,6 +221,14 @@ class GGUFSource(WeightSource):
         return GGUF_FORMATS.get(self.tensor_type(name)) if _CARRIED.fullmatch(name) else None
 
     def load_quantized(self, name):
+        """A tensor's blocks; the last few are kept, as an export reads codes, scales and mins one after another."""
+        if name not in self._recent:
+            self._recent[name] = self._read_quantized(name)
+            while len(self._recent) > 3:
+                self._recent.pop(next(iter(self._recent)))
+        return self._recent[name]
+
+    def _read_quantized(self, name):
         t = self._tensors[name]
         if self.quant_format(name) is None:
             return super().load_quantized(name)

@@ -118,9 +118,15 @@ def llama_cpp_engine(gguf: Path, prompt: list[int], n: int, threads: int):
 
 
 def peak_rss_mb() -> float:
+    """This process's peak RSS: Linux's VmHWM, which an exec resets (getrusage's ru_maxrss keeps the peak of the
+    process that forked a spawned child), else ru_maxrss."""
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _serve(conn, factory, args) -> None:

@@ -41,11 +41,12 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
         """Byte-level BPE from `tokenizer.ggml.*`: tokens, merges, token types (3 = control -> special)."""
-        from gguf import GGUFReader
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as TK
 
-        r = GGUFReader(str(path), "r")
+        from llgraph.weights import gguf_reader
+
+        r = gguf_reader(path)
 
         def field(key, default=None):
             f = r.fields.get(key)
