@@ -9,6 +9,7 @@ in memory. ONNX value names are the IR's (`layers.3.attn_norm`), so any IR value
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from llgraph import __version__
 from llgraph.errors import LlgraphError
 from llgraph.ir import DTYPE_BYTES, Graph, Node
 from llgraph.outdir import FORMAT, MANIFEST, PARTIAL_MARK, staged_folder
-from llgraph.weights import WeightSource, check_weights, load_param
+from llgraph.weights import TORCH_DTYPES, WeightSource, check_weights, load_param
 
 ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
                "bfloat16": TensorProto.BFLOAT16, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
@@ -94,15 +95,30 @@ class Emitter:
         key = (param, transpose, getattr(compute, "__name__", None))
         if key in self._weights:
             return self._weights[key]
-        tensor = load_param(self.graph.params[param], self.source)
-        if compute is not None:
-            tensor = compute(tensor)
-        if transpose:
-            tensor = tensor.t()  # a view: _write makes it contiguous a chunk at a time
         name = param + (".T" if transpose else "") + (f".{compute.__name__}" if compute else "")
-        self.initializers.append(self._write(name, tensor))
+        rows = self._row_reader(self.graph.params[param]) if compute is None else None
+        if rows is not None:
+            self.initializers.append(self._write_rows(name, *rows, transpose))
+        else:
+            tensor = load_param(self.graph.params[param], self.source)
+            if compute is not None:
+                tensor = compute(tensor)
+            if transpose:
+                tensor = tensor.t()  # a view: _write makes it contiguous a chunk at a time
+            self.initializers.append(self._write(name, tensor))
         self._weights[key] = name
         return name
+
+    def _row_reader(self, param):
+        """(shape, dtype, read(a, b) -> rows a..b) for a float checkpoint matrix larger than CHUNK_BYTES whose source
+        reads rows alone (an 8B model's embedding and lm head: 2.1 GB each in fp32), else None."""
+        if param.is_constant or param.component is not None or len(param.parts) != 1 or len(param.value.shape) != 2:
+            return None
+        dtype, (part,) = TORCH_DTYPES[param.value.dtype], param.parts
+        if math.prod(param.value.shape) * dtype.itemsize <= CHUNK_BYTES or \
+                self.source.load_rows(part.name, 0, 1, dtype) is None:
+            return None
+        return tuple(param.value.shape), dtype, lambda a, b: self.source.load_rows(part.name, a, b, dtype).to(dtype)
 
     def derived(self, name: str, fn, *params: str, onnx_type: int | None = None, dims=None) -> str:
         """Initializer `name` = fn(*the params' tensors), written once. `onnx_type`/`dims` store the bytes under
@@ -117,19 +133,46 @@ class Emitter:
         return self._weights[name]
 
     def _write(self, name: str, tensor: torch.Tensor) -> TensorProto:
-        pad = -self.data.tell() % ALIGN
-        self.data.write(b"\0" * pad)
-        offset = self.data.tell()
+        offset = self._align()
         rows = max(1, CHUNK_BYTES // max(1, tensor[0].numel() * tensor.element_size())) if tensor.dim() else 1
         for i in range(0, max(1, tensor.shape[0] if tensor.dim() else 1), rows):
-            chunk = (tensor[i:i + rows] if tensor.dim() else tensor).contiguous()
-            if chunk.dtype == torch.bfloat16:  # numpy has no bfloat16; the bytes are the same
-                chunk = chunk.view(torch.int16)
-            self.data.write(memoryview(chunk.numpy()).cast("B"))
+            self._put((tensor[i:i + rows] if tensor.dim() else tensor).contiguous())
+        return self._proto(name, tensor.dtype, tensor.shape, offset)
+
+    def _write_rows(self, name: str, shape, dtype: torch.dtype, read, transpose: bool) -> TensorProto:
+        """A matrix read rows at a time (never whole): as it is, or transposed — each block of rows is then a
+        block of columns of the output, written row by row at its place."""
+        offset, (rows, cols) = self._align(), shape
+        step = max(1, CHUNK_BYTES // (cols * dtype.itemsize))
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            if not transpose:
+                self._put(read(a, b).contiguous())
+                continue
+            block = read(a, b).t().contiguous()  # [cols, b - a]: output rows i, columns a..b
+            for i in range(cols):
+                self.data.seek(offset + (i * rows + a) * dtype.itemsize)
+                self._put(block[i], progress=False)
+            self.on_weight(block.numel() * dtype.itemsize)
+        self.data.seek(offset + rows * cols * dtype.itemsize)
+        return self._proto(name, dtype, (cols, rows) if transpose else (rows, cols), offset)
+
+    def _align(self) -> int:
+        self.data.write(b"\0" * (-self.data.tell() % ALIGN))
+        return self.data.tell()
+
+    def _put(self, chunk: torch.Tensor, progress: bool = True) -> None:
+        if chunk.dtype == torch.bfloat16:  # numpy has no bfloat16; the bytes are the same
+            chunk = chunk.view(torch.int16)
+        self.data.write(memoryview(chunk.numpy()).cast("B"))
+        if progress:
             self.on_weight(chunk.numel() * chunk.element_size())
-        length = self.data.tell() - offset
-        proto = TensorProto(name=name, data_type=ONNX_DTYPES[str(tensor.dtype).removeprefix("torch.")],
-                            dims=list(tensor.shape), data_location=TensorProto.EXTERNAL)
+
+    @staticmethod
+    def _proto(name: str, dtype: torch.dtype, dims, offset: int) -> TensorProto:
+        proto = TensorProto(name=name, data_type=ONNX_DTYPES[str(dtype).removeprefix("torch.")], dims=list(dims),
+                            data_location=TensorProto.EXTERNAL)
+        length = math.prod(dims) * dtype.itemsize
         for k, v in (("location", DATA_FILE), ("offset", str(offset)), ("length", str(length))):
             proto.external_data.add(key=k, value=v)
         return proto

@@ -54,6 +54,9 @@ class QuantizedSource(WeightSource):
                                              self.block_size, self.symmetric))
         return self._last[1]
 
+    def load_rows(self, name, start, stop, dtype=None):
+        return self.base.load_rows(name, start, stop, dtype) if self.quant_format(name) is None else None
+
     def load(self, name, dtype=None):
         if self.quant_format(name) is None:
             return self.base.load(name, dtype)

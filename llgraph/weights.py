@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import zlib
@@ -50,6 +51,11 @@ class WeightSource:
         """The tensor as a CPU float tensor: its stored float dtype (float32 after dequantization). `dtype` is a
         hint a source may use to avoid a full-size intermediate; the caller still casts."""
         raise NotImplementedError
+
+    def load_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """Rows [start, stop) of a 2-D float tensor, read without loading the rest, as `load` would give them; None
+        where this source cannot (the exporter then loads the tensor whole)."""
+        return None
 
     def tokenizer_files(self) -> list[Path]:
         return []
@@ -108,10 +114,17 @@ class SafetensorsSource(WeightSource):
         return self._entries[name][3]
 
     def load(self, name, dtype=None):
+        return self._read(name, 0, self._entries[name][3][0] if self._entries[name][3] else 1)
+
+    def load_rows(self, name, start, stop, dtype=None):
+        return self._read(name, start, stop) if len(self._entries[name][3]) == 2 else None
+
+    def _read(self, name, start, stop):
         path, offset, st_dtype, shape = self._entries[name]
-        out = torch.empty(shape, dtype=st_dtype)
+        out = torch.empty((stop - start, *shape[1:]) if shape else shape, dtype=st_dtype)
+        row_bytes = out[0].numel() * out.element_size() if shape else 0
         with open(path, "rb") as f:
-            f.seek(offset)
+            f.seek(offset + start * row_bytes)
             if f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != out.numel() * out.element_size():
                 raise WeightError(f"{path} ends inside tensor {name}; the file is truncated, re-download it")
         return out
@@ -268,7 +281,8 @@ def interleaved_to_half(w: np.ndarray, n_heads: int) -> np.ndarray:
 class RandomSource(WeightSource):
     """Seeded random weights; tensor `name` depends only on (seed, name), so tensors can be drawn in any order.
     Linear weights ~ N(0, std), norm weights ~ 1 + N(0, std), biases ~ N(0, std). Values are drawn in float32
-    chunks and rounded into `dtype`, so a float16 draw equals the float32 one rounded, with no float32 copy."""
+    chunks, each from its own generator (so any rows can be drawn alone), and rounded into `dtype`: a float16 draw
+    equals the float32 one rounded, with no float32 copy."""
 
     CHUNK = 1 << 22
 
@@ -287,12 +301,25 @@ class RandomSource(WeightSource):
         return self._shapes[name]
 
     def load(self, name, dtype=None):
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
-        out = torch.empty(self._shapes[name], dtype=dtype or torch.float32)
-        flat, offset = out.view(-1), 1.0 if "norm" in name else 0.0
-        for i in range(0, flat.numel(), self.CHUNK):
-            n = min(self.CHUNK, flat.numel() - i)
-            flat[i:i + n] = torch.randn(n, generator=g) * self.std + offset
+        shape = self._shapes[name]
+        return self._draw(name, 0, math.prod(shape), dtype).view(shape)
+
+    def load_rows(self, name, start, stop, dtype=None):
+        shape = self._shapes[name]
+        if len(shape) != 2:
+            return None
+        return self._draw(name, start * shape[1], stop * shape[1], dtype).view(stop - start, shape[1])
+
+    def _draw(self, name, begin, end, dtype):
+        """Flat elements [begin, end) of tensor `name`: chunk k of CHUNK elements is drawn from seed (seed, name, k)."""
+        out = torch.empty(end - begin, dtype=dtype or torch.float32)
+        seed, offset = self.seed * 1_000_003 + zlib.crc32(name.encode()), 1.0 if "norm" in name else 0.0
+        for k in range(begin // self.CHUNK, -(-end // self.CHUNK)):
+            lo, hi = max(begin, k * self.CHUNK), min(end, (k + 1) * self.CHUNK)
+            g = torch.Generator().manual_seed(seed * 65_537 + k)
+            n = min(self.CHUNK, math.prod(self._shapes[name]) - k * self.CHUNK)
+            out[lo - begin:hi - begin] = (torch.randn(n, generator=g)[lo - k * self.CHUNK:hi - k * self.CHUNK]
+                                          * self.std + offset)
         return out
 
 

@@ -117,6 +117,32 @@ def test_existing_output_needs_force(tmp_path):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_large_matrices_stream_by_rows_into_the_same_bytes(target, tmp_path, monkeypatch):
+    """A matrix past CHUNK_BYTES whose source reads rows alone (random weights, safetensors) is never loaded whole:
+    written a block of rows at a time, transposed ones (MatMul's [in, out]) scattered into place. Lowering the
+    threshold streams every such matrix of the tiny model; the export must be byte-identical."""
+    import llgraph.export.lower as lower
+    from llgraph.source_views import QuantizedSource
+
+    cfg = tiny()
+    whole = export_model("tiny", out=tmp_path / "whole", target=target)
+    streamed_calls = []
+    original = lower.Emitter._write_rows
+    monkeypatch.setattr(lower.Emitter, "_write_rows", lambda self, *a: streamed_calls.append(a[-1]) or
+                        original(self, *a))
+    monkeypatch.setattr(lower, "CHUNK_BYTES", 1024)
+    streamed = export_model("tiny", out=tmp_path / "streamed", target=target)
+    assert True in streamed_calls and False in streamed_calls  # transposed Linears and the embedding table
+    for name in ("model.onnx", "model.onnx.data"):
+        assert (whole / name).read_bytes() == (streamed / name).read_bytes()
+    source = RandomSource(cfg, seed=0)  # rows drawn alone == the same rows of the whole tensor
+    assert torch.equal(source.load_rows("lm_head.weight", 13, 60), source.load("lm_head.weight")[13:60])
+    rtn = QuantizedSource(source, 4)  # RTN passes float rows through; its quantized Linears are not rows
+    assert rtn.load_rows("lm_head.weight", 0, 2) is not None
+    assert rtn.load_rows("model.layers.0.mlp.down_proj.weight", 0, 2) is None
+
+
 def test_checkpoint_that_does_not_fit_leaves_no_output(tmp_path):
     from safetensors.torch import save_file
 
