@@ -311,12 +311,13 @@ class RandomSource(WeightSource):
         return self._draw(name, start * shape[1], stop * shape[1], dtype).view(stop - start, shape[1])
 
     def _draw(self, name, begin, end, dtype):
-        """Flat elements [begin, end) of tensor `name`: chunk k of CHUNK elements is drawn from seed (seed, name, k)."""
+        """Flat elements [begin, end) of tensor `name`: chunk k of CHUNK elements is drawn from a generator seeded by
+        (seed, name, k) — chunk 0 by (seed, name) alone, so a tensor of one chunk draws what it always drew."""
         out = torch.empty(end - begin, dtype=dtype or torch.float32)
         seed, offset = self.seed * 1_000_003 + zlib.crc32(name.encode()), 1.0 if "norm" in name else 0.0
         for k in range(begin // self.CHUNK, -(-end // self.CHUNK)):
             lo, hi = max(begin, k * self.CHUNK), min(end, (k + 1) * self.CHUNK)
-            g = torch.Generator().manual_seed(seed * 65_537 + k)
+            g = torch.Generator().manual_seed(seed * 65_537 + k if k else seed)
             n = min(self.CHUNK, math.prod(self._shapes[name]) - k * self.CHUNK)
             out[lo - begin:hi - begin] = (torch.randn(n, generator=g)[lo - k * self.CHUNK:hi - k * self.CHUNK]
                                           * self.std + offset)
