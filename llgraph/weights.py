@@ -254,22 +254,31 @@ class GGUFSource(WeightSource):
         return q
 
     def load(self, name, dtype=None):
-        from gguf.quants import dequantize
-
-        t = self._tensors[name]
         shape = self.shape(name)
         out = np.empty(shape, np.float32)
         rows = out.reshape(-1, shape[-1])
-        # read the bytes rather than touch the reader's memory map, whose pages would stay resident (see
-        # SafetensorsSource)
-        raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
-        blocks = raw.view(t.data.dtype).reshape(rows.shape[0], -1)
         step = max(1, (16 << 20) // (4 * shape[-1]))  # dequantize ~16 MB of rows at a time: bounded temporaries
         for i in range(0, rows.shape[0], step):
-            rows[i:i + step] = dequantize(blocks[i:i + step], t.tensor_type).reshape(-1, shape[-1])
+            rows[i:i + step] = self._rows(name, i, min(rows.shape[0], i + step))
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             out = interleaved_to_half(out, self._heads if m[1] == "q" else self._kv_heads)
         return torch.from_numpy(np.ascontiguousarray(out))
+
+    def load_rows(self, name, start, stop, dtype=None):
+        if len(self.shape(name)) != 2 or (self._unpermute and re.search(r"self_attn\.[qk]_proj", name)):
+            return None  # unpermuting q/k moves rows between heads
+        return torch.from_numpy(self._rows(name, start, stop))
+
+    def _rows(self, name, start, stop) -> np.ndarray:
+        """Rows [start, stop) dequantized to float32 (a row is whole blocks). The bytes are read rather than touched
+        through the reader's memory map, whose pages would stay resident (see SafetensorsSource)."""
+        from gguf.quants import dequantize
+
+        t, cols = self._tensors[name], self.shape(name)[-1]
+        row_bytes = t.n_bytes // (math.prod(self.shape(name)) // cols)
+        raw = np.fromfile(self.path, dtype=np.uint8, count=(stop - start) * row_bytes,
+                          offset=t.data_offset + start * row_bytes)
+        return dequantize(raw.view(t.data.dtype).reshape(stop - start, -1), t.tensor_type).reshape(-1, cols)
 
 
 def interleaved_to_half(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -161,6 +161,23 @@ def test_smollm2_int4_greedy_equals_the_executor(smollm2_export, tmp_path, repor
     report("accuracy level 4 vs 0, mean KL of next-token distributions", kl, 0.006)
 
 
+@pytest.mark.parametrize("qtype", [T.F16, T.Q8_0])
+def test_gguf_rows_read_alone_equal_the_whole(qtype, tmp_path, monkeypatch):
+    """GGUF matrices stream by rows into a float export (--dequantize) as they do from safetensors: the rows read
+    alone equal the whole tensor's, and the export streamed in 1 KB blocks is byte-identical."""
+    import llgraph.export.lower as lower
+
+    tiny_gguf(tmp_path / "t.gguf", qtype)
+    source = GGUFSource(tmp_path / "t.gguf")
+    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.down_proj.weight"):
+        assert torch.equal(source.load_rows(name, 3, 40), source.load(name)[3:40])
+    whole = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "whole", dequantize=True)
+    monkeypatch.setattr(lower, "CHUNK_BYTES", 1024)
+    streamed = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "streamed",
+                            dequantize=True)
+    assert (whole / "model.onnx.data").read_bytes() == (streamed / "model.onnx.data").read_bytes()
+
+
 def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
     """generate/eval/serve/lm-eval take --accuracy-level like export: its own export-cache entry, its MatMulNBits."""
     import onnx
