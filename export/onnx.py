@@ -86,15 +86,22 @@ def embedding(em: Emitter, node: Node) -> None:
 def qembedding(em: Emitter, node: Node) -> None:
     """Standard ONNX has no blocked gather: the table is dequantized at export (exactly, as the executor does) and
     gathered in float."""
-    ids, codes, scales, mins = (list(node.inputs) + [None])[:4]
-    a = node.attrs
+    ids = node.inputs[0]
+    scaled_rows(em, node, em.node("Gather", [dequantized(em, node), ids], hint=node.name, axis=0)[0])
 
-    def dequantized(c, s, *m):
+
+def dequantized(em: Emitter, node: Node, transpose: bool = False) -> str:
+    """A QLinear's or QEmbedding's blocks dequantized at export, exactly as the executor does: [out, in], or
+    [in, out] for a MatMul."""
+    codes, scales, mins = (list(node.inputs) + [None] * 4)[1:4]
+
+    def table(c, s, *m):
         from llgraph.quant import dequantize
 
-        return dequantize(c, s, m[0] if m else None, a["bits"], a["zero_point"])
-    table = em.derived(f"{codes}.dequantized", dequantized, codes, scales, *([mins] if mins else []))
-    scaled_rows(em, node, em.node("Gather", [table, ids], hint=node.name, axis=0)[0])
+        w = dequantize(c, s, m[0] if m else None, node.attrs["bits"], node.attrs["zero_point"])
+        return w.t() if transpose else w
+    return em.derived(f"{codes}.dequantized" + (".T" if transpose else ""), table, codes, scales,
+                      *([mins] if mins else []))
 
 
 def scaled_rows(em: Emitter, node: Node, rows: str) -> None:

@@ -116,26 +116,19 @@ def qlinear_nbits(em: Emitter, node: Node) -> None:
     if bits == 8 and level < 4:
         # ORT's CPU has no fast 8-bit kernel with fp32 compute (40x slower than 4-bit, measured), and it runs a
         # blocked DequantizeLinear on every call: exact fp32 compute gets the blocks dequantized (exactly) here
-        def dequantized(c, s, *m):
-            from llgraph.quant import dequantize
-
-            return dequantize(c, s, m[0] if m else None, bits, zp).t()
-        weight = em.derived(f"{codes}.dequantized.T", dequantized, codes, scales, *([mins] if mins else []))
-        y = em.node("MatMul", [x, weight], hint=node.name)[0]
-        em.node("Identity" if bias is None else "Add", [y] + ([em.weight(bias)] if bias else []), node.outputs,
-                hint=node.name)
-        return
-    half = 1 << (bits - 1)
-    inputs = [x, em.weight(codes), em.weight(scales, compute=_flat)]
-    if zp != half and mins is None:
-        per_row = blocks if bits == 8 else (blocks + 1) // 2
-        byte = zp if bits == 8 else zp | (zp << 4)
-        inputs.append(em.derived(f"{codes}.zero_points", lambda c: torch.full((out * per_row,), byte,
-                                                                               dtype=torch.uint8), codes))
-    y = em.node("MatMulNBits", inputs, hint=node.name, domain=MS, K=blocks * block, N=out, bits=bits,
-                block_size=block, accuracy_level=level)[0]
-    if mins is not None:
-        y = em.node("Add", [y, std.offset_term(em, node, half)], hint=node.name)[0]
+        y = em.node("MatMul", [x, std.dequantized(em, node, transpose=True)], hint=node.name)[0]
+    else:
+        half = 1 << (bits - 1)
+        inputs = [x, em.weight(codes), em.weight(scales, compute=_flat)]
+        if zp != half and mins is None:
+            per_row = blocks if bits == 8 else (blocks + 1) // 2
+            byte = zp if bits == 8 else zp | (zp << 4)
+            inputs.append(em.derived(f"{codes}.zero_points", lambda c: torch.full((out * per_row,), byte,
+                                                                                   dtype=torch.uint8), codes))
+        y = em.node("MatMulNBits", inputs, hint=node.name, domain=MS, K=blocks * block, N=out, bits=bits,
+                    block_size=block, accuracy_level=level)[0]
+        if mins is not None:
+            y = em.node("Add", [y, std.offset_term(em, node, half)], hint=node.name)[0]
     em.node("Identity" if bias is None else "Add", [y] + ([em.weight(bias)] if bias else []), node.outputs,
             hint=node.name)
 

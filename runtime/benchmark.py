@@ -161,10 +161,11 @@ class Isolated:
         return rss
 
 
-def int4_engines(args, hf_dir: Path, prompt: list[int]) -> dict:
-    """llgraph int4 from the bundled GGUF's Q4_1 blocks at accuracy level 4 (default) and 0 (exact fp32 compute),
-    onnxruntime-genai's int4 build of the same model (its builder re-rounds the HF weights; it cannot read a
-    quantized GGUF), llama.cpp on the GGUF itself where llama-cpp-python is installed."""
+def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
+    """(engines, llgraph's export folders by engine name): llgraph int4 from the bundled GGUF's Q4_1 blocks at
+    accuracy level 4 and 0 (exact fp32 compute, the default), onnxruntime-genai's int4 build of the same model (its
+    builder re-rounds the HF weights; it cannot read a quantized GGUF), llama.cpp on the GGUF itself where
+    llama-cpp-python is installed."""
     import subprocess
     import sys
 
@@ -172,11 +173,11 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> dict:
     from llgraph.export import export_model
 
     gguf = bundled_model("smollm2")
-    engines, args.int4_folders = {}, {}
+    engines, folders = {}, {}
     for level in (4, 0):
         folder = export_model(gguf, checkpoint=gguf, out=args.work / f"llgraph-int4-l{level}", target="ort",
                               force=True, accuracy_level=level)
-        args.int4_folders[f"llgraph int4 (level {level})"] = folder
+        folders[f"llgraph int4 (level {level})"] = folder
         engines[f"llgraph int4 (level {level})"] = Isolated(llgraph_engine, folder, prompt, args.new_tokens,
                                                              args.threads)
     genai_dir = args.work / "genai-int4"
@@ -188,7 +189,7 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> dict:
         engines["llama.cpp Q4_1"] = Isolated(llama_cpp_engine, gguf, prompt, args.new_tokens, args.threads)
     else:
         print("llama-cpp-python is not installed: no llama.cpp row (pip install llama-cpp-python, built for AVX2)")
-    return engines
+    return engines, folders
 
 
 def int4_fidelity(args, folders: dict, gguf: Path) -> None:
@@ -196,27 +197,18 @@ def int4_fidelity(args, folders: dict, gguf: Path) -> None:
     on the same GGUF blocks): mean KL and top-1 agreement over TEXT, teacher-forced in one prefill."""
     import numpy as np
 
-    from llgraph.runtime.backends import OrtBackend
     from llgraph.runtime.tokenizer import Tokenizer
 
     ids = Tokenizer.load(gguf).encode(TEXT)
-    logp = {}
-    for name, folder in folders.items():
-        backend = OrtBackend(folder, len(ids), args.threads)
-        backend.allocate(1)
-        logp[name] = backend.forward(torch.tensor([ids]), torch.arange(len(ids))[None]).double().log_softmax(-1)[0]
+    logp = {name: teacher_forced(folder, ids, args.threads) for name, folder in folders.items()}
     if importlib.util.find_spec("llama_cpp") is not None:
         from llama_cpp import Llama
 
         model = Llama(str(gguf), n_ctx=len(ids), n_threads=args.threads, n_batch=1, logits_all=True, verbose=False)
         model.eval(ids)
         logp["llama.cpp Q4_1"] = torch.from_numpy(np.array(model.scores[:len(ids)])).double().log_softmax(-1)
-    ref = logp.pop("llgraph int4 (level 0)")
     print(f"\nvs the exact computation (llgraph level 0) over {len(ids)} tokens of A Tale of Two Cities:")
-    print(f"{'engine':<28}{'mean KL':>10}{'top-1 agreement':>18}")
-    for name, lp in logp.items():
-        kl = (ref.exp() * (ref - lp)).sum(-1).mean().item()
-        print(f"{name:<28}{kl:>10.4f}{(ref.argmax(-1) == lp.argmax(-1)).double().mean().item():>18.3f}")
+    kl_table(logp.pop("llgraph int4 (level 0)"), logp, "engine")
 
 
 # the opening of A Tale of Two Cities (Dickens, 1859; public domain): the fixed text of --quality
@@ -234,10 +226,9 @@ def quality(args, hf_dir: Path) -> None:
     """Round-to-nearest's cost: per variant, the mean KL divergence KL(fp32 || variant) of the next-token
     distributions over TEXT (teacher-forced, one prefill) and the top-1 agreement with fp32, all in ORT."""
     from llgraph.export import export_model
-    from llgraph.runtime.backends import OrtBackend
     from llgraph.runtime.tokenizer import Tokenizer
 
-    ids = torch.tensor([Tokenizer.from_folder(hf_dir).encode(TEXT)])
+    ids = Tokenizer.from_folder(hf_dir).encode(TEXT)
     variants = {"fp32": {}, "RTN int8 (symmetric, block 32)": dict(quantize="int8", symmetric=True),
                 "RTN int4 (min + scale, block 32)": dict(quantize="int4"),
                 "RTN int4 (symmetric, block 32)": dict(quantize="int4", symmetric=True),
@@ -246,12 +237,23 @@ def quality(args, hf_dir: Path) -> None:
     for name, kw in variants.items():
         folder = export_model(hf_dir, checkpoint=hf_dir, out=args.work / f"quality-{len(logp)}", force=True,
                               max_seq_len=512, **kw)
-        backend = OrtBackend(folder, 512, args.threads)
-        backend.allocate(1)
-        logp[name] = backend.forward(ids, torch.arange(ids.shape[1])[None]).double().log_softmax(-1)[0]
-    ref = logp["fp32"]
-    print(f"\nSmolLM2-135M, {ids.shape[1]} tokens of A Tale of Two Cities, vs fp32 (ONNX Runtime, accuracy level 0)")
-    print(f"{'weights':<36}{'mean KL':>10}{'top-1 agreement':>18}")
+        logp[name] = teacher_forced(folder, ids, args.threads)
+    print(f"\nSmolLM2-135M, {len(ids)} tokens of A Tale of Two Cities, vs fp32 (ONNX Runtime, accuracy level 0)")
+    kl_table(logp.pop("fp32"), logp, "weights")
+
+
+def teacher_forced(folder: Path, ids: list[int], threads: int) -> torch.Tensor:
+    """Next-token log-probabilities [len(ids), vocab] of an export folder over `ids`, in one ORT prefill."""
+    from llgraph.runtime.backends import OrtBackend
+
+    backend = OrtBackend(folder, len(ids), threads)
+    backend.allocate(1)
+    return backend.forward(torch.tensor([ids]), torch.arange(len(ids))[None]).double().log_softmax(-1)[0]
+
+
+def kl_table(ref: torch.Tensor, logp: dict, what: str) -> None:
+    """Per entry, the mean KL(ref || entry) of the next-token distributions and the top-1 agreement with ref."""
+    print(f"{what:<36}{'mean KL':>10}{'top-1 agreement':>18}")
     for name, lp in logp.items():
         kl = (ref.exp() * (ref - lp)).sum(-1).mean().item()
         print(f"{name:<36}{kl:>10.4f}{(ref.argmax(-1) == lp.argmax(-1)).double().mean().item():>18.3f}")
@@ -280,9 +282,9 @@ def main(argv=None) -> None:
     if args.int4:
         from llgraph.bundled import bundled_model
 
-        report(int4_engines(args, hf_dir, prompt), args, prompt, "SmolLM2-135M 4-bit", "onnxruntime-genai int4",
-               "llgraph int4 (level 0)")
-        return int4_fidelity(args, args.int4_folders, bundled_model("smollm2"))
+        engines, folders = int4_engines(args, hf_dir, prompt)
+        report(engines, args, prompt, "SmolLM2-135M 4-bit", "onnxruntime-genai int4", "llgraph int4 (level 0)")
+        return int4_fidelity(args, folders, bundled_model("smollm2"))
     ours = export_model(hf_dir, checkpoint=hf_dir, out=args.work / "llgraph-ort", target="ort", force=True)
     genai_dir = args.work / "genai"
     if not (genai_dir / "genai_config.json").exists():
