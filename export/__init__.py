@@ -95,8 +95,9 @@ def check_weight_request(dtype: str, target: str, quantize: str | None = None, b
 
 def _check_stored_formats(source) -> None:
     """A GGUF Linear stored in a block type llgraph cannot carry exactly: one line naming it (or --dequantize)."""
+    from llgraph.gguf_source import GGUFSource
     from llgraph.quant import GGUF_FORMATS
-    from llgraph.weights import _QUANTIZABLE, GGUFSource
+    from llgraph.weights import _QUANTIZABLE
 
     if not isinstance(source, GGUFSource):
         return
@@ -113,7 +114,7 @@ def _gguf_tokenizer(gguf_path):
     for a GGUF that carries no vocabulary)."""
     import json
 
-    from llgraph.weights import gguf_reader
+    from llgraph.gguf_source import gguf_reader
 
     if "tokenizer.ggml.tokens" not in gguf_reader(gguf_path).fields:
         return None

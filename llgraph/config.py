@@ -236,7 +236,7 @@ def _looks_like_hf(data: dict) -> bool:
 
 def from_gguf(path: str | Path) -> LlamaConfig:
     """Config from a GGUF file's metadata. GGUF stores Q/K rows for interleaved RoPE, so layout='interleaved'."""
-    from llgraph.weights import gguf_reader
+    from llgraph.gguf_source import gguf_reader
 
     r = gguf_reader(path)
     arch = _gguf_value(r, "general.architecture")

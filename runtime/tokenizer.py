@@ -44,7 +44,7 @@ class Tokenizer:
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as TK
 
-        from llgraph.weights import gguf_reader
+        from llgraph.gguf_source import gguf_reader
 
         r = gguf_reader(path)
 

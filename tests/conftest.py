@@ -87,7 +87,7 @@ def smollm2_truth():
 
     from llgraph.bundled import bundled_model
     from llgraph.config import load_config
-    from llgraph.weights import GGUFSource
+    from llgraph.gguf_source import GGUFSource
 
     path = bundled_model("smollm2")
     cfg = load_config(path)

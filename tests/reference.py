@@ -145,7 +145,7 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
     (gguf's own dequantization of what was written, its type, the head count for q/k rows or None)."""
     import gguf.quants as gq
 
-    from llgraph.weights import _GGUF_NAMES
+    from llgraph.gguf_source import _GGUF_NAMES
 
     to_gguf = {v: k for k, v in _GGUF_NAMES.items()}
     w = gguf_writer(path, "llama", cfg)

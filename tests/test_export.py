@@ -181,7 +181,7 @@ def test_smollm2_fp32_executor_vs_float64(report):
     """The fp32 reference's own rounding, for scale: the ONNX Runtime errors above are of the same size."""
     from llgraph.bundled import bundled_model
     from llgraph.config import load_config
-    from llgraph.weights import GGUFSource
+    from llgraph.gguf_source import GGUFSource
 
     path = bundled_model("smollm2")
     cfg, source = load_config(path), GGUFSource(path)

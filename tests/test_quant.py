@@ -14,9 +14,10 @@ from test_export import compare_steps
 from llgraph.bundled import bundled_model
 from llgraph.config import load_config
 from llgraph.export import export_model
+from llgraph.gguf_source import GGUFSource
 from llgraph.quant import dequantize, quantize_rtn
 from llgraph.source_views import QuantizedSource
-from llgraph.weights import GGUFSource, RandomSource
+from llgraph.weights import RandomSource
 
 T = gguf.GGMLQuantizationType
 TARGETS = ("ort", "onnx", "trt")

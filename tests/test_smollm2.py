@@ -8,7 +8,8 @@ from reference import Stepper
 
 from llgraph.bundled import bundled_model
 from llgraph.config import load_config
-from llgraph.weights import GGUFSource, SafetensorsSource
+from llgraph.gguf_source import GGUFSource
+from llgraph.weights import SafetensorsSource
 
 pytestmark = pytest.mark.slow
 TOL = 1e-3

@@ -6,7 +6,8 @@ import torch
 from conftest import max_diff
 from reference import Stepper, hf_model, tiny
 
-from llgraph.weights import RandomSource, interleaved_to_half
+from llgraph.gguf_source import interleaved_to_half
+from llgraph.weights import RandomSource
 
 TOL = 1e-4
 DECODE_STEPS = 8

@@ -8,7 +8,8 @@ from safetensors.torch import save_file
 from llgraph.builder import build_graph
 from llgraph.bundled import bundled_model
 from llgraph.config import load_config
-from llgraph.weights import GGUFSource, RandomSource, SafetensorsSource, WeightError, check_weights, open_checkpoint
+from llgraph.gguf_source import GGUFSource
+from llgraph.weights import RandomSource, SafetensorsSource, WeightError, check_weights, open_checkpoint
 
 
 def write_checkpoint(path, cfg, edit=lambda state: state):
@@ -102,7 +103,7 @@ def test_gguf_quantized_types_and_metadata(tmp_path):
     import gguf
     from reference import write_gguf
 
-    from llgraph.weights import interleaved_to_half
+    from llgraph.gguf_source import interleaved_to_half
 
     T = gguf.GGMLQuantizationType
     types = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.F16, T.BF16]
