@@ -38,7 +38,17 @@ def _hf_name(gguf_name: str) -> str:
 def _gguf_reader(path: str, mtime_ns: int, size: int):
     from gguf import GGUFReader
 
-    return GGUFReader(path, "r")
+    class Reader(GGUFReader):
+        """gguf's reader over a plain ndarray view of its memory map (the same pages, no copy): numpy's memmap
+        subclass costs ~2 us per slice in `__array_finalize__`, and the header of a 49k-token vocabulary is ~750k
+        slices (SmolLM2's parse: 3.0-3.4 s -> 0.8-1.3 s; fields and tensors equal, tested)."""
+
+        def _get(self, *args, **kwargs):
+            if type(self.data) is np.memmap:
+                self.data = self.data.view(np.ndarray)  # its base is the memmap, which stays open
+            return super()._get(*args, **kwargs)
+
+    return Reader(path, "r")
 
 
 def gguf_reader(path: str | Path):

@@ -179,6 +179,25 @@ def test_gguf_rows_read_alone_equal_the_whole(qtype, tmp_path, monkeypatch):
     assert (whole / "model.onnx.data").read_bytes() == (streamed / "model.onnx.data").read_bytes()
 
 
+def test_gguf_reader_reads_what_ggufs_own_reads():
+    """llgraph's reader is gguf's over a plain view of the same memory map: every field and tensor of the bundled
+    GGUF (a 49k-token vocabulary, merges, Q4_1 and Q8_0 tensors) equals what gguf's own reader reads."""
+    import numpy as np
+
+    from llgraph.gguf_source import gguf_reader
+
+    path = bundled_model("smollm2")
+    ours, theirs = gguf_reader(path), gguf.GGUFReader(str(path), "r")
+    assert list(ours.fields) == list(theirs.fields) and len(ours.fields["tokenizer.ggml.tokens"].data) == 49152
+    for name, field in theirs.fields.items():
+        mine = ours.fields[name]
+        assert mine.types == field.types and mine.data == field.data, name
+        assert all(np.array_equal(a, b) for a, b in zip(mine.parts, field.parts, strict=True)), name
+    assert [(t.name, t.tensor_type, t.data_offset) for t in ours.tensors] == \
+        [(t.name, t.tensor_type, t.data_offset) for t in theirs.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors))
+
+
 def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
     """generate/eval/serve/lm-eval take --accuracy-level like export: its own export-cache entry, its MatMulNBits."""
     import onnx
