@@ -90,18 +90,15 @@ def qembedding(em: Emitter, node: Node) -> None:
     scaled_rows(em, node, em.node("Gather", [dequantized(em, node), ids], hint=node.name, axis=0)[0])
 
 
-def dequantized(em: Emitter, node: Node, transpose: bool = False) -> str:
-    """A QLinear's or QEmbedding's blocks dequantized at export, exactly as the executor does: [out, in], or
-    [in, out] for a MatMul."""
+def dequantized(em: Emitter, node: Node) -> str:
+    """A QLinear's or QEmbedding's blocks [out, in] dequantized at export, exactly as the executor does."""
     codes, scales, mins = (list(node.inputs) + [None] * 4)[1:4]
 
     def table(c, s, *m):
         from llgraph.quant import dequantize
 
-        w = dequantize(c, s, m[0] if m else None, node.attrs["bits"], node.attrs["zero_point"])
-        return w.t() if transpose else w
-    return em.derived(f"{codes}.dequantized" + (".T" if transpose else ""), table, codes, scales,
-                      *([mins] if mins else []))
+        return dequantize(c, s, m[0] if m else None, node.attrs["bits"], node.attrs["zero_point"])
+    return em.derived(f"{codes}.dequantized", table, codes, scales, *([mins] if mins else []))
 
 
 def scaled_rows(em: Emitter, node: Node, rows: str) -> None:
