@@ -137,7 +137,7 @@ def _split_bytes(em: Emitter, node: Node, level: int) -> str:
     bytes a weight where the float table they replace took 4 (SmolLM2's Q8_0 lm head: 113 MB -> 35 MB)."""
     x, codes, scales, _, _, _, block, zp = std.qlinear_inputs(node)
     out, blocks, _ = em.graph.values[codes].shape
-    attrs = dict(domain=MS, K=blocks * block, N=out, bits=4, block_size=block, accuracy_level=level)
+    attrs = {"domain": MS, "K": blocks * block, "N": out, "bits": 4, "block_size": block, "accuracy_level": level}
     halves = []
     for half, z, scale in (("high", zp >> 4, em.derived(f"{scales}.x16", _times16, scales)),
                            ("low", zp & 15, em.weight(scales, compute=_flat))):
@@ -168,17 +168,20 @@ def _times16(s):
 
 
 def qembedding_gather(em: Emitter, node: Node) -> None:
-    """com.microsoft GatherBlockQuantized on the codes as they are — a table tied to the lm head shares its codes
-    initializer with the head's MatMulNBits, so the export holds the table once, at its own bits. Mins (which
-    GatherBlockQuantized has no input for) are gathered and added, as the executor adds them."""
+    """com.microsoft GatherBlockQuantized on the codes the (tied) lm head's MatMulNBits reads, so the export holds
+    the table once: the codes as they are, or at exact compute the 8-bit codes' two nibble tables (`_split_bytes`),
+    gathered and added. Mins (which GatherBlockQuantized has no input for) are gathered and added, as the executor
+    adds them."""
     ids, codes, scales, mins = (list(node.inputs) + [None])[:4]
     bits, block, zp = node.attrs["bits"], node.attrs["block_size"], node.attrs["zero_point"]
-    inputs = [em.weight(codes), ids, em.weight(scales, compute=_per_block)]
-    if zp != 1 << (bits - 1):  # uint8 [rows, blocks, 1]: one code (4-bit: the byte's two nibbles) per block
-        byte = zp if bits == 8 else zp | (zp << 4)
-        inputs.append(em.weight(scales, compute=_zero_points(byte)))
-    rows = em.node("GatherBlockQuantized", inputs, hint=node.name, domain=MS, bits=bits, block_size=block,
-                   gather_axis=0, quantize_axis=2)[0]  # [B, S, blocks, block]
+    if bits == 8 and em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL) < 4:
+        high = _gather(em, node, em.derived(f"{codes}.high", _nibbles(4), codes),
+                       em.derived(f"{scales}.x16.per_block", lambda t: (t * 16).unsqueeze(-1), scales), 4, zp >> 4)
+        low = _gather(em, node, em.derived(f"{codes}.low", _nibbles(0), codes),
+                      em.weight(scales, compute=_per_block), 4, zp & 15)
+        rows = em.node("Add", [high, low], hint=node.name)[0]
+    else:
+        rows = _gather(em, node, em.weight(codes), em.weight(scales, compute=_per_block), bits, zp)
     if mins is not None:
         row_mins = em.node("Gather", [em.weight(mins), ids], hint=node.name, axis=0)[0]
         rows = em.node("Add", [rows, em.node("Unsqueeze", [row_mins, em.const([-1], "int64")], hint=node.name)[0]],
@@ -186,14 +189,20 @@ def qembedding_gather(em: Emitter, node: Node) -> None:
     std.scaled_rows(em, node, em.node("Reshape", [rows, em.const([0, 0, -1], "int64")], hint=node.name)[0])
 
 
+def _gather(em: Emitter, node: Node, codes: str, scales: str, bits: int, zp: int) -> str:
+    """GatherBlockQuantized of the ids' rows of `codes` (initializer names) -> [B, S, blocks, block]."""
+    ids, scales_param = node.inputs[0], node.inputs[2]
+    inputs = [codes, ids, scales]
+    if zp != 1 << (bits - 1):  # uint8 [rows, blocks, 1]: one code (4-bit: the byte's two nibbles) per block
+        byte = zp if bits == 8 else zp | (zp << 4)
+        inputs.append(em.derived(f"{scales_param}.gather_zero_points{byte}",
+                                 lambda t: torch.full((*t.shape, 1), byte, dtype=torch.uint8), scales_param))
+    return em.node("GatherBlockQuantized", inputs, hint=node.name, domain=MS, bits=bits,
+                   block_size=node.attrs["block_size"], gather_axis=0, quantize_axis=2)[0]
+
+
 def _per_block(t):
     return t.unsqueeze(-1)
-
-
-def _zero_points(byte: int):
-    def gather_zero_points(s):
-        return torch.full((*s.shape, 1), byte, dtype=torch.uint8)
-    return gather_zero_points
 
 
 def _flat(t):
