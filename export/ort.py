@@ -173,7 +173,7 @@ def qembedding_gather(em: Emitter, node: Node) -> None:
     gathered and added. Mins (which GatherBlockQuantized has no input for) are gathered and added, as the executor
     adds them."""
     ids, codes, scales, mins = (list(node.inputs) + [None])[:4]
-    bits, block, zp = node.attrs["bits"], node.attrs["block_size"], node.attrs["zero_point"]
+    bits, zp = node.attrs["bits"], node.attrs["zero_point"]
     if bits == 8 and em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL) < 4:
         high = _gather(em, node, em.derived(f"{codes}.high", _nibbles(4), codes),
                        em.derived(f"{scales}.x16.per_block", lambda t: (t * 16).unsqueeze(-1), scales), 4, zp >> 4)
