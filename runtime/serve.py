@@ -377,13 +377,21 @@ def serve_on_ray(options: ServeOptions, replicas: int, host: str = "127.0.0.1", 
     ray_serve.run(deployment.bind(), name="llgraph", route_prefix="/", blocking=False)
     _announce(options, f"http://{host}:{port}", f", {replicas} Ray Serve replicas")
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+        wait_for_interrupt()
     finally:
         ray_serve.shutdown()
         ray.shutdown()
+
+
+def wait_for_interrupt(tick: float = 0.5) -> None:
+    """Block until SIGINT (Ctrl-C). Sleeps a tick at a time: Linux may deliver the signal to any thread (Ray's
+    own, here), and Python only raises KeyboardInterrupt when the main thread next runs bytecode — so a long sleep
+    left `llgraph serve --ray` deaf to Ctrl-C for up to an hour (seen in CI; tested by signalling another thread)."""
+    try:
+        while True:
+            time.sleep(tick)
+    except KeyboardInterrupt:
+        pass
 
 
 def _announce(options: ServeOptions, url: str, extra: str = "") -> None:

@@ -242,3 +242,30 @@ def test_a_bad_model_is_one_line_before_anything_listens(tmp_path):
     assert r.returncode == 2 and errors == [f"llgraph: error: model {tmp_path / 'nope'} does not exist; pass an "
                                             "export folder, a checkpoint or 'smollm2'"], r.stderr
     assert "listening" not in r.stdout
+
+
+TGKILL = {"x86_64": 234, "aarch64": 131}  # Linux syscall numbers
+
+
+@pytest.mark.skipif(sys.platform != "linux" or __import__("os").uname().machine not in TGKILL,
+                    reason="signals one thread with Linux's tgkill")
+def test_ctrl_c_reaches_the_ray_server_whichever_thread_takes_it():
+    """`llgraph serve --ray` waits in wait_for_interrupt while Ray's threads run. Linux may hand SIGINT to any of
+    them; Python then raises KeyboardInterrupt only when the main thread next runs, so the wait must wake. SIGINT is
+    sent here to another thread on purpose (the old hour-long sleep never exited; CI caught it once by chance)."""
+    import ctypes
+    import os
+
+    code = ("import threading, time\nfrom llgraph.runtime.serve import wait_for_interrupt\n"
+            "t = threading.Thread(target=time.sleep, args=(60,), daemon=True)\nt.start()\n"
+            "print(t.native_id, flush=True)\nwait_for_interrupt()\nprint('interrupted', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        tid = int(proc.stdout.readline())
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(TGKILL[os.uname().machine], proc.pid, tid, signal.SIGINT) == 0, ctypes.get_errno()
+        start = time.monotonic()
+        assert proc.wait(timeout=20) == 0 and proc.stdout.read() == "interrupted\n"
+        print(f"SIGINT to a non-main thread: exited after {time.monotonic() - start:.2f} s")
+    finally:
+        proc.kill()
