@@ -63,7 +63,8 @@ def cmd_export(args) -> None:
 
 
 def cmd_serve(args) -> int:
-    from llgraph.runtime.serve import ServeOptions, serve, serve_on_ray
+    from llgraph.runtime.serve import ServeOptions
+    from llgraph.runtime.serve_run import serve, serve_on_ray
 
     for flag, value, low in (("--slots", args.slots, 1), ("--max-queue", args.max_queue, 0),
                              ("--replicas", args.replicas, 1), ("--port", args.port, 0)):

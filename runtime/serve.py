@@ -8,6 +8,7 @@ Endpoints: /v1/models, /v1/completions, /v1/chat/completions (the model's chat t
 server-sent events in OpenAI's chunk format), /health, /metrics (Prometheus). Errors are OpenAI's error object:
 400 for a bad request, 429 when every slot is busy and the queue is full, 503 while shutting down.
 SIGTERM (or Ctrl-C): admit nothing new, let running requests finish for --grace seconds, cancel the rest, exit 0.
+This module is the app; runtime/serve_run.py runs it (uvicorn, or Ray Serve with --ray).
 """
 
 from __future__ import annotations
@@ -315,86 +316,3 @@ async def _sse(handle, meta: dict, chat: bool, include_usage: bool):
     if include_usage:
         yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': _usage(handle)})}\n\n"
     yield "data: [DONE]\n\n"
-
-
-# -- running it --------------------------------------------------------------------------------------------------------
-
-def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grace: float = 10.0) -> None:
-    """One process: uvicorn on host:port. SIGTERM/SIGINT: stop admitting (503), give running requests `grace`
-    seconds, cancel the rest, return (exit 0)."""
-    import uvicorn
-
-    print(f"llgraph serve: loading {options.model} ({options.backend})", flush=True)
-    runner = load_runner(options)  # a bad model or flag is one line, before anything listens
-    if options.backend == "trt" and options.slots > getattr(runner.backend, "max_batch", options.slots):
-        raise RequestError(f"--slots {options.slots} exceeds the engine's max batch ({runner.backend.max_batch}); "
-                           "lower --slots or rebuild with `llgraph build --max-batch`")
-    app = create_app(options, runner)
-
-    class Server(uvicorn.Server):
-        async def startup(self, sockets=None):
-            await super().startup(sockets)  # the model loaded (lifespan), then the socket bound
-            if self.started:
-                _announce(options, f"http://{host}:{port}")
-
-        def handle_exit(self, sig, frame):
-            scheduler = getattr(app.state, "scheduler", None)
-            if scheduler is not None:
-                scheduler.drain(grace)  # 503 for anything new; the running ones finish or are cancelled
-            super().handle_exit(sig, frame)
-
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace)
-    import signal
-
-    # uvicorn handles SIGTERM/SIGINT while it runs, then re-raises the signal to the handler it found: a drained,
-    # finished server has nothing left to do, so that handler does nothing and serve() returns (exit 0)
-    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        Server(config).run()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    print("llgraph serve: stopped", flush=True)
-
-
-def serve_on_ray(options: ServeOptions, replicas: int, host: str = "127.0.0.1", port: int = 8000,
-                 address: str | None = None) -> None:
-    """The same app as a Ray Serve deployment of `replicas` replicas (each loads its own runner), on a local Ray
-    (default) or the cluster at `address` ("auto" joins the one `ray start` made here). Blocks until interrupted."""
-    try:
-        import ray
-        from ray import serve as ray_serve
-    except ImportError as e:
-        raise ImportError(f"--ray needs Ray Serve: pip install 'llgraph[serve]' ({e})") from None
-    ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    ray_serve.start(http_options={"host": host, "port": port})
-    def build_app():  # a builder (a function, not an app): Ray Serve calls it on each replica
-        return create_app(options)
-
-    ingress = ray_serve.ingress(build_app)()
-    deployment = ray_serve.deployment(ingress, name="llgraph", num_replicas=replicas,
-                                      ray_actor_options={"num_cpus": 0})
-    ray_serve.run(deployment.bind(), name="llgraph", route_prefix="/", blocking=False)
-    _announce(options, f"http://{host}:{port}", f", {replicas} Ray Serve replicas")
-    try:
-        wait_for_interrupt()
-    finally:
-        ray_serve.shutdown()
-        ray.shutdown()
-
-
-def wait_for_interrupt(tick: float = 0.5) -> None:
-    """Block until SIGINT (Ctrl-C). Sleeps a tick at a time: Linux may deliver the signal to any thread (Ray's
-    own, here), and Python only raises KeyboardInterrupt when the main thread next runs bytecode — so a long sleep
-    left `llgraph serve --ray` deaf to Ctrl-C for up to an hour (seen in CI; tested by signalling another thread)."""
-    try:
-        while True:
-            time.sleep(tick)
-    except KeyboardInterrupt:
-        pass
-
-
-def _announce(options: ServeOptions, url: str, extra: str = "") -> None:
-    print(f"llgraph serve: '{options.served_name}' from {options.model} on {options.backend}, {options.slots} slots"
-          f"{extra}, listening at {url} (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)",
-          flush=True)
