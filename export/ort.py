@@ -132,27 +132,42 @@ def qlinear_nbits(em: Emitter, node: Node) -> None:
 
 def _split_bytes(em: Emitter, node: Node, level: int) -> str:
     """8-bit blocks at exact fp32 compute, where ONNX Runtime's CPU has no fast 8-bit kernel (40x slower than
-    4-bit, measured), as two 4-bit MatMulNBits on the codes' nibbles: with c = 16 hi + lo and the zero point
-    z = 16 zh + zl, scale * (c - z) = 16 * scale * (hi - zh) + scale * (lo - zl), each term exact in float. 1.25
-    bytes a weight where the float table they replace took 4 (SmolLM2's Q8_0 lm head: 113 MB -> 35 MB)."""
+    4-bit, measured), as two 4-bit MatMulNBits on the codes' nibbles (`_nibble_tables`), added. 1.25 bytes a weight
+    where the float table they replace took 4 (SmolLM2's Q8_0 lm head: 113 MB -> 35 MB)."""
     x, codes, scales, _, _, _, block, zp = std.qlinear_inputs(node)
     out, blocks, _ = em.graph.values[codes].shape
     attrs = {"domain": MS, "K": blocks * block, "N": out, "bits": 4, "block_size": block, "accuracy_level": level}
     halves = []
-    for half, z, scale in (("high", zp >> 4, em.derived(f"{scales}.x16", _times16, scales)),
-                           ("low", zp & 15, em.weight(scales, compute=_flat))):
-        inputs = [x, em.derived(f"{codes}.{half}", _nibbles(4 if half == "high" else 0), codes), scale]
+    for half, half_codes, half_scales, z in _nibble_tables(em, codes, scales, zp, _flat):
+        inputs = [x, half_codes, half_scales]
         if z != 8:
             inputs.append(_zero_points_input(em, f"{codes}.{half}.zero_points", codes, 4, z))
         halves.append(em.node("MatMulNBits", inputs, hint=node.name, **attrs)[0])
     return em.node("Add", halves, hint=node.name)[0]
 
 
+def _nibble_tables(em: Emitter, codes: str, scales: str, zp: int, layout):
+    """The two 4-bit tables exact compute splits an 8-bit table into, read alike by the lm head's MatMulNBits and
+    a tied embedding's GatherBlockQuantized: with c = 16 hi + lo and z = 16 zh + zl, scale * (c - z) =
+    16 * scale * (hi - zh) + scale * (lo - zl), each term exact in float. -> (half, codes, scales laid out by
+    `layout`, zero point) for the high and the low nibbles."""
+    def times16(s):
+        return layout(s * 16)
+    times16.__name__ = f"x16{layout.__name__}"
+    return [("high", em.derived(f"{codes}.high", _nibbles(4), codes), em.weight(scales, compute=times16), zp >> 4),
+            ("low", em.derived(f"{codes}.low", _nibbles(0), codes), em.weight(scales, compute=layout), zp & 15)]
+
+
 def _zero_points_input(em: Emitter, name: str, codes: str, bits: int, z: int) -> str:
     """MatMulNBits' uint8 zero points, `z` for every block of `codes` (4-bit: two blocks a byte)."""
     out, blocks, _ = em.graph.values[codes].shape
-    per_row, byte = (blocks, z) if bits == 8 else ((blocks + 1) // 2, z | (z << 4))
+    per_row, byte = (blocks if bits == 8 else (blocks + 1) // 2), _zero_point_byte(bits, z)
     return em.derived(name, lambda c: torch.full((out * per_row,), byte, dtype=torch.uint8), codes)
+
+
+def _zero_point_byte(bits: int, z: int) -> int:
+    """A uint8 zero-point byte holding `z` for each code it covers: one 8-bit code or two 4-bit ones."""
+    return z if bits == 8 else z | (z << 4)
 
 
 def _nibbles(shift: int):
@@ -163,10 +178,6 @@ def _nibbles(shift: int):
     return nibbles
 
 
-def _times16(s):
-    return (s * 16).reshape(-1)
-
-
 def qembedding_gather(em: Emitter, node: Node) -> None:
     """com.microsoft GatherBlockQuantized on the codes the (tied) lm head's MatMulNBits reads, so the export holds
     the table once: the codes as they are, or at exact compute the 8-bit codes' two nibble tables (`_split_bytes`),
@@ -175,11 +186,8 @@ def qembedding_gather(em: Emitter, node: Node) -> None:
     ids, codes, scales, mins = (list(node.inputs) + [None])[:4]
     bits, zp = node.attrs["bits"], node.attrs["zero_point"]
     if bits == 8 and em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL) < 4:
-        high = _gather(em, node, em.derived(f"{codes}.high", _nibbles(4), codes),
-                       em.derived(f"{scales}.x16.per_block", lambda t: (t * 16).unsqueeze(-1), scales), 4, zp >> 4)
-        low = _gather(em, node, em.derived(f"{codes}.low", _nibbles(0), codes),
-                      em.weight(scales, compute=_per_block), 4, zp & 15)
-        rows = em.node("Add", [high, low], hint=node.name)[0]
+        halves = [_gather(em, node, c, s, 4, z) for _, c, s, z in _nibble_tables(em, codes, scales, zp, _per_block)]
+        rows = em.node("Add", halves, hint=node.name)[0]
     else:
         rows = _gather(em, node, em.weight(codes), em.weight(scales, compute=_per_block), bits, zp)
     if mins is not None:
@@ -194,7 +202,7 @@ def _gather(em: Emitter, node: Node, codes: str, scales: str, bits: int, zp: int
     ids, scales_param = node.inputs[0], node.inputs[2]
     inputs = [codes, ids, scales]
     if zp != 1 << (bits - 1):  # uint8 [rows, blocks, 1]: one code (4-bit: the byte's two nibbles) per block
-        byte = zp if bits == 8 else zp | (zp << 4)
+        byte = _zero_point_byte(bits, zp)
         inputs.append(em.derived(f"{scales_param}.gather_zero_points{byte}",
                                  lambda t: torch.full((*t.shape, 1), byte, dtype=torch.uint8), scales_param))
     return em.node("GatherBlockQuantized", inputs, hint=node.name, domain=MS, bits=bits,

@@ -53,6 +53,7 @@ class OrtBackend(Backend):
         limit = manifest.get("max_positions", self.config.max_position_embeddings)
         self.max_seq_len = cache_length(max_seq_len, limit, "this export's RoPE range")
         self.vocab_size = self.config.vocab_size
+        self._np_dtype = {"float32": np.float32, "float16": np.float16}[self.dtype]
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or os.cpu_count() or 1
         opts.log_severity_level = 3
@@ -63,7 +64,7 @@ class OrtBackend(Backend):
     def allocate(self, batch: int) -> None:
         if batch == self._batch:
             return  # stale slots from an earlier request are finite and masked out
-        np_dtype = self._np_dtype = {"float32": np.float32, "float16": np.float16}[self.dtype]
+        np_dtype = self._np_dtype
         self._binding = self.session.io_binding()
         # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
         self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, np_dtype))
