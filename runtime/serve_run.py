@@ -65,21 +65,23 @@ def serve_on_ray(options: ServeOptions, replicas: int, host: str = "127.0.0.1", 
     deployment = ray_serve.deployment(ingress, name="llgraph", num_replicas=replicas,
                                       ray_actor_options={"num_cpus": 0})
     ray_serve.run(deployment.bind(), name="llgraph", route_prefix="/", blocking=False)
-    _announce(options, f"http://{host}:{port}", f", {replicas} Ray Serve replicas")
     try:
-        wait_for_interrupt()
+        wait_for_interrupt(ready=lambda: _announce(options, f"http://{host}:{port}",
+                                                   f", {replicas} Ray Serve replicas"))
     finally:
         ray_serve.shutdown()
         ray.shutdown()
 
 
-def wait_for_interrupt(tick: float = 0.5) -> None:
-    """Block until SIGINT or SIGTERM, both handled here whatever the process inherited: a shell's background job
-    starts with SIGINT ignored, and SIGTERM's default would skip Ray's shutdown. The wait wakes every `tick`
-    seconds, because Python runs signal handlers on the main thread only, whichever thread the signal reached."""
+def wait_for_interrupt(ready=lambda: None, tick: float = 0.5) -> None:
+    """Call `ready()` (the announcement that the server is up), then block until SIGINT or SIGTERM. Both are
+    handled here from before `ready` on, whatever the process inherited: a shell's background job starts with
+    SIGINT ignored, and SIGTERM's default would skip Ray's shutdown. The wait wakes every `tick` seconds, because
+    Python runs signal handlers on the main thread only, whichever thread the signal reached."""
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        ready()
         while not stop.wait(tick):
             pass
     finally:
