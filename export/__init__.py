@@ -28,24 +28,26 @@ def get_target(name: str) -> Target:
 def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype: str = "float32",
                  max_seq_len: int | None = None, force: bool = False, progress: bool = False, seed: int = 0,
                  quantize: str | None = None, block_size: int = 32, symmetric: bool = False,
-                 dequantize: bool = False, accuracy_level: int | None = None) -> Path:
+                 dequantize: bool = False, accuracy_level: int | None = None, lm_head: str | None = None) -> Path:
     """Config (+ checkpoint, else seeded random weights) -> an ONNX folder: model.onnx, model.onnx.data,
     manifest.json, and the checkpoint's tokenizer files.
 
     Quantized weights: a GGUF's Q4_0/Q4_1/Q8_0 decoder-layer Linears are carried block for block (QLinear) unless
     `dequantize`; `quantize` ("int4"/"int8") rounds a float checkpoint's to nearest, `block_size` codes per scale,
-    `symmetric` or with per-block mins. `accuracy_level` is MatMulNBits' (ort target)."""
+    `symmetric` or with per-block mins; `lm_head` ("int4"/"int8") rounds the lm head (and an embedding table tied
+    to it) the same way. `accuracy_level` is MatMulNBits' (ort target)."""
     from llgraph.bundled import resolve
     from llgraph.config import load_config
     from llgraph.export.lower import export
     from llgraph.outdir import check_writable_target
     from llgraph.passes import model_graph
+    from llgraph.source_views import rtn_view
     from llgraph.weights import open_checkpoint
 
     checkpoint = resolve(checkpoint)
     config = resolve(config)
     tgt = get_target(target)
-    dtype, bits = check_weight_request(dtype, target, quantize, block_size, dequantize, accuracy_level)
+    dtype = check_weight_request(dtype, target, quantize, block_size, dequantize, accuracy_level, lm_head)
     if checkpoint is not None and not Path(checkpoint).exists():
         raise ExportError(f"--checkpoint {checkpoint} does not exist; pass an HF folder, a .safetensors or .gguf "
                           "file, or 'smollm2'")
@@ -54,12 +56,9 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
     source = open_checkpoint(checkpoint, cfg, seed)
-    if bits:
-        from llgraph.source_views import QuantizedSource
-
-        source = QuantizedSource(source, bits, block_size, symmetric)
-    elif not dequantize:
+    if not (quantize or dequantize):
         _check_stored_formats(source)
+    source = rtn_view(source, cfg, quantize, block_size, symmetric, lm_head)
     graph = model_graph(cfg, dtype, None if dequantize else source.quant_format)
     options = {} if accuracy_level is None else {"accuracy_level": accuracy_level}
     return export(graph, source, tgt, out, max_positions=max_seq_len or cfg.max_position_embeddings, force=force,
@@ -69,8 +68,9 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", dtype:
 
 
 def check_weight_request(dtype: str, target: str, quantize: str | None = None, block_size: int = 32,
-                         dequantize: bool = False, accuracy_level: int | None = None) -> tuple[str, int]:
-    """Every weight flag checked before anything is loaded -> (canonical dtype, bits of --quantize or 0)."""
+                         dequantize: bool = False, accuracy_level: int | None = None,
+                         lm_head: str | None = None) -> str:
+    """Every weight flag checked before anything is loaded -> the canonical dtype."""
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype '{dtype}'; use one of fp32, fp16, bf16")
@@ -78,10 +78,11 @@ def check_weight_request(dtype: str, target: str, quantize: str | None = None, b
         raise ExportError("--dtype bf16 cannot run on the ort target (ONNX Runtime's CPU kernels have no bf16 "
                           "MatMul); use --dtype fp32 or fp16 for ONNX Runtime, or --target trt / onnx for a GPU "
                           "runtime with bf16")
-    if quantize not in (None, "int4", "int8"):
-        raise ExportError(f"unknown --quantize '{quantize}'; use int4 or int8")
-    if quantize and dequantize:
-        raise ExportError("--quantize and --dequantize contradict each other; pass one")
+    for flag, value in (("quantize", quantize), ("lm-head", lm_head)):
+        if value not in (None, "int4", "int8"):
+            raise ExportError(f"unknown --{flag} '{value}'; use int4 or int8")
+        if value and dequantize:
+            raise ExportError(f"--{flag} and --dequantize contradict each other; pass one")
     from llgraph.quant import QuantFormat
 
     try:  # the format's own rule, said as the flag's
@@ -90,7 +91,7 @@ def check_weight_request(dtype: str, target: str, quantize: str | None = None, b
         raise ExportError(f"--{e} (32, 64 or 128)") from None
     if accuracy_level is not None and (accuracy_level not in (0, 1, 2, 3, 4) or target != "ort"):
         raise ExportError(f"--accuracy-level ({accuracy_level}) is MatMulNBits' (0..4) and only for --target ort")
-    return dtype, int(quantize[3:]) if quantize else 0
+    return dtype
 
 
 def _check_stored_formats(source) -> None:

@@ -58,7 +58,7 @@ def cmd_export(args) -> None:
     out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, args.target, args.dtype,
                        args.max_seq_len, args.force, progress=True, seed=args.seed, quantize=args.quantize,
                        block_size=args.block_size, symmetric=args.symmetric, dequantize=args.dequantize,
-                       accuracy_level=args.accuracy_level)
+                       accuracy_level=args.accuracy_level, lm_head=args.lm_head)
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
@@ -75,7 +75,8 @@ def cmd_serve(args) -> int:
     weights = weights_of(args)
     from llgraph.export import check_weight_request
 
-    check_weight_request(weights.dtype, args.backend, weights.quantize, weights.block_size, weights.dequantize)
+    check_weight_request(weights.dtype, args.backend, weights.quantize, weights.block_size, weights.dequantize,
+                         lm_head=weights.lm_head)
     options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
                            args.timeout, args.cache_dir, args.tensorrt, weights)
     if args.ray:
@@ -246,7 +247,7 @@ def weights_of(args):
     from llgraph.runtime.runners import Weights
 
     return Weights(DTYPE_ALIASES.get(args.dtype, args.dtype), args.quantize, args.block_size, args.symmetric,
-                   args.dequantize, args.accuracy_level)
+                   args.dequantize, args.accuracy_level, args.lm_head)
 
 
 def _one_line_warnings() -> None:

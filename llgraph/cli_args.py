@@ -25,6 +25,8 @@ def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
                    "nearest (a GGUF's Q4_0/Q4_1/Q8_0 blocks are carried as stored without it)")
     p.add_argument("--block-size", type=int, default=32, help="--quantize: codes per scale (32, 64, 128)")
     p.add_argument("--symmetric", action="store_true", help="--quantize: no per-block mins (zero point 2^(bits-1))")
+    p.add_argument("--lm-head", choices=("int4", "int8"), help="round the lm head (and an embedding table tied to "
+                   "it) to nearest, with --block-size and --symmetric (default: float; a GGUF's as stored)")
     p.add_argument("--dequantize", action="store_true", help=f"run {whose}quantized GGUF blocks (e.g. the bundled "
                    "Q4_1) in float instead of as stored")
     p.add_argument("--accuracy-level", type=int, help="ONNX Runtime's MatMulNBits accuracy_level for quantized "

@@ -1,6 +1,6 @@
 """Weight sources that are views over another source: what a checkpoint holds, seen as the graph wants it.
 
-- `QuantizedSource`: the decoder-layer Linears rounded to nearest (`--quantize int4|int8`).
+- `QuantizedSource`: the decoder-layer Linears and/or the lm head rounded to nearest (`--quantize`, `--lm-head`).
 - `FusedSplitSource`: Phi-3's fused `qkv_proj` / `gate_up_proj` under the Llama names.
 - `NormOffsetSource`: Gemma's RMSNorm weights stored as w - 1, seen as 1 + w.
 """
@@ -17,12 +17,19 @@ from llgraph.weights import _QUANTIZABLE, WeightError, WeightSource
 
 
 class QuantizedSource(WeightSource):
-    """Another source with its decoder-layer Linear weights quantized by round-to-nearest (`llgraph export
-    --quantize int4|int8`); `load` returns the dequantized values, so every backend sees the same weights."""
+    """Another source with weights quantized by round-to-nearest: the decoder-layer Linears at `bits` (`llgraph
+    export --quantize int4|int8`; 0: as the base has them) and the lm head at `head_bits` (`--lm-head int4|int8`;
+    0: as the base has it), the embedding table with it when `tied` (one table, read by both). `load` returns the
+    dequantized values, so every backend sees the same weights."""
 
-    def __init__(self, base: WeightSource, bits: int, block_size: int = 32, symmetric: bool = False):
+    ROUND_BYTES = 64 << 20  # float rows rounded at a time
+
+    def __init__(self, base: WeightSource, bits: int, block_size: int = 32, symmetric: bool = False,
+                 head_bits: int = 0, tied: bool = False):
         self.base, self.bits, self.block_size, self.symmetric = base, bits, block_size, symmetric
-        self.description = f"{base.description}, RTN int{bits} (block {block_size}, " \
+        self._head_bits = {"lm_head.weight": head_bits, **({"model.embed_tokens.weight": head_bits} if tied else {})}
+        what = ([f"RTN int{bits}"] if bits else []) + ([f"lm head RTN int{head_bits}"] if head_bits else [])
+        self.description = f"{base.description}, {', '.join(what)} (block {block_size}, " \
                            f"{'symmetric' if symmetric else 'asymmetric'})"
         self.rope_layout = base.rope_layout
         self._last: tuple[str, QuantTensor] | None = None
@@ -36,23 +43,43 @@ class QuantizedSource(WeightSource):
     def tokenizer_files(self):
         return self.base.tokenizer_files()
 
+    def _bits(self, name: str) -> int:
+        return self.bits if _QUANTIZABLE.fullmatch(name) else self._head_bits.get(name, 0)
+
     def quant_format(self, name):
-        if not _QUANTIZABLE.fullmatch(name):
+        bits = self._bits(name)
+        if not bits:
             return self.base.quant_format(name)
-        fmt = QuantFormat(self.bits, self.block_size, 1 << (self.bits - 1) if self.symmetric else 0,
-                          not self.symmetric)
         if self.shape(name)[-1] % self.block_size:
             raise WeightError(f"--block-size {self.block_size} does not divide the input features of {name} "
                               f"({self.shape(name)[-1]}); choose a block size that does (32 divides most)")
-        return fmt
+        return QuantFormat(bits, self.block_size, 1 << (bits - 1) if self.symmetric else 0, not self.symmetric)
 
     def load_quantized(self, name):
-        if not _QUANTIZABLE.fullmatch(name):
+        bits = self._bits(name)
+        if not bits:
             return self.base.load_quantized(name)
         if self._last is None or self._last[0] != name:  # codes, scales and mins are asked for one after another
-            self._last = (name, quantize_rtn(self.base.load(name, torch.float32).float(), self.bits,
-                                             self.block_size, self.symmetric))
+            self._last = (name, self._round(name, bits))
         return self._last[1]
+
+    def _round(self, name: str, bits: int) -> QuantTensor:
+        """RTN of `name`, ~64 MB of float rows at a time where the base reads rows (an 8B model's lm head is
+        2.1 GB in float32: rounded whole, its temporaries alone would pass 2 GB)."""
+        out, n_in = self.shape(name)
+        step = max(1, self.ROUND_BYTES // (4 * n_in))
+        parts = []
+        for start in range(0, out, step):
+            rows = self.base.load_rows(name, start, min(out, start + step), torch.float32)
+            if rows is None:  # a source without row reads: the tensor whole
+                return quantize_rtn(self.base.load(name, torch.float32).float(), bits, self.block_size,
+                                    self.symmetric)
+            parts.append(quantize_rtn(rows.float(), bits, self.block_size, self.symmetric))
+        if len(parts) == 1:
+            return parts[0]
+        mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])
+        return QuantTensor(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), mins,
+                           parts[0].fmt)
 
     def load_rows(self, name, start, stop, dtype=None):
         return self.base.load_rows(name, start, stop, dtype) if self.quant_format(name) is None else None
@@ -64,7 +91,14 @@ class QuantizedSource(WeightSource):
         return dequantize(q.codes, q.scales, q.mins, q.fmt.bits, q.fmt.zero_point, torch.float32)
 
 
-# what round-to-nearest quantizes: the Linears inside decoder layers (the embedding and lm head stay float)
+def rtn_view(source: WeightSource, cfg: LlamaConfig, quantize: str | None = None, block_size: int = 32,
+             symmetric: bool = False, lm_head: str | None = None) -> WeightSource:
+    """`source` as the weight flags --quantize / --lm-head (int4, int8 or None) want it rounded: a QuantizedSource,
+    or `source` itself when neither is given."""
+    bits, head_bits = (int(q[3:]) if q else 0 for q in (quantize, lm_head))
+    if not (bits or head_bits):
+        return source
+    return QuantizedSource(source, bits, block_size, symmetric, head_bits, cfg.tie_word_embeddings)
 
 
 class FusedSplitSource(WeightSource):

@@ -3,8 +3,9 @@ eager, same prompt, same greedy tokens, one invocation, the same thread count.
 
     python -m llgraph.runtime.benchmark [--hf-dir DIR] [--work DIR] [--threads 2] [--new-tokens 64] [--repeats 3]
     python -m llgraph.runtime.benchmark --int4     # 4-bit: llgraph on the GGUF's own Q4_1 blocks (accuracy level 4
-                                                   # and 0) vs onnxruntime-genai int4 vs llama.cpp on the same GGUF,
-                                                   # then each one's mean KL from the exact computation
+                                                   # and 0) and on genai's scheme vs onnxruntime-genai int4 vs
+                                                   # llama.cpp on the same GGUF, then each one's mean KL from the
+                                                   # exact computation
     python -m llgraph.runtime.benchmark --quality  # RTN int4/int8: mean KL of next-token distributions vs fp32
 
 Prefill tok/s = prompt tokens / time to the first token's logits; decode tok/s = (new tokens - 1) / the time of
@@ -163,9 +164,9 @@ class Isolated:
 
 def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
     """(engines, llgraph's export folders by engine name): llgraph int4 from the bundled GGUF's Q4_1 blocks at
-    accuracy level 4 and 0 (exact fp32 compute, the default), onnxruntime-genai's int4 build of the same model (its
-    builder re-rounds the HF weights; it cannot read a quantized GGUF), llama.cpp on the GGUF itself where
-    llama-cpp-python is installed."""
+    accuracy level 4 and 0 (exact fp32 compute, the default), llgraph int4 on genai's scheme (level 4),
+    onnxruntime-genai's int4 build of the same model (its builder re-rounds the HF weights; it cannot read a
+    quantized GGUF), llama.cpp on the GGUF itself where llama-cpp-python is installed."""
     import subprocess
     import sys
 
@@ -180,6 +181,12 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
         folders[f"llgraph int4 (level {level})"] = folder
         engines[f"llgraph int4 (level {level})"] = Isolated(llgraph_engine, folder, prompt, args.new_tokens,
                                                              args.threads)
+    # genai's own scheme (symmetric int4, block 32, the tied lm head and embedding int4 too), rounded by llgraph
+    # from the same HF folder genai's builder reads: the same weights' bytes, so the graphs and runtimes compare
+    name = "llgraph int4 genai's scheme"
+    folders[name] = export_model(hf_dir, checkpoint=hf_dir, out=args.work / "llgraph-int4-rtn", target="ort",
+                                 force=True, quantize="int4", symmetric=True, lm_head="int4", accuracy_level=4)
+    engines[name] = Isolated(llgraph_engine, folders[name], prompt, args.new_tokens, args.threads)
     genai_dir = args.work / "genai-int4"
     if not (genai_dir / "genai_config.json").exists():
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o",
@@ -232,6 +239,8 @@ def quality(args, hf_dir: Path) -> None:
     variants = {"fp32": {}, "RTN int8 (symmetric, block 32)": dict(quantize="int8", symmetric=True),
                 "RTN int4 (min + scale, block 32)": dict(quantize="int4"),
                 "RTN int4 (symmetric, block 32)": dict(quantize="int4", symmetric=True),
+                "RTN int4 (min + scale, 32), lm head int4": dict(quantize="int4", lm_head="int4"),
+                "RTN int4 (symmetric, 32), lm head int4": dict(quantize="int4", symmetric=True, lm_head="int4"),
                 "RTN int4 (min + scale, block 64)": dict(quantize="int4", block_size=64)}
     logp = {}
     for name, kw in variants.items():
@@ -253,10 +262,10 @@ def teacher_forced(folder: Path, ids: list[int], threads: int) -> torch.Tensor:
 
 def kl_table(ref: torch.Tensor, logp: dict, what: str) -> None:
     """Per entry, the mean KL(ref || entry) of the next-token distributions and the top-1 agreement with ref."""
-    print(f"{what:<36}{'mean KL':>10}{'top-1 agreement':>18}")
+    print(f"{what:<44}{'mean KL':>10}{'top-1 agreement':>18}")
     for name, lp in logp.items():
         kl = (ref.exp() * (ref - lp)).sum(-1).mean().item()
-        print(f"{name:<36}{kl:>10.4f}{(ref.argmax(-1) == lp.argmax(-1)).double().mean().item():>18.3f}")
+        print(f"{name:<44}{kl:>10.4f}{(ref.argmax(-1) == lp.argmax(-1)).double().mean().item():>18.3f}")
 
 
 def main(argv=None) -> None:

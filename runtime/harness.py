@@ -10,7 +10,7 @@
 0.4 finds models only in its own registry (no entry points), so a bare `lm_eval --model llgraph` cannot see it.
 
 model_args: model (an export folder, a checkpoint or 'smollm2'), backend (ort|torch|trt), max_seq_len, the weight
-flags of `llgraph generate` (dtype, quantize, block_size, symmetric, dequantize), cache_dir, tensorrt, max_gen_toks.
+flags of `llgraph generate` (dtype, quantize, block_size, symmetric, lm_head, dequantize), cache_dir, tensorrt, max_gen_toks.
 The harness's batch_size applies (default 8; 'auto' means 8).
 
 Requests are read as lm-eval's Hugging Face model (HFLM) reads them, so the same task gives the same numbers:
@@ -48,19 +48,19 @@ def _flag(value) -> bool:
 class LlgraphLM(TemplateLM):
     def __init__(self, model: str = "smollm2", backend: str = "ort", max_seq_len: int | None = None,
                  dtype: str = "fp32", quantize: str | None = None, block_size: int = 32, symmetric=False,
-                 dequantize=False, accuracy_level=None, cache_dir: str | None = None, tensorrt: str = "auto",
-                 max_gen_toks: int = 256,
+                 dequantize=False, accuracy_level=None, lm_head=None, cache_dir: str | None = None,
+                 tensorrt: str = "auto", max_gen_toks: int = 256,
                  batch_size=8, max_batch_size=None, device=None, **unused):
         super().__init__()
         if unused:
             raise LlgraphError(f"unknown model_args {sorted(unused)}; llgraph takes model, backend, max_seq_len, "
-                               "dtype, quantize, block_size, symmetric, dequantize, accuracy_level, cache_dir, tensorrt, "
-                               "max_gen_toks")
+                               "dtype, quantize, block_size, symmetric, dequantize, accuracy_level, lm_head, "
+                               "cache_dir, tensorrt, max_gen_toks")
         from llgraph.export import DTYPE_ALIASES
 
         weights = Weights(DTYPE_ALIASES.get(str(dtype), str(dtype)), quantize or None, int(block_size),
                           _flag(symmetric), _flag(dequantize),
-                          None if accuracy_level in (None, "") else int(accuracy_level))
+                          None if accuracy_level in (None, "") else int(accuracy_level), lm_head or None)
         self.runner = open_runner(str(model), backend, int(max_seq_len) if max_seq_len else None, cache_dir,
                                   tensorrt, weights)
         if self.runner.tokenizer is None:

@@ -40,14 +40,14 @@ class TorchRunner(Runner):
                  device: str = "cpu", progress: bool = False, weights: "Weights | None" = None):
         from llgraph.bundled import resolve
         from llgraph.config import load_config
-        from llgraph.source_views import QuantizedSource
+        from llgraph.source_views import rtn_view
         from llgraph.weights import open_checkpoint
 
         checkpoint = resolve(checkpoint)
         cfg = load_config(resolve(config) or checkpoint)
         source = open_checkpoint(checkpoint, cfg)
-        if weights is not None and weights.quantize:  # the RTN weights an int4/int8 export carries, dequantized
-            source = QuantizedSource(source, int(weights.quantize[3:]), weights.block_size, weights.symmetric)
+        if weights is not None:  # the RTN weights an int4/int8 export carries, dequantized
+            source = rtn_view(source, cfg, weights.quantize, weights.block_size, weights.symmetric, weights.lm_head)
         backend = TorchBackend(cfg, source, max_seq_len, dtype, device, progress)
         super().__init__(backend, _tokenizer(Path(checkpoint)), cfg.eos_token_ids)
 
@@ -65,13 +65,15 @@ class TRTRunner(Runner):
 class Weights:
     """How a checkpoint's weights are run (the export flags of the same names): `dtype`; a quantized GGUF as stored
     or `dequantize`d; a float checkpoint `quantize`d (int4/int8) by round-to-nearest; the ort target's
-    MatMulNBits `accuracy_level` (None: its default, llgraph.export.ort.DEFAULT_ACCURACY_LEVEL)."""
+    MatMulNBits `accuracy_level` (None: its default, llgraph.export.ort.DEFAULT_ACCURACY_LEVEL); the lm head
+    (and a table tied to it) rounded to `lm_head` (int4/int8) too."""
     dtype: str = "float32"
     quantize: str | None = None
     block_size: int = 32
     symmetric: bool = False
     dequantize: bool = False
     accuracy_level: int | None = None
+    lm_head: str | None = None
 
     @property
     def mode(self) -> str:
@@ -79,9 +81,11 @@ class Weights:
         from llgraph.export.ort import DEFAULT_ACCURACY_LEVEL
 
         level = f"-l{DEFAULT_ACCURACY_LEVEL if self.accuracy_level is None else self.accuracy_level}"
+        rounding = f"-b{self.block_size}-{'sym' if self.symmetric else 'asym'}"
+        head = f"-head{self.lm_head}{rounding if not self.quantize else ''}" if self.lm_head else ""
         if self.quantize:
-            return f"{self.dtype}-{self.quantize}-b{self.block_size}-{'sym' if self.symmetric else 'asym'}{level}"
-        return f"{self.dtype}-{'dequantized' if self.dequantize else 'stored' + level}"
+            return f"{self.dtype}-{self.quantize}{rounding}{head}{level}"
+        return f"{self.dtype}-{'dequantized' if self.dequantize else 'stored' + head + level}"
 
 
 def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str | None = None,
@@ -94,14 +98,14 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
     from llgraph.export import check_weight_request
 
     check_weight_request(weights.dtype, backend, weights.quantize, weights.block_size, weights.dequantize,
-                         weights.accuracy_level if backend == "ort" else None)  # torch computes exactly anyway
+                         weights.accuracy_level if backend == "ort" else None, weights.lm_head)  # torch computes exactly anyway
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
     if (path / "manifest.json").exists():
         if weights != Weights():
-            raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --dequantize and "
-                               "--accuracy-level apply to a checkpoint (or pass them to `llgraph export`)")
+            raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --lm-head, --dequantize "
+                               "and --accuracy-level apply to a checkpoint (or pass them to `llgraph export`)")
         if backend == "trt":
             return TRTRunner(path, tensorrt)
         if backend != "ort":
@@ -120,5 +124,5 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
               file=sys.stderr)
         export_model(path, checkpoint=path, out=folder, target="ort", dtype=weights.dtype, force=True, progress=True,
                      quantize=weights.quantize, block_size=weights.block_size, symmetric=weights.symmetric,
-                     dequantize=weights.dequantize, accuracy_level=weights.accuracy_level)
+                     dequantize=weights.dequantize, accuracy_level=weights.accuracy_level, lm_head=weights.lm_head)
     return ORTRunner(folder, max_seq_len)

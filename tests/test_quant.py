@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import gguf
+import onnx
 import pytest
 import torch
 from conftest import max_diff
@@ -99,15 +100,45 @@ def test_rtn_error_is_within_half_a_step():
             assert q.codes.shape == (48, 4, 64 * bits // 8)
 
 
+RTN_CASES = {"layers int4": dict(quantize="int4"),  # the lm head float
+             "layers int4, tied head int8, symmetric": dict(quantize="int4", lm_head="int8", symmetric=True, tied=True),
+             "untied head int4 alone": dict(lm_head="int4")}
+
+
+@pytest.mark.parametrize("case", RTN_CASES)
 @pytest.mark.parametrize("target", TARGETS)
-def test_rtn_export_matches_executor(target, tmp_path, report):
-    cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16)
+def test_rtn_export_matches_executor(target, case, tmp_path, report):
+    """--quantize / --lm-head: the export == the executor on the same RTN weights, and what was rounded is what the
+    flags name (a tied table: its embedding gathers from the lm head's blocks)."""
+    flags = dict(RTN_CASES[case])
+    tied = flags.pop("tied", False)
+    cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16, tie_word_embeddings=tied)
     ckpt = write_hf_checkpoint(tmp_path / "ckpt", cfg, RandomSource(cfg, seed=3, std=0.25))
     folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path / target, target=target, max_seq_len=64,
-                          quantize="int4", block_size=32, accuracy_level=EXACT.get(target))
+                          block_size=32, accuracy_level=EXACT.get(target), **flags)
+    from llgraph.source_views import rtn_view
     from llgraph.weights import SafetensorsSource
-    truth = Stepper(cfg, QuantizedSource(SafetensorsSource(ckpt), 4, 32), batch=2, max_seq=64)
-    compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"{target} RTN int4")
+    truth = Stepper(cfg, rtn_view(SafetensorsSource(ckpt), cfg, block_size=32, **flags), batch=2, max_seq=64)
+    compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"{target} RTN {case}")
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    names = {i.name for i in graph.initializer}
+    head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    assert any(n.startswith(f"{head}.codes") for n in names) == bool(flags.get("lm_head")), sorted(names)
+    assert any(n.startswith("model.layers.0.mlp.down_proj.weight.codes") for n in names) == bool(flags.get("quantize"))
+    assert ("model.embed_tokens.weight" in names) == (not tied or not flags.get("lm_head"))
+
+
+def test_rtn_by_rows_is_rtn_of_the_whole(monkeypatch):
+    """A big lm head is rounded a few rows at a time (bounded memory): the same blocks as rounding it whole."""
+    cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16)
+    base = RandomSource(cfg, seed=4, std=0.25)
+    monkeypatch.setattr(QuantizedSource, "ROUND_BYTES", 7 * 4 * 64)  # 7 rows a time: 97 = 13 x 7 + 6
+    for symmetric in (False, True):
+        got = QuantizedSource(base, 0, 32, symmetric, head_bits=4).load_quantized("lm_head.weight")
+        want = quantize_rtn(base.load("lm_head.weight"), 4, 32, symmetric)
+        for part in ("codes", "scales", "mins"):
+            a, b = got.component(part), want.component(part)
+            assert (a is None and b is None) or torch.equal(a, b), (symmetric, part)
 
 
 @pytest.mark.slow
@@ -207,7 +238,6 @@ def test_gguf_reader_reads_what_ggufs_own_reads():
 
 def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
     """generate/eval/serve/lm-eval take --accuracy-level like export: its own export-cache entry, its MatMulNBits."""
-    import onnx
 
     from llgraph.runtime.runners import Weights, open_runner
 
@@ -229,6 +259,9 @@ def test_bad_quantization_requests(tmp_path):
     for args, message in ((["--quantize", "int4", "--block-size", "48"], "must be a power of 2"),
                           (["--quantize", "int4", "--block-size", "128"], "does not divide the input features"),
                           (["--quantize", "int3"], "invalid choice: 'int3'"),
+                          (["--lm-head", "int4", "--block-size", "128"], "does not divide the input features of "
+                                                                         "lm_head.weight"),
+                          (["--lm-head", "int4", "--dequantize"], "--lm-head and --dequantize contradict"),
                           (["--quantize", "int4", "--target", "onnx", "--accuracy-level", "4"],
                            "only for --target ort")):
         r = llgraph("export", "--config", "tiny", *args, "-o", "bad", cwd=tmp_path)
