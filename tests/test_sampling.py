@@ -20,6 +20,13 @@ def test_greedy_and_top_k_1_pick_the_argmax():
     assert set(draws(logits, 50, temperature=5.0, top_k=1, seed=0)) == {1}
 
 
+def test_greedy_takes_the_first_of_tied_maxima_per_row_in_any_float_dtype():
+    rows = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 0.0, 2.0, 2.0], [-1.0, -2.0, -1.0, -5.0]])
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        got = sample(rows.to(dtype), Sampling(), torch.zeros(3, 4, dtype=torch.bool), None)
+        assert got.dtype == torch.int64 and got.tolist() == [1, 0, 0], dtype
+
+
 def test_top_k_keeps_only_the_k_largest():
     assert set(draws([1.0, 1.1, 0.9, 5.0], temperature=3.0, top_k=2, seed=1)) == {1, 3}
 
