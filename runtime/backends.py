@@ -64,10 +64,9 @@ class OrtBackend(Backend):
     def allocate(self, batch: int) -> None:
         if batch == self._batch:
             return  # stale slots from an earlier request are finite and masked out
-        np_dtype = self._np_dtype
         self._binding = self.session.io_binding()
         # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
-        self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, np_dtype))
+        self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, self._np_dtype))
         self._batch, self._rows = batch, None
         self._bind_cache(slice(0, batch))
 

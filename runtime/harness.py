@@ -10,7 +10,8 @@
 0.4 finds models only in its own registry (no entry points), so a bare `lm_eval --model llgraph` cannot see it.
 
 model_args: model (an export folder, a checkpoint or 'smollm2'), backend (ort|torch|trt), max_seq_len, the weight
-flags of `llgraph generate` (dtype, quantize, block_size, symmetric, lm_head, dequantize), cache_dir, tensorrt, max_gen_toks.
+flags of `llgraph generate` (dtype, quantize, block_size, symmetric, lm_head, dequantize), cache_dir, tensorrt,
+max_gen_toks.
 The harness's batch_size applies (default 8; 'auto' means 8).
 
 Requests are read as lm-eval's Hugging Face model (HFLM) reads them, so the same task gives the same numbers:

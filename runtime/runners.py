@@ -81,11 +81,11 @@ class Weights:
         from llgraph.export.ort import DEFAULT_ACCURACY_LEVEL
 
         level = f"-l{DEFAULT_ACCURACY_LEVEL if self.accuracy_level is None else self.accuracy_level}"
-        rounding = f"-b{self.block_size}-{'sym' if self.symmetric else 'asym'}"
-        head = f"-head{self.lm_head}{rounding if not self.quantize else ''}" if self.lm_head else ""
-        if self.quantize:
-            return f"{self.dtype}-{self.quantize}{rounding}{head}{level}"
-        return f"{self.dtype}-{'dequantized' if self.dequantize else 'stored' + head + level}"
+        if self.dequantize:
+            return f"{self.dtype}-dequantized"
+        head = f"-head{self.lm_head}" if self.lm_head else ""
+        rounding = f"-b{self.block_size}-{'sym' if self.symmetric else 'asym'}" if self.quantize or self.lm_head else ""
+        return f"{self.dtype}-{self.quantize or 'stored'}{head}{rounding}{level}"
 
 
 def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str | None = None,
@@ -98,14 +98,16 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
     from llgraph.export import check_weight_request
 
     check_weight_request(weights.dtype, backend, weights.quantize, weights.block_size, weights.dequantize,
-                         weights.accuracy_level if backend == "ort" else None, weights.lm_head)  # torch computes exactly anyway
+                         weights.accuracy_level if backend == "ort" else None,  # torch computes exactly anyway
+                         weights.lm_head)
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
     if (path / "manifest.json").exists():
         if weights != Weights():
-            raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --lm-head, --dequantize "
-                               "and --accuracy-level apply to a checkpoint (or pass them to `llgraph export`)")
+            raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --lm-head, "
+                               "--dequantize and --accuracy-level apply to a checkpoint (or pass them to "
+                               "`llgraph export`)")
         if backend == "trt":
             return TRTRunner(path, tensorrt)
         if backend != "ort":
