@@ -67,7 +67,8 @@ def cmd_serve(args) -> int:
     from llgraph.runtime.serve_run import serve, serve_on_ray
 
     for flag, value, low in (("--slots", args.slots, 1), ("--max-queue", args.max_queue, 0),
-                             ("--replicas", args.replicas, 1), ("--port", args.port, 0)):
+                             ("--replicas", args.replicas, 1), ("--port", args.port, 0),
+                             ("--max-request-bytes", args.max_request_bytes, 1024)):
         if value < low:
             raise LlgraphError(f"{flag} ({value}) must be at least {low}")
     if args.timeout is not None and args.timeout <= 0:
@@ -78,7 +79,7 @@ def cmd_serve(args) -> int:
     check_weight_request(weights.dtype, args.backend, weights.quantize, weights.block_size, weights.dequantize,
                          lm_head=weights.lm_head)
     options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
-                           args.timeout, args.cache_dir, args.tensorrt, weights)
+                           args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes)
     if args.ray:
         serve_on_ray(options, args.replicas, args.host, args.port, args.ray_address)
     else:

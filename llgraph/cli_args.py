@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--slots", type=int, default=8, help="requests decoded together: cache rows (default 8)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429 (default 64)")
     s.add_argument("--timeout", type=float, help="seconds a request may take before it is ended (default none)")
+    s.add_argument("--max-request-bytes", type=int, default=8 << 20, help="a larger request body is refused with "
+                   "413 before it is read (default 8 MiB)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--grace", type=float, default=10.0, help="on SIGTERM: seconds running requests get to finish "

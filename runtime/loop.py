@@ -92,7 +92,7 @@ class Runner:
 
         from llgraph.runtime.score import rolling_logprob
 
-        ids = self._encode(text)
+        ids = self.encode(text)
         logprob, n = rolling_logprob(self.backend, ids, window, stride)
         return math.exp(-logprob / n), -logprob, n
 
@@ -100,19 +100,19 @@ class Runner:
         if isinstance(context, str) != isinstance(continuation, str):
             raise RequestError("context and continuation must both be texts or both be token ids")
         if not isinstance(context, str):
-            return self._encode(context), self._encode(continuation)
+            return self.encode(context), self.encode(continuation)
         spaces = len(context) - len(context.rstrip())  # as lm-eval: trailing spaces move to the continuation
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
-        whole, ctx = self._encode(context + continuation), self._encode(context) if context else []
+        whole, ctx = self.encode(context + continuation), self.encode(context) if context else []
         if not ctx:
             raise RequestError("the context is empty; give at least one token of context")
-        return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else self._encode(continuation)
+        return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else self.encode(continuation)
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids):
         """Yields the batch's Decodings after each step, as decoding goes."""
-        ids = [self._encode(p) for p in prompts]
+        ids = [self.encode(p) for p in prompts]
         eos = self.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         b = self.backend
         self.check_room(max(len(p) for p in ids), max_new_tokens)
@@ -125,7 +125,7 @@ class Runner:
         for row, p in enumerate(ids):
             seen[row, p] = True
         generator = params.generator()
-        seqs = [Decoding(self._text, max_new_tokens, stop, eos) for _ in ids]
+        seqs = [Decoding(self.text_of, max_new_tokens, stop, eos) for _ in ids]
 
         b.allocate(len(ids))
         positions = torch.arange(longest).expand(len(ids), longest)
@@ -152,7 +152,7 @@ class Runner:
                                f"cache ({self.backend.max_seq_len} tokens); shorten the prompt, lower "
                                "max_new_tokens, or raise --max-seq-len")
 
-    def _encode(self, prompt) -> list[int]:
+    def encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this runner has no tokenizer; pass token ids or load a model with one")
@@ -166,7 +166,7 @@ class Runner:
             raise RequestError(f"token ids {bad[:5]} are outside the vocabulary (0..{self.backend.vocab_size - 1})")
         return ids
 
-    def _text(self, token_ids: list[int]) -> str:
+    def text_of(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
 
 

@@ -1,7 +1,12 @@
-"""Next-token selection: greedy, temperature, top-k, top-p, repetition penalty; seeded and reproducible."""
+"""Next-token selection: greedy, temperature, top-k, top-p, repetition penalty; seeded and reproducible.
+
+No value a request may carry makes the sampler produce NaN or inf: a temperature below GREEDY_BELOW is greedy, the
+largest logit is subtracted before dividing by the temperature (so every scaled logit is <= 0 and exp() cannot
+overflow), and top-p always keeps the most likely token. Non-finite values are refused by Sampling itself."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,14 +15,20 @@ import torch
 from llgraph.errors import LlgraphError
 
 
+# A temperature below this samples greedily (vLLM's rule): 1/T past 1e5 makes any two distinct logits' probabilities
+# differ by more than float32 can hold, so it is argmax already, while 1e-40 or 5e-324 would overflow the division.
+GREEDY_BELOW = 1e-5
+
+
 class RequestError(LlgraphError):
     """A generate() request that cannot be served; one line naming the bad value."""
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """temperature 0 (or top_k 1) is greedy. top_k 0 and top_p 1 disable those filters. repetition_penalty follows
-    CTRL/HF: a logit of a token already in the sequence is divided by it when positive, multiplied when negative."""
+    """temperature 0 (or below GREEDY_BELOW, or top_k 1) is greedy. top_k 0 and top_p 1 disable those filters.
+    repetition_penalty follows CTRL/HF: a logit of a token already in the sequence is divided by it when positive,
+    multiplied when negative."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -26,18 +37,18 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise RequestError(f"temperature ({self.temperature}) must be >= 0 (0 is greedy)")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise RequestError(f"temperature ({self.temperature}) must be >= 0 and finite (0 is greedy)")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise RequestError(f"top_k ({self.top_k}) must be an integer >= 0 (0 disables it)")
         if not 0 < self.top_p <= 1:
             raise RequestError(f"top_p ({self.top_p}) must be in (0, 1]")
-        if not self.repetition_penalty > 0:
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
             raise RequestError(f"repetition_penalty ({self.repetition_penalty}) must be > 0 (1 disables it)")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     def generator(self) -> torch.Generator:
         g = torch.Generator()
@@ -63,8 +74,9 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cumulative - sorted_logits.softmax(-1) >= top_p  # keep a token while the mass before it is < top_p
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= top_p  # keep a token while the mass before it is < top_p
+        drop[..., 0] = False  # and always the most likely one (a top_p below float32's range rounds to 0)
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
@@ -74,5 +86,11 @@ def sample(logits: torch.Tensor, params: Sampling, seen: torch.Tensor, generator
     logits = apply_repetition_penalty(logits.float(), seen, params.repetition_penalty)
     if params.greedy:  # numpy's argmax (the same first-maximum rule): 8 us on a 49k-vocab row here, torch's 80 us
         return torch.from_numpy(np.argmax(logits.numpy(), axis=-1))
-    logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+    # the top logit becomes 0 and every other one <= 0, whatever the temperature (a penalty's overflow to +inf is
+    # clamped first, so inf - inf cannot make a NaN)
+    logits = logits.clamp(max=torch.finfo(logits.dtype).max)
+    logits = filter_logits((logits - logits.amax(-1, keepdim=True)) / params.temperature, params.top_k, params.top_p)
+    probs = logits.softmax(-1)
+    if not torch.isfinite(probs).all():
+        raise RequestError("the model's logits are not finite (NaN); this request cannot be sampled")
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

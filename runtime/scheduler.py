@@ -43,7 +43,7 @@ class ShuttingDown(RequestError):
 
 @dataclass
 class Event:
-    kind: str  # "token" (one sampled), "done" (finished: see decoding.finish_reason) or "error"
+    kind: str  # "token" (one sampled), "done" (finished: see decoding.finish_reason) or "error" (it ended failed)
     text: str = ""  # the new text it completes (often "" inside a multi-byte character or a possible stop string)
     decoding: Decoding | None = None
     token: int | None = None
@@ -132,7 +132,7 @@ class Scheduler:
                ) -> Handle:
         """Queues a request (a text or token ids). Raises RequestError for a bad one, QueueFull when the queue is
         at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it."""
-        ids = self.runner._encode(prompt)
+        ids = self.runner.encode(prompt)
         self.runner.check_room(len(ids), max_new_tokens)
         eos = self.runner.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         if loop is None:
@@ -142,7 +142,7 @@ class Scheduler:
             events = asyncio.Queue()
             deliver = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
         timeout = timeout if timeout is not None else self.timeout
-        request = _Request(ids, Decoding(self.runner._text, max_new_tokens, stop, eos), sampling, deliver,
+        request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling, deliver,
                            None if timeout is None else time.monotonic() + timeout, id=next(self._ids))
         with self._cond:
             if self._stopping:
@@ -245,7 +245,12 @@ class Scheduler:
             self._recent.append((time.monotonic(), len(self._active)))
 
     def _take(self, r: _Request, logits: torch.Tensor) -> None:
-        token = int(sample(logits[None], r.sampling, r.seen, r.generator)[0])
+        try:
+            token = int(sample(logits[None], r.sampling, r.seen, r.generator)[0])
+        except Exception as e:  # this request's own sampling failed: it ends alone, its neighbours decode on
+            r.decoding.finish_reason = "error"
+            r.deliver(Event("error", f"{type(e).__name__}: {e}"))
+            return
         r.seen[0, token] = True
         r.token = token
         if r.first_token_at is None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 try:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(f"llgraph serve needs its extra: pip install 'llgraph[serve]' ({e})") from None
 
@@ -46,6 +47,7 @@ class ServeOptions:
     cache_dir: str | None = None
     tensorrt: str = "auto"
     weights: object = None  # runners.Weights
+    max_request_bytes: int = 8 << 20  # a larger body is a 413 before it is read
 
     @property
     def served_name(self) -> str:
@@ -141,6 +143,44 @@ def _chat_prompt(body: dict, tokenizer) -> str:
         raise ApiError(400, f"the chat template failed on these messages: {e}", param="messages") from None
 
 
+async def _read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object, read no further than `limit` bytes (413 past it: a huge body costs neither
+    memory nor anyone else's time)."""
+    too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} bytes "
+                            "(llgraph serve --max-request-bytes)", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ApiError(400, "the body is not valid JSON (or nests too deeply)") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+def _prompt_ids(runner, prompt, context: int, key: str) -> list[int]:
+    """Token ids of a prompt (text or ids), refusing at once one that cannot fit the context whatever it
+    tokenizes to: a text of more than context x the longest token's characters is never tokenized. Runs off the
+    event loop (tokenizing a long text takes a while)."""
+    if isinstance(prompt, str) and len(prompt) > context * runner.tokenizer.max_token_chars or \
+            not isinstance(prompt, str) and len(prompt) > context:
+        unit = "characters" if isinstance(prompt, str) else "token ids"
+        raise ApiError(400, f"the prompt ({len(prompt)} {unit}) cannot fit this model's context of {context} "
+                            "tokens; shorten the prompt", param=key, code="context_length_exceeded")
+    try:
+        return runner.encode(prompt)
+    except RequestError as e:
+        raise ApiError(400, str(e), param="prompt") from None
+
+
 # -- the app -----------------------------------------------------------------------------------------------------------
 
 def load_runner(options: ServeOptions):
@@ -170,6 +210,11 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
     async def api_error(request, e: ApiError):
         return e.response()
 
+    @app.exception_handler(HTTPException)  # 404 (no such path), 405 (wrong method): OpenAI's shape too
+    async def http_error(request, e: HTTPException):
+        return ApiError(e.status_code, str(e.detail), "invalid_request_error" if e.status_code < 500
+                        else "server_error").response()
+
     @app.get("/health")
     async def health():
         if state["scheduler"].draining:
@@ -196,12 +241,7 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
         return await _serve(request, chat=True)
 
     async def _serve(request: Request, chat: bool):
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, "the body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the body must be a JSON object")
+        body = await _read_json(request, options.max_request_bytes)
         if body.get("model") != options.served_name:
             raise ApiError(400, f"model '{body.get('model')}' is not served here; this server serves "
                                 f"'{options.served_name}' (GET /v1/models)", param="model", code="model_not_found")
@@ -217,7 +257,11 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
                              seed=_number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True))
         try:
             sampling = Sampling(**sampling_args)
-            prompt_tokens = len(runner._encode(prompt))
+        except RequestError as e:
+            raise ApiError(400, str(e)) from None
+        ids = await asyncio.to_thread(_prompt_ids, runner, prompt, context, key)
+        prompt_tokens = len(ids)
+        try:
             if max_tokens is None:  # chat without a limit: the rest of the context
                 max_tokens = max(1, context - prompt_tokens)
             if prompt_tokens + max_tokens > context:
@@ -227,7 +271,7 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
             ignore_eos = body.get("ignore_eos", False)  # vLLM's extension: benchmarks run to max_tokens
             if not isinstance(ignore_eos, bool):
                 raise ApiError(400, "'ignore_eos' must be true or false", param="ignore_eos")
-            handle = scheduler.submit(prompt, max_tokens, sampling, _stop(body), () if ignore_eos else None,
+            handle = scheduler.submit(ids, max_tokens, sampling, _stop(body), () if ignore_eos else None,
                                       loop=asyncio.get_running_loop())
         except QueueFull as e:
             raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None

@@ -3,6 +3,7 @@ chat template (jinja2) from tokenizer_config.json / chat_template.jinja or the G
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -79,7 +80,15 @@ class Tokenizer:
 
     # -- use ------------------------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL while it works and encode does not (a 1M-character text held every other
+        # thread, a server's event loop included, for 0.6 s): the same pipeline, the same ids
+        return self.tk.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (a byte-level vocabulary's strings hold a character per byte,
+        so this is >= the true figure): a text longer than n times this cannot fit in n tokens."""
+        return max(map(len, self.tk.get_vocab(with_added_tokens=True)), default=1)
 
     def token_id(self, text: str) -> int | None:
         return self.tk.token_to_id(text) if text else None

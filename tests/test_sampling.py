@@ -73,3 +73,31 @@ def test_seeded_sampling_is_reproducible():
 def test_nonsensical_values_are_rejected(kwargs, message):
     with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         Sampling(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=1e-39), dict(temperature=1e-40), dict(temperature=5e-324),
+                                    dict(temperature=1.0, top_p=1e-300), dict(temperature=1e-6, top_p=1e-45),
+                                    dict(temperature=1e-3, repetition_penalty=1e-300)])
+def test_degenerate_values_sample_the_argmax_instead_of_failing(kwargs):
+    """Issue 22: temperature 1e-40 divided float32 logits into inf and top_p 1e-300 rounded to 0 in float32 and
+    dropped every token; softmax then gave NaN and multinomial failed, and in the server every request decoding
+    beside it. A temperature this small, or a top_p this small, means the most likely token."""
+    rows = torch.tensor([[0.5, 40.0, 39.0, -3.0], [2.0, -1.0, 7.5, 7.4]])
+    seen = torch.zeros(2, 4, dtype=torch.bool)
+    seen[:, 1] = "repetition_penalty" in kwargs  # the penalty divides 40 by 1e-300: +inf, clamped
+    params = Sampling(seed=0, **kwargs)
+    got = sample(rows, params, seen, params.generator())
+    assert got.tolist() == [1, 2], (kwargs, got)
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=float("inf")), dict(temperature=float("nan")),
+                                    dict(top_p=float("nan")), dict(repetition_penalty=float("inf"))])
+def test_non_finite_values_are_refused_naming_the_field(kwargs):
+    with pytest.raises(RequestError, match=next(iter(kwargs))):
+        Sampling(**kwargs)
+
+
+def test_non_finite_logits_are_a_request_error_not_a_crash():
+    params = Sampling(temperature=0.7, seed=0)
+    with pytest.raises(RequestError, match="not finite"):
+        sample(torch.tensor([[0.0, float("nan"), 1.0, 2.0]]), params, NONE_SEEN, params.generator())

@@ -5,7 +5,6 @@ replicas."""
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,44 +17,13 @@ openai = pytest.importorskip("openai", reason="the serve tests need the openai c
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
 
+from serving import Server, free_port  # noqa: E402
+
 PROMPTS = ["The capital of France is", "Once upon a time there was a little", "def fibonacci(n):", "Hi",
            "Water is made of hydrogen and", "The best way to learn Python is to start by writing small programs that",
            "1, 2, 3, 4,", "Tell me about the moon.", "Roses are red, violets are", "The quick brown fox",
            "In 1492, Columbus", "My favourite food is", "The three primary colours are", "import numpy as np\n",
            "Dear Sir or Madam,", "Photosynthesis is the process by which plants"]  # 16 lengths, 2 to 17 tokens
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`llgraph serve ...` in a subprocess, ready once it says where it listens."""
-
-    def __init__(self, *args, ready_timeout: float = 180):
-        self.port = _free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "llgraph", "serve", *args, "--port", str(self.port)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + ready_timeout
-        while not any("listening at" in line for line in self.lines):
-            assert self.proc.poll() is None, "".join(self.lines)
-            assert time.monotonic() < deadline, "".join(self.lines)
-            time.sleep(0.2)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +204,7 @@ def test_ray_serve_two_local_replicas_answer(export_folder):
 
 
 def test_a_bad_model_is_one_line_before_anything_listens(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "llgraph", "serve", str(tmp_path / "nope"), "--port", str(_free_port())],
+    r = subprocess.run([sys.executable, "-m", "llgraph", "serve", str(tmp_path / "nope"), "--port", str(free_port())],
                        capture_output=True, text=True, timeout=120)
     errors = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and errors == [f"llgraph: error: model {tmp_path / 'nope'} does not exist; pass an "
