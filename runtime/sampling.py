@@ -14,7 +14,6 @@ import torch
 
 from llgraph.errors import LlgraphError
 
-
 # A temperature below this samples greedily (vLLM's rule): 1/T past 1e5 makes any two distinct logits' probabilities
 # differ by more than float32 can hold, so it is argmax already, while 1e-40 or 5e-324 would overflow the division.
 GREEDY_BELOW = 1e-5

@@ -3,7 +3,6 @@ and its neighbours keep their solo greedy answers. Real server processes, driven
 
 import json
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
