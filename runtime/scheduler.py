@@ -49,7 +49,7 @@ class Event:
     token: int | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (the queue removes a cancelled one)
 class _Request:
     ids: list[int]
     decoding: Decoding
@@ -155,12 +155,19 @@ class Scheduler:
         return Handle(self, request, events)
 
     def cancel(self, handle: Handle) -> None:
+        """The request ends: a queued one leaves the queue now (its place goes to the next client), a running one
+        frees its slot before the next step."""
         with self._cond:
-            handle._request.cancelled = True
+            r = handle._request
+            r.cancelled = True
+            if r in self._queue:
+                self._queue.remove(r)
+                self._finish(r, "cancelled")
             self._cond.notify()
 
     def drain(self, grace: float = 0.0) -> None:
-        """Admits nothing new (ShuttingDown); running and queued requests get `grace` seconds, then are cancelled."""
+        """Admits nothing new (ShuttingDown); running and queued requests get `grace` seconds, then end with
+        finish_reason "shutdown" and an error event (they did not finish)."""
         with self._cond:
             deadline = time.monotonic() + grace
             self._stop_deadline = deadline if self._stop_deadline is None else min(deadline, self._stop_deadline)
@@ -195,8 +202,10 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping and (time.monotonic() >= self._stop_deadline or
                                        not (self._queue or self._active)):
-                    for r in [*self._queue, *self._active.values()]:
-                        self._finish(r, "cancelled")
+                    for r, stage in [*((r, "started") for r in self._queue),
+                                     *((r, "finished") for r in self._active.values())]:
+                        r.decoding.finish_reason = "shutdown"
+                        r.deliver(Event("error", f"the server shut down before this request {stage}", r.decoding))
                     self._queue.clear()
                     self._active.clear()
                     return

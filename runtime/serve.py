@@ -30,6 +30,8 @@ except ImportError as e:  # pragma: no cover - the message is the point
 
 from llgraph.runtime.sampling import RequestError, Sampling
 from llgraph.runtime.scheduler import Metrics, QueueFull, Scheduler, ShuttingDown
+from llgraph.runtime.serve_request import (ApiError, chat_prompt, flag, include_usage, number, prompt_ids,
+                                           prompt_of, read_json, stop_strings)
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 
@@ -56,17 +58,6 @@ class ServeOptions:
         return self.name or Path(str(self.model)).name
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.param, self.code = status, kind, param, code
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status_code=self.status)
-
-
 class PrometheusMetrics(Metrics):
     def __init__(self, scheduler_stats):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -85,100 +76,6 @@ class PrometheusMetrics(Metrics):
 
     def tokens(self, n: int) -> None:
         self.generated.inc(n)
-
-
-# -- request parsing ---------------------------------------------------------------------------------------------------
-
-def _number(body: dict, key: str, default, lo: float, hi: float, integer: bool = False):
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        raise ApiError(400, f"'{key}' must be {'an integer' if integer else 'a number'}, not {value!r}", param=key)
-    if not lo <= value <= hi:
-        raise ApiError(400, f"'{key}' ({value}) must be in [{lo}, {hi}]", param=key)
-    return value
-
-
-def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    stop = [stop] if isinstance(stop, str) else stop or []
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
-    return tuple(stop)
-
-
-def _prompt_of(body: dict, tokenizer):
-    """completions: a string, token ids, or a list of one of those (n=1)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        if tokenizer is None:
-            raise ApiError(400, "this model has no tokenizer; send 'prompt' as token ids", param="prompt")
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    raise ApiError(400, "'prompt' must be a non-empty string or list of token ids (one prompt per request)",
-                   param="prompt")
-
-
-def _chat_prompt(body: dict, tokenizer) -> str:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
-    clean = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
-            raise ApiError(400, "each message needs a string 'role' and a string 'content'", param="messages")
-        clean.append({"role": m["role"], "content": content})
-    if tokenizer is None or not tokenizer.chat_template:
-        raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
-    try:
-        return tokenizer.apply_chat_template(clean, add_generation_prompt=True)
-    except Exception as e:
-        raise ApiError(400, f"the chat template failed on these messages: {e}", param="messages") from None
-
-
-async def _read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object, read no further than `limit` bytes (413 past it: a huge body costs neither
-    memory nor anyone else's time)."""
-    too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} bytes "
-                            "(llgraph serve --max-request-bytes)", code="request_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    try:
-        body = json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise ApiError(400, "the body is not valid JSON (or nests too deeply)") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
-
-
-def _prompt_ids(runner, prompt, context: int, key: str) -> list[int]:
-    """Token ids of a prompt (text or ids), refusing at once one that cannot fit the context whatever it
-    tokenizes to: a text of more than context x the longest token's characters is never tokenized. Runs off the
-    event loop (tokenizing a long text takes a while)."""
-    if isinstance(prompt, str) and len(prompt) > context * runner.tokenizer.max_token_chars or \
-            not isinstance(prompt, str) and len(prompt) > context:
-        unit = "characters" if isinstance(prompt, str) else "token ids"
-        raise ApiError(400, f"the prompt ({len(prompt)} {unit}) cannot fit this model's context of {context} "
-                            "tokens; shorten the prompt", param=key, code="context_length_exceeded")
-    try:
-        return runner.encode(prompt)
-    except RequestError as e:
-        raise ApiError(400, str(e), param="prompt") from None
 
 
 # -- the app -----------------------------------------------------------------------------------------------------------
@@ -241,25 +138,25 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
         return await _serve(request, chat=True)
 
     async def _serve(request: Request, chat: bool):
-        body = await _read_json(request, options.max_request_bytes)
+        body = await read_json(request, options.max_request_bytes)
         if body.get("model") != options.served_name:
-            raise ApiError(400, f"model '{body.get('model')}' is not served here; this server serves "
+            raise ApiError(400, f"model '{str(body.get('model'))[:100]}' is not served here; this server serves "
                                 f"'{options.served_name}' (GET /v1/models)", param="model", code="model_not_found")
-        if _number(body, "n", 1, 1, 1, integer=True) != 1:
+        if number(body, "n", 1, 1, 1, integer=True) != 1:
             raise ApiError(400, "n must be 1", param="n")
         runner, scheduler = state["runner"], state["scheduler"]
-        prompt = _chat_prompt(body, runner.tokenizer) if chat else _prompt_of(body, runner.tokenizer)
+        prompt = chat_prompt(body, runner.tokenizer) if chat else prompt_of(body, runner.tokenizer)
         context = runner.backend.max_seq_len
         key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-        max_tokens = _number(body, key, None if chat else 16, 1, 1 << 30, integer=True)
-        sampling_args = dict(temperature=_number(body, "temperature", 1.0, 0, 2),
-                             top_p=_number(body, "top_p", 1.0, 0, 1),
-                             seed=_number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True))
+        max_tokens = number(body, key, None if chat else 16, 1, 1 << 30, integer=True)
+        sampling_args = dict(temperature=number(body, "temperature", 1.0, 0, 2),
+                             top_p=number(body, "top_p", 1.0, 0, 1),
+                             seed=number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True))
         try:
             sampling = Sampling(**sampling_args)
         except RequestError as e:
             raise ApiError(400, str(e)) from None
-        ids = await asyncio.to_thread(_prompt_ids, runner, prompt, context, key)
+        ids = await asyncio.to_thread(prompt_ids, runner, prompt, context, key)
         prompt_tokens = len(ids)
         try:
             if max_tokens is None:  # chat without a limit: the rest of the context
@@ -268,10 +165,9 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
                 raise ApiError(400, f"this model's context is {context} tokens; the prompt takes {prompt_tokens} "
                                     f"and {key} asks for {max_tokens} more; lower {key} or shorten the prompt",
                                param=key, code="context_length_exceeded")
-            ignore_eos = body.get("ignore_eos", False)  # vLLM's extension: benchmarks run to max_tokens
-            if not isinstance(ignore_eos, bool):
-                raise ApiError(400, "'ignore_eos' must be true or false", param="ignore_eos")
-            handle = scheduler.submit(ids, max_tokens, sampling, _stop(body), () if ignore_eos else None,
+            ignore_eos = flag(body, "ignore_eos")  # vLLM's extension: benchmarks run to max_tokens
+            stream, usage = flag(body, "stream"), include_usage(body)
+            handle = scheduler.submit(ids, max_tokens, sampling, stop_strings(body), () if ignore_eos else None,
                                       loop=asyncio.get_running_loop())
         except QueueFull as e:
             raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
@@ -281,10 +177,17 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
             raise ApiError(400, str(e)) from None
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": options.served_name}
-        if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(_sse(handle, meta, chat, usage), media_type="text/event-stream")
-        return await _whole(request, handle, meta, chat)
+        if not stream:
+            return await _whole(request, handle, meta, chat)
+        # the status waits for the first event: a request that never started (shut down while queued) is a 503
+        first = await _unless_gone(request, handle.events.get())
+        if first is None:
+            handle.cancel()
+            return JSONResponse({}, status_code=499)
+        if first.kind == "error":
+            raise _failure(handle, first)
+        return StreamingResponse(_sse(_events(handle, first), handle, meta, chat, usage),
+                                 media_type="text/event-stream")
 
     return app
 
@@ -295,35 +198,49 @@ def _usage(handle) -> dict:
             "total_tokens": handle.prompt_tokens + done}
 
 
-async def _events(handle):
-    """The handle's events until done; cancels the request if the consumer goes away (client disconnect)."""
+def _failure(handle, event) -> ApiError:
+    """An error event as the API says it: 503 when the server shut down first, else 500 (the model failed)."""
+    if handle.decoding.finish_reason == "shutdown":
+        return ApiError(503, event.text, "server_error", code="shutting_down")
+    return ApiError(500, f"the model failed: {event.text}", "server_error")
+
+
+async def _events(handle, first=None):
+    """The handle's events (from `first`, if already taken) until done; cancels the request if the consumer goes
+    away (client disconnect)."""
     try:
+        event = first or await handle.events.get()
         while True:
-            event = await handle.events.get()
             if event.kind == "error":
-                raise ApiError(500, f"the model failed: {event.text}", "server_error")
+                raise _failure(handle, event)
             yield event
             if event.kind == "done":
                 return
+            event = await handle.events.get()
     finally:
-        handle.cancel()  # a no-op once finished; frees the slot of an abandoned request
+        handle.cancel()  # a no-op once finished; frees the slot (or the queue place) of an abandoned request
+
+
+async def _unless_gone(request: Request, awaitable):
+    """Awaits it while the client is there (checked every 0.5 s); None, and it is cancelled, once the client left."""
+    task = asyncio.ensure_future(awaitable)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            return None
 
 
 async def _whole(request: Request, handle, meta: dict, chat: bool):
-    text = []
-
     async def collect():
-        async for event in _events(handle):
-            text.append(event.text)
+        return [event.text async for event in _events(handle)]
 
-    task = asyncio.ensure_future(collect())
-    while not task.done():  # a client that leaves frees its slot, streaming or not
-        await asyncio.wait({task}, timeout=0.5)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            handle.cancel()
-            return JSONResponse({}, status_code=499)
-    task.result()
+    text = await _unless_gone(request, collect())  # a client that leaves frees its slot or queue place
+    if text is None:
+        handle.cancel()
+        return JSONResponse({}, status_code=499)
     reason = FINISH[handle.decoding.finish_reason]
     choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "logprobs": None,
                "finish_reason": reason} if chat else
@@ -332,7 +249,7 @@ async def _whole(request: Request, handle, meta: dict, chat: bool):
             "usage": _usage(handle)}
 
 
-async def _sse(handle, meta: dict, chat: bool, include_usage: bool):
+async def _sse(events, handle, meta: dict, chat: bool, include_usage: bool):
     kind = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(text: str | None, reason: str | None, first: bool = False) -> str:
@@ -350,13 +267,13 @@ async def _sse(handle, meta: dict, chat: bool, include_usage: bool):
     if chat:
         yield chunk(None, None, first=True)
     try:
-        async for event in _events(handle):
+        async for event in events:
             if event.text:
                 yield chunk(event.text, None)
             if event.kind == "done":
                 yield chunk(None, FINISH[handle.decoding.finish_reason])
     except ApiError as e:
-        yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.kind}})}\n\n"
+        yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.kind, 'code': e.code}})}\n\n"
     if include_usage:
         yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': _usage(handle)})}\n\n"
     yield "data: [DONE]\n\n"

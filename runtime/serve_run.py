@@ -31,9 +31,16 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grac
 
         def handle_exit(self, sig, frame):
             scheduler = getattr(app.state, "scheduler", None)
-            if scheduler is not None:
-                scheduler.drain(grace)  # 503 for anything new; the running ones finish or are cancelled
-            super().handle_exit(sig, frame)
+            if scheduler is None or scheduler.draining:  # not started yet, or a second signal: stop now
+                if scheduler is not None:
+                    scheduler.drain(0)
+                return super().handle_exit(sig, frame)
+            # still listening while it drains, so anything new gets a 503 rather than a refused connection; the
+            # running requests finish or, at the grace deadline, end with an error; then uvicorn stops
+            scheduler.drain(grace)
+            exit_after_drain = super().handle_exit
+            threading.Thread(target=lambda: (scheduler.stop(grace), exit_after_drain(sig, frame)), daemon=True,
+                             name="llgraph-drain").start()
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace)
     # uvicorn handles SIGTERM/SIGINT while it runs, then re-raises the signal to the handler it found: a drained,

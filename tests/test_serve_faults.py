@@ -133,3 +133,127 @@ def test_a_long_text_under_the_limit_is_refused_without_tokenizing_it(server):
 def test_the_server_still_answers_after_the_faults(server, solo):
     assert server.client.completions.create(model="m", prompt=NEIGHBOURS[0], max_tokens=40,
                                             temperature=0).choices[0].text == solo[NEIGHBOURS[0]]
+
+
+def _health(url) -> dict:
+    return httpx.get(f"{url}/health", timeout=10).json()
+
+
+def test_abandoned_queued_requests_leave_the_queue(export_folder):
+    """Defect 3: with the slot busy, clients that submitted and left (a stream closed before its first chunk, a
+    whole request timed out) kept their queue places, and the next client got a 429."""
+    s = Server(str(export_folder), "--name", "m", "--slots", "1", "--max-queue", "2", "--max-seq-len", "256")
+    try:
+        stop = {"model": "m", "prompt": "Once upon a time", "max_tokens": 250, "temperature": 0, "stream": True,
+                "ignore_eos": True}
+        with httpx.Client(timeout=60) as busy, busy.stream("POST", f"{s.url}/v1/completions", json=stop) as r:
+            lines = r.iter_lines()  # kept: a dropped line iterator closes the stream, and the client leaves
+            next(lines)  # the slot is taken
+            for stream in (True, False):
+                try:
+                    with httpx.Client(timeout=0.5) as c, c.stream("POST", f"{s.url}/v1/completions", json={
+                            "model": "m", "prompt": "Hi", "max_tokens": 4, "stream": stream}) as q:
+                        next(q.iter_lines())
+                except httpx.TimeoutException:
+                    pass  # the client gives up and leaves
+            deadline = time.monotonic() + 1.5  # the server looks for departed clients every 0.5 s
+            while _health(s.url)["queue"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            health = _health(s.url)
+            print("1.5 s after two queued clients left:", health)
+            assert health["active"] == 1, "the busy request ended too soon to tell"
+            assert health["queue"] == 0
+            with ThreadPoolExecutor(2) as pool:  # both places are free again: neither is a 429
+                waiting = [pool.submit(httpx.post, f"{s.url}/v1/completions", timeout=60, json={
+                    "model": "m", "prompt": "Hi", "max_tokens": 4, "temperature": 0}) for _ in range(2)]
+                time.sleep(0.5)
+                r.close()  # the busy client leaves too: the two queued ones run
+                assert [w.result(60).status_code for w in waiting] == [200, 200]
+    finally:
+        assert s.stop() == 0, "".join(s.lines)
+
+
+def _events_of(url, body):
+    """(status, [parsed data events]) of a streaming request."""
+    with httpx.Client(timeout=60) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            r.read()
+            return r.status_code, [r.json()]
+        return 200, [json.loads(line[6:]) for line in r.iter_lines()
+                     if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_shutdown_says_only_true_things(export_folder):
+    """Defect 4: on SIGTERM, streams cut at the grace deadline ended with finish_reason 'stop', queued ones got
+    200 with no content, and new requests were refused connections instead of the promised 503."""
+    s = Server(str(export_folder), "--name", "m", "--slots", "2", "--max-queue", "4", "--max-seq-len", "256",
+               "--grace", "2")
+    long = {"model": "m", "prompt": "Once upon a time", "max_tokens": 248, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            streams = [pool.submit(_events_of, s.url, long) for _ in range(3)]  # 2 running, 1 queued
+            deadline = time.monotonic() + 30
+            while _health(s.url).get("active", 0) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(0.5)
+            s.proc.send_signal(15)
+            time.sleep(0.5)
+            late = httpx.post(f"{s.url}/v1/completions", json={"model": "m", "prompt": "Hi"}, timeout=10)
+            print("a request during the drain:", late.status_code, late.json())
+            assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+            results = sorted((st.result(60) for st in streams), key=lambda x: x[0])
+        (s1, cut1), (s2, cut2), (s3, queued) = results
+        for events in (cut1, cut2):
+            reasons = [e["choices"][0]["finish_reason"] for e in events if e.get("choices")]
+            print(f"a cut stream: {len(events) - 1} chunks, then {events[-1]}")
+            assert 0 < len(events) - 1 < 248 and not any(reasons)
+            assert events[-1]["error"]["code"] == "shutting_down"
+        print("the queued stream:", s3, queued)
+        assert (s1, s2, s3) == (200, 200, 503) and queued[0]["error"]["code"] == "shutting_down"
+        assert s.proc.wait(30) == 0, "".join(s.lines)
+    finally:
+        s.stop()
+
+
+HOSTILE = {
+    "text part not a string": {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+    "text part null": {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+    "an image part": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+    "stream_options a string": {"prompt": "hi", "stream": True, "stream_options": "x"},
+    "stream_options a list": {"prompt": "hi", "stream": True, "stream_options": [1]},
+    "include_usage a string": {"prompt": "hi", "stream": True, "stream_options": {"include_usage": "yes"}},
+    "lone surrogate in the prompt": {"prompt": "x\ud800y"},
+    "lone surrogate in content": {"messages": [{"role": "user", "content": "x\ud800y"}]},
+    "lone surrogate in the role": {"messages": [{"role": "us\udc00er", "content": "hi"}]},
+    "lone surrogate as the model": {"model": "\ud800", "prompt": "hi"},
+    "unknown role": {"messages": [{"role": "wizard", "content": "hi"}]},
+    "stream a string": {"prompt": "hi", "stream": "yes"},
+    "ignore_eos a number": {"prompt": "hi", "ignore_eos": 1},
+    "model a list": {"model": [1, 2], "prompt": "hi"},
+    "messages a dict": {"messages": {"role": "user", "content": "hi"}},
+    "message not an object": {"messages": ["hi"]},
+    "max_tokens a string": {"prompt": "hi", "max_tokens": "5"},
+    "NaN temperature": {"prompt": "hi", "temperature": float("nan")},
+    "prompt of floats": {"prompt": [1.5, 2.0]},
+}
+RAW = {"100,000 nested lists": b"[" * 100_000, "100,000 nested objects": b'{"a":' * 100_000,
+       "a JSON array": b"[1, 2]", "invalid UTF-8": b'{"model": "m", "prompt": "\xff\xfe"}'}
+
+
+@pytest.mark.parametrize("name", [*HOSTILE, *RAW, "GET /v1/nope", "GET /v1/completions"])
+def test_hostile_input_is_a_4xx_error_object_and_the_server_serves_on(server, name):
+    """Defects 5-6: each was a plain-text 500 (with a traceback in the log), or accepted without complaint, or a
+    404/405 as {"detail": ...}; each is now a 4xx in OpenAI's error shape."""
+    if name.startswith("GET "):
+        r = httpx.get(server.url + name[4:], timeout=10)
+    else:
+        body = RAW.get(name) or json.dumps({"model": "m", **HOSTILE[name]}).encode()
+        path = "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
+        r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
+    print(f"{name}: {r.status_code} {r.text[:160]}")
+    assert 400 <= r.status_code < 500, r.text
+    error = r.json()["error"]
+    assert isinstance(error["message"], str) and error["message"] and error["type"] == "invalid_request_error"
+    ok = server.client.completions.create(model="m", prompt="Hello", max_tokens=2, temperature=0)
+    assert ok.choices[0].text
