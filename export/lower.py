@@ -21,7 +21,7 @@ import torch
 from onnx import TensorProto, helper
 
 from llgraph import __version__
-from llgraph.errors import LlgraphError
+from llgraph.errors import ExportError
 from llgraph.ir import DTYPE_BYTES, Graph, Node
 from llgraph.outdir import FORMAT, MANIFEST, PARTIAL_MARK, staged_folder
 from llgraph.weights import TORCH_DTYPES, WeightSource, check_weights, load_param
@@ -34,10 +34,6 @@ ALIGN = 4096  # page-aligned offsets let ONNX Runtime memory-map large initializ
 CHUNK_BYTES = 64 << 20  # tensors are made contiguous and written this much at a time
 
 Lowering = Callable[["Emitter", Node], None]
-
-
-class ExportError(LlgraphError):
-    """Bad export request (target, dtype, output folder); one line naming the fix."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from onnx import TensorProto
 
-from llgraph.export import onnx as std
+import llgraph.export.onnx as std
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
 from llgraph.weights import TORCH_DTYPES

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
-from llgraph.export import onnx as std
+import llgraph.export.onnx as std
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
 from llgraph.plugins import spec

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from llgraph.cli_args import build_parser
-from llgraph.config import load_config
+from llgraph.checkpoint import load_config
 from llgraph.errors import LlgraphError
 from llgraph.outdir import Terminated, signals_raise
+from llgraph.weight_request import Weights
 
 USER_ERRORS = (LlgraphError, FileNotFoundError, PermissionError)
 
@@ -55,10 +56,8 @@ def cmd_export(args) -> None:
     if args.checkpoint is None:
         load_config(args.config)  # a bad config is the one line said, before the notice below
         print(f"no --checkpoint: exporting seeded random weights (seed {args.seed})", file=sys.stderr)
-    out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, args.target, args.dtype,
-                       args.max_seq_len, args.force, progress=True, seed=args.seed, quantize=args.quantize,
-                       block_size=args.block_size, symmetric=args.symmetric, dequantize=args.dequantize,
-                       accuracy_level=args.accuracy_level, lm_head=args.lm_head)
+    out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, args.target, weights_of(args),
+                       args.max_seq_len, args.force, progress=True, seed=args.seed)
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
@@ -73,11 +72,7 @@ def cmd_serve(args) -> int:
             raise LlgraphError(f"{flag} ({value}) must be at least {low}")
     if args.timeout is not None and args.timeout <= 0:
         raise LlgraphError(f"--timeout ({args.timeout}) must be a positive number of seconds")
-    weights = weights_of(args)
-    from llgraph.export import check_weight_request
-
-    check_weight_request(weights.dtype, args.backend, weights.quantize, weights.block_size, weights.dequantize,
-                         lm_head=weights.lm_head)
+    weights = weights_of(args).check(args.backend)
     options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
                            args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes)
     if args.ray:
@@ -88,7 +83,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_cache(args) -> None:
-    from llgraph.cache import cache_dir, clean, entries
+    from llgraph.runtime.cache import cache_dir, clean, entries
 
     root = cache_dir(args.cache_dir)
     if args.action == "list":
@@ -191,20 +186,17 @@ def cmd_lm_eval(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from pathlib import Path
-
-    from llgraph import diff
     from llgraph.bundled import resolve
-    from llgraph.export import DTYPE_ALIASES
-    from llgraph.passes import model_graph
-    from llgraph.weights import open_checkpoint
+    from llgraph.checkpoint import open_model
+    from llgraph.runtime import diff
+    from llgraph.weight_request import DTYPE_ALIASES
 
     model = resolve(args.model)
     is_checkpoint = Path(model).exists() and not str(model).endswith(".json")
-    cfg = load_config(model)
-    source = open_checkpoint(model if is_checkpoint else None, cfg)
+    # every side computes in float from the same tensors (a GGUF's blocks dequantized)
+    opened = open_model(model, model if is_checkpoint else None, Weights(dequantize=True))
+    cfg, source, graph = opened.config, opened.source, opened.graph
     dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
-    graph = model_graph(cfg)
     sides = {"torch": lambda d: diff.torch_side(cfg, source, d, args.max_seq_len),
              "ort": lambda d: diff.onnx_side(cfg, source, "ort", d, args.max_seq_len),
              "onnx": lambda d: diff.onnx_side(cfg, source, "onnx", d, args.max_seq_len),
@@ -222,7 +214,7 @@ def cmd_diff(args) -> int:
         if args.tokens:
             prompt = parse_tokens(args.tokens)
         else:
-            from llgraph.runtime.tokenizer import Tokenizer
+            from llgraph.tokenizer import Tokenizer
             if not is_checkpoint:
                 raise LlgraphError("--prompt needs a checkpoint with a tokenizer; pass --tokens 1,2,3 instead")
             prompt = Tokenizer.load(model).encode(args.prompt)
@@ -243,12 +235,10 @@ def cmd_diff(args) -> int:
     return 0 if report.passed else 1
 
 
-def weights_of(args):
-    from llgraph.export import DTYPE_ALIASES
-    from llgraph.runtime.runners import Weights
-
-    return Weights(DTYPE_ALIASES.get(args.dtype, args.dtype), args.quantize, args.block_size, args.symmetric,
-                   args.dequantize, args.accuracy_level, args.lm_head)
+def weights_of(args) -> Weights:
+    """The weight flags (cli_args.add_weight_flags) as the one request export and the runners take."""
+    return Weights(args.dtype, args.quantize, args.block_size, args.symmetric, args.dequantize, args.accuracy_level,
+                   args.lm_head)
 
 
 def _one_line_warnings() -> None:

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-from llgraph.config import presets
+from llgraph.checkpoint import presets
+from llgraph.weight_request import DTYPE_ALIASES
 
 CACHE_HELP = "where checkpoints are exported for ONNX Runtime (default $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph)"
 
 
 def dtype_name(text: str) -> str:
     """fp32/fp16/bf16 or float32/float16/bfloat16 -> the canonical name."""
-    names = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+    names = DTYPE_ALIASES
     if text not in names and text not in names.values():
         raise argparse.ArgumentTypeError(f"unknown dtype '{text}'; use fp32, fp16 or bf16")
     return names.get(text, text)
 
 
 def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
-    """How weights are run, the same flags for export, generate and eval (runtime.runners.Weights)."""
+    """How weights are run, the same flags for export, generate, eval and serve (weight_request.Weights)."""
     p.add_argument("--dtype", default="fp32", help=f"{whose}dtype: fp32 (default), fp16 or bf16 "
                    "(bf16: trt and onnx targets only; ONNX Runtime's CPU kernels have none)")
     p.add_argument("--quantize", choices=("int4", "int8"), help=f"round {whose}float decoder-layer Linears to "

@@ -1,8 +1,8 @@
-"""Typed, frozen model config for Llama-family decoders, and its three sources.
+"""Typed, frozen model config for Llama-family decoders, and its validation. Every problem is a `ConfigError`
+with one line naming the field and the fix.
 
-`load_config(ref)` accepts llgraph's own JSON, an HF `config.json` (auto-detected), a GGUF file, or the name of a
-bundled preset (`8b.json`, `smollm2-135m`, ...). Every problem is a `ConfigError` with one line naming the field and
-the fix.
+Reading a config from a file (llgraph's JSON, a bundled preset, an HF config.json, a GGUF header) is the
+checkpoint readers' job: `llgraph.checkpoint.load_config`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ from typing import Any
 from llgraph.errors import LlgraphError
 
 FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma2")  # the Llama block, its variants
-GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # general.architecture values read (Mistral GGUFs are 'llama')
 QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k before RoPE: per head (Qwen3), whole (OLMo 2)
 NORM_PLACEMENTS = ("pre", "post", "sandwich")  # before attention and MLP (Llama), on their outputs (OLMo 2),
 # or both (Gemma 2)
 ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's: SwiGLU (Llama), GeGLU (Gemma)
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
 ROPE_LAYOUTS = ("half", "interleaved")
-PRESET_DIR = Path(__file__).parent / "configs"
 
 
 class ConfigError(LlgraphError):
@@ -86,7 +84,7 @@ class LlamaConfig:
     def __post_init__(self):
         # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
         if isinstance(self.rope, dict):
-            object.__setattr__(self, "rope", _build(RopeConfig, self.rope, "rope."))
+            object.__setattr__(self, "rope", from_fields(RopeConfig, self.rope, "rope."))
         if self.sliding_layers is not None:
             object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))
         if isinstance(self.eos_token_ids, int):
@@ -205,7 +203,8 @@ def _positive(cfg, name):
         raise ConfigError(f"{name} ({v!r}) must be a positive integer")
 
 
-def _build(cls, data: dict, prefix: str = ""):
+def from_fields(cls, data: dict, prefix: str = ""):
+    """`cls(**data)` with one ConfigError naming any unknown or missing key."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a JSON object, got {type(data).__name__}")
     known = {f.name for f in dataclasses.fields(cls)}
@@ -217,112 +216,3 @@ def _build(cls, data: dict, prefix: str = ""):
         return cls(**data)
     except TypeError as e:  # a required field is missing
         raise ConfigError(f"{prefix}{e}".replace("__init__() ", "")) from None
-
-
-# -- sources ---------------------------------------------------------------------------------------------------------
-
-def from_dict(data: dict) -> LlamaConfig:
-    """llgraph's own JSON (the fields of LlamaConfig), or an HF config.json when it looks like one."""
-    if _looks_like_hf(data):
-        from llgraph.hf_config import from_hf_dict
-
-        return from_hf_dict(data)
-    return _build(LlamaConfig, data)
-
-
-def _looks_like_hf(data: dict) -> bool:
-    return isinstance(data, dict) and ("num_attention_heads" in data or "model_type" in data)
-
-
-def from_gguf(path: str | Path) -> LlamaConfig:
-    """Config from a GGUF file's metadata. GGUF stores Q/K rows for interleaved RoPE, so layout='interleaved'."""
-    from llgraph.gguf_source import gguf_reader
-
-    r = gguf_reader(path)
-    arch = _gguf_value(r, "general.architecture")
-    if arch not in GGUF_ARCHS:
-        raise ConfigError(f"GGUF architecture '{arch}' is not supported; llgraph reads {', '.join(GGUF_ARCHS)} GGUF "
-                          "files (and the other families from their HF folders)")
-
-    def get(key, default=None):
-        v = _gguf_value(r, f"{arch}.{key}")
-        return default if v is None else v
-
-    n_head = get("attention.head_count")
-    hidden = get("embedding_length")
-    tokens = r.fields.get("tokenizer.ggml.tokens")
-    vocab = get("vocab_size") or (len(tokens.data) if tokens is not None else None)
-    tensor_names = {t.name for t in r.tensors}
-    scaling = get("rope.scaling.type", "none")
-    # llama.cpp permutes q/k rows for its llama architecture only (interleaved pairs); qwen2/qwen3 keep HF's
-    rope = dict(theta=float(get("rope.freq_base", 10000.0)), layout="interleaved" if arch == "llama" else "half",
-                rotary_dim=get("rope.dimension_count"))
-    if scaling == "linear":
-        rope.update(type="linear", factor=float(get("rope.scaling.factor")))
-    elif scaling == "yarn":
-        rope.update(type="yarn", factor=float(get("rope.scaling.factor")),
-                    original_max_position_embeddings=get("rope.scaling.original_context_length"))
-    elif scaling not in ("none", None):
-        raise ConfigError(f"GGUF rope.scaling.type '{scaling}' is not supported")
-    eos = _gguf_value(r, "tokenizer.ggml.eos_token_id")
-    return LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
-        num_layers=get("block_count"), num_heads=n_head, num_kv_heads=get("attention.head_count_kv", n_head),
-        head_dim=get("attention.key_length") or hidden // n_head,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=get("context_length", 2048),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        rope=RopeConfig(**{k: v for k, v in rope.items() if v is not None}),
-        bos_token_id=_gguf_value(r, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (eos,),
-        name=_gguf_value(r, "general.name") or "gguf",
-        family="llama" if arch == "llama" else arch,
-        attention_bias=any(n.endswith("attn_q.bias") for n in tensor_names),
-        attention_out_bias=any(n.endswith("attn_output.bias") for n in tensor_names),
-        qk_norm="head" if any(n.endswith("attn_q_norm.weight") for n in tensor_names) else "none",
-        sliding_window=get("attention.sliding_window"),
-    )
-
-
-def _gguf_value(reader, key):
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    v = f.contents()
-    return v.item() if hasattr(v, "item") else v
-
-
-def load_config(ref: str | Path | dict | LlamaConfig) -> LlamaConfig:
-    """A LlamaConfig from a dict, a JSON path, a GGUF path, a checkpoint folder, or a bundled preset name."""
-    if isinstance(ref, LlamaConfig):
-        return ref
-    if isinstance(ref, dict):
-        return from_dict(ref)
-    path = Path(ref)
-    if not path.exists():
-        path = _preset_path(str(ref))
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.exists():
-            raise ConfigError(f"{ref} is a folder without config.json; pass a config file or a GGUF file")
-    if path.suffix == ".gguf":
-        return from_gguf(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config {path}: {e.strerror if isinstance(e, OSError) else e}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"config {path} is not valid JSON (line {e.lineno}: {e.msg}); fix the file") from None
-    return from_dict(data)
-
-
-def presets() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
-
-
-def _preset_path(name: str) -> Path:
-    stem = name[:-5] if name.endswith(".json") else name
-    p = PRESET_DIR / f"{stem}.json"
-    if not p.exists():
-        raise ConfigError(f"config '{name}' is neither a file nor a bundled preset; presets: {', '.join(presets())}")
-    return p

@@ -4,3 +4,7 @@ any other exception is a bug and keeps its traceback."""
 
 class LlgraphError(ValueError):
     pass
+
+
+class ExportError(LlgraphError):
+    """Bad export request (target, dtype, weight flags, output folder); one line naming the fix."""

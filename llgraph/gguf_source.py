@@ -13,8 +13,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from llgraph.config import ConfigError, LlamaConfig, RopeConfig
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
-from llgraph.weights import _CARRIED, WeightError, WeightSource
+from llgraph.weights import CARRIED, WeightError, WeightSource
+
+GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # general.architecture values read (Mistral GGUFs are 'llama')
+
+
+def stored_rope_layout(arch: str) -> str:
+    """The Q/K row order a GGUF stores: llama.cpp's converter permutes q/k rows into interleaved RoPE pairs for its
+    llama architecture only; qwen2/qwen3 keep HF's half-split rows."""
+    return "interleaved" if arch == "llama" else "half"
 
 _GGUF_NAMES = {
     "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
@@ -72,10 +81,9 @@ class GGUFSource(WeightSource):
             self._reader = gguf_reader(self.path)
         except (OSError, ValueError) as e:
             raise WeightError(f"cannot read GGUF {self.path}: {e}") from None
-        # llama.cpp permutes q/k rows for its llama architecture only; qwen2/qwen3 rows are stored as in HF
         arch = self._reader.fields.get("general.architecture")
         self.arch = arch.contents() if arch is not None else "llama"
-        stored = "interleaved" if self.arch == "llama" else "half"
+        stored = stored_rope_layout(self.arch)
         rope_layout = rope_layout or stored
         if rope_layout not in ("half", "interleaved") or (stored == "half" and rope_layout != "half"):
             raise ValueError(f"rope_layout '{rope_layout}' is not available for GGUF architecture '{self.arch}'")
@@ -98,7 +106,7 @@ class GGUFSource(WeightSource):
         return self._tensors[name].tensor_type.name
 
     def quant_format(self, name):
-        return GGUF_FORMATS.get(self.tensor_type(name)) if _CARRIED.fullmatch(name) else None
+        return GGUF_FORMATS.get(self.tensor_type(name)) if CARRIED.fullmatch(name) else None
 
     def load_quantized(self, name):
         """A tensor's blocks; the last few are kept, as an export reads codes, scales and mins one after another."""
@@ -152,3 +160,58 @@ def interleaved_to_half(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Reorder q/k projection rows from RoPE pairs (2i, 2i+1) to pairs (i, i + d/2), per head."""
     d = w.shape[0] // n_heads
     return w.reshape(n_heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_config(path: str | Path) -> LlamaConfig:
+    """Config from a GGUF file's metadata; rope.layout is the layout its rows are stored in (stored_rope_layout)."""
+    r = gguf_reader(path)
+    arch = _value(r, "general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise ConfigError(f"GGUF architecture '{arch}' is not supported; llgraph reads {', '.join(GGUF_ARCHS)} GGUF "
+                          "files (and the other families from their HF folders)")
+
+    def get(key, default=None):
+        v = _value(r, f"{arch}.{key}")
+        return default if v is None else v
+
+    n_head = get("attention.head_count")
+    hidden = get("embedding_length")
+    tokens = r.fields.get("tokenizer.ggml.tokens")
+    vocab = get("vocab_size") or (len(tokens.data) if tokens is not None else None)
+    tensor_names = {t.name for t in r.tensors}
+    scaling = get("rope.scaling.type", "none")
+    rope = dict(theta=float(get("rope.freq_base", 10000.0)), layout=stored_rope_layout(arch),
+                rotary_dim=get("rope.dimension_count"))
+    if scaling == "linear":
+        rope.update(type="linear", factor=float(get("rope.scaling.factor")))
+    elif scaling == "yarn":
+        rope.update(type="yarn", factor=float(get("rope.scaling.factor")),
+                    original_max_position_embeddings=get("rope.scaling.original_context_length"))
+    elif scaling not in ("none", None):
+        raise ConfigError(f"GGUF rope.scaling.type '{scaling}' is not supported")
+    eos = _value(r, "tokenizer.ggml.eos_token_id")
+    return LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
+        num_layers=get("block_count"), num_heads=n_head, num_kv_heads=get("attention.head_count_kv", n_head),
+        head_dim=get("attention.key_length") or hidden // n_head,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=get("context_length", 2048),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        rope=RopeConfig(**{k: v for k, v in rope.items() if v is not None}),
+        bos_token_id=_value(r, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (eos,),
+        name=_value(r, "general.name") or "gguf",
+        family="llama" if arch == "llama" else arch,
+        attention_bias=any(n.endswith("attn_q.bias") for n in tensor_names),
+        attention_out_bias=any(n.endswith("attn_output.bias") for n in tensor_names),
+        qk_norm="head" if any(n.endswith("attn_q_norm.weight") for n in tensor_names) else "none",
+        sliding_window=get("attention.sliding_window"),
+    )
+
+
+def _value(reader, key):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    v = f.contents()
+    return v.item() if hasattr(v, "item") else v

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from llgraph.config import FAMILIES, ROPE_TYPES, ConfigError, LlamaConfig, RopeConfig, _build
+from llgraph.config import FAMILIES, ROPE_TYPES, ConfigError, LlamaConfig, RopeConfig, from_fields
 
 _HF_LLAMA_TYPES = FAMILIES
 # HF keys that carry no semantics for inference of a Llama block (training or bookkeeping).
@@ -133,5 +133,5 @@ def _hf_rope(d: dict, head_dim: int) -> RopeConfig:
         params["factor"] = d["max_position_embeddings"] / params["original_max_position_embeddings"]
     params = {k: v for k, v in params.items() if v is not None}
     layout = "interleaved" if d.get("rope_interleaved") else "half"
-    return _build(RopeConfig, dict(params, theta=theta, type=rtype, layout=layout,
+    return from_fields(RopeConfig, dict(params, theta=theta, type=rtype, layout=layout,
                                    rotary_dim=int(head_dim * partial)), "rope.")

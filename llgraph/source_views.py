@@ -13,7 +13,7 @@ import torch
 
 from llgraph.config import LlamaConfig
 from llgraph.quant import QuantFormat, QuantTensor, dequantize, quantize_rtn
-from llgraph.weights import _QUANTIZABLE, WeightError, WeightSource
+from llgraph.weights import QUANTIZABLE, WeightError, WeightSource
 
 
 class QuantizedSource(WeightSource):
@@ -44,7 +44,7 @@ class QuantizedSource(WeightSource):
         return self.base.tokenizer_files()
 
     def _bits(self, name: str) -> int:
-        return self.bits if _QUANTIZABLE.fullmatch(name) else self._head_bits.get(name, 0)
+        return self.bits if QUANTIZABLE.fullmatch(name) else self._head_bits.get(name, 0)
 
     def quant_format(self, name):
         bits = self._bits(name)
@@ -106,7 +106,7 @@ class FusedSplitSource(WeightSource):
     rows) seen under the Llama names, each part a row slice of its fused tensor (the QKV and gate/up packing passes
     then pack them again for the backends that want them packed)."""
 
-    _FUSED = re.compile(r"(model\.layers\.\d+\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)\.(weight|bias)")
+    FUSED = re.compile(r"(model\.layers\.\d+\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)\.(weight|bias)")
 
     def __init__(self, base: WeightSource, cfg: LlamaConfig):
         self.base, self.cfg = base, cfg
@@ -114,7 +114,7 @@ class FusedSplitSource(WeightSource):
         self._parts: dict[str, tuple[str, int, int]] = {}  # name -> (fused name, first row, rows)
         self._names = []
         for name in base.names():
-            m = self._FUSED.fullmatch(name)
+            m = self.FUSED.fullmatch(name)
             if m is None:
                 self._names.append(name)
                 continue

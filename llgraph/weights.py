@@ -18,7 +18,6 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.ir import Graph, Param
 from llgraph.quant import QuantFormat, QuantTensor
@@ -68,10 +67,10 @@ class WeightSource:
         raise WeightError(f"{self.description}: {name} is not stored quantized")
 
 
-_QUANTIZABLE = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
+QUANTIZABLE = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
 # what a GGUF's blocks are carried for: those Linears and the lm head (its own tensor, or the tied embedding's; the
 # embedding's gather reads a float copy of the same tensor)
-_CARRIED = re.compile(rf"{_QUANTIZABLE.pattern}|lm_head\.weight|model\.embed_tokens\.weight")
+CARRIED = re.compile(rf"{QUANTIZABLE.pattern}|lm_head\.weight|model\.embed_tokens\.weight")
 
 
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -166,13 +165,11 @@ class RandomSource(WeightSource):
 
     CHUNK = 1 << 22
 
-    def __init__(self, cfg: LlamaConfig, seed: int = 0, std: float = 0.02):
-        from llgraph.builder import build_graph
-
+    def __init__(self, shapes: dict[str, tuple[int, ...]], seed: int = 0, std: float = 0.02):
+        """`shapes`: every tensor's HF name and shape (param_shapes(graph) of the graph it is drawn for)."""
         self.description = f"random weights (seed {seed})"
         self.seed, self.std = seed, std
-        graph = build_graph(cfg)
-        self._shapes = {part.name: part.shape for p in graph.params.values() for part in p.parts}
+        self._shapes = dict(shapes)
 
     def names(self):
         return list(self._shapes)
@@ -204,35 +201,15 @@ class RandomSource(WeightSource):
         return out
 
 
-def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, seed: int = 0) -> WeightSource:
-    """A source for a checkpoint folder / safetensors file / GGUF file, or random weights when path is None."""
-    if path is None:
-        if cfg is None:
-            raise ValueError("random weights need a config")
-        return RandomSource(cfg, seed)
-    p = Path(path)
-    if not p.exists():
-        raise WeightError(f"checkpoint {p} does not exist; pass an HF folder, a .safetensors or a .gguf file")
-    if p.suffix == ".gguf":
-        from llgraph.gguf_source import GGUFSource
-
-        return GGUFSource(p)
-    if p.is_dir() or p.suffix == ".safetensors":
-        from llgraph.source_views import FusedSplitSource, NormOffsetSource
-
-        source = SafetensorsSource(p)
-        if cfg is not None and any(FusedSplitSource._FUSED.fullmatch(n) for n in source.names()):
-            source = FusedSplitSource(source, cfg)
-        if cfg is not None and cfg.norm_weight_offset:
-            source = NormOffsetSource(source, cfg.norm_weight_offset)
-        return source
-    raise WeightError(f"checkpoint {p} is neither a folder, a .safetensors nor a .gguf file")
+def param_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:
+    """The checkpoint tensors a graph reads: HF name -> shape."""
+    return {part.name: part.shape for p in graph.params.values() for part in p.parts}
 
 
 def check_weights(graph: Graph, source: WeightSource) -> None:
     """One WeightError naming every missing, unexpected and mis-shaped tensor, and a RoPE layout mismatch."""
     cfg = json.loads(graph.metadata["config"])
-    expected = {part.name: part.shape for p in graph.params.values() for part in p.parts}
+    expected = param_shapes(graph)
     available = set(source.names())
     missing = sorted(set(expected) - available)
     unexpected = sorted(n for n in available - set(expected)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from llgraph.weight_request import Weights
+
 PROMPT = ("Write a short story about a lighthouse keeper who discovers a message in a bottle. "
           "Describe the weather, the sea, and what the message says.")
 
@@ -177,7 +179,7 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
     engines, folders = {}, {}
     for level in (4, 0):
         folder = export_model(gguf, checkpoint=gguf, out=args.work / f"llgraph-int4-l{level}", target="ort",
-                              force=True, accuracy_level=level)
+                              force=True, weights=Weights(accuracy_level=level))
         folders[f"llgraph int4 (level {level})"] = folder
         engines[f"llgraph int4 (level {level})"] = Isolated(llgraph_engine, folder, prompt, args.new_tokens,
                                                              args.threads)
@@ -185,7 +187,8 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
     # from the same HF folder genai's builder reads: the same weights' bytes, so the graphs and runtimes compare
     name = "llgraph int4 genai's scheme"
     folders[name] = export_model(hf_dir, checkpoint=hf_dir, out=args.work / "llgraph-int4-rtn", target="ort",
-                                 force=True, quantize="int4", symmetric=True, lm_head="int4", accuracy_level=4)
+                                 force=True, weights=Weights(quantize="int4", symmetric=True, lm_head="int4",
+                                                             accuracy_level=4))
     engines[name] = Isolated(llgraph_engine, folders[name], prompt, args.new_tokens, args.threads)
     genai_dir = args.work / "genai-int4"
     if not (genai_dir / "genai_config.json").exists():
@@ -204,7 +207,7 @@ def int4_fidelity(args, folders: dict, gguf: Path) -> None:
     on the same GGUF blocks): mean KL and top-1 agreement over TEXT, teacher-forced in one prefill."""
     import numpy as np
 
-    from llgraph.runtime.tokenizer import Tokenizer
+    from llgraph.tokenizer import Tokenizer
 
     ids = Tokenizer.load(gguf).encode(TEXT)
     logp = {name: teacher_forced(folder, ids, args.threads) for name, folder in folders.items()}
@@ -233,7 +236,7 @@ def quality(args, hf_dir: Path) -> None:
     """Round-to-nearest's cost: per variant, the mean KL divergence KL(fp32 || variant) of the next-token
     distributions over TEXT (teacher-forced, one prefill) and the top-1 agreement with fp32, all in ORT."""
     from llgraph.export import export_model
-    from llgraph.runtime.tokenizer import Tokenizer
+    from llgraph.tokenizer import Tokenizer
 
     ids = Tokenizer.from_folder(hf_dir).encode(TEXT)
     variants = {"fp32": {}, "RTN int8 (symmetric, block 32)": dict(quantize="int8", symmetric=True),
@@ -245,7 +248,7 @@ def quality(args, hf_dir: Path) -> None:
     logp = {}
     for name, kw in variants.items():
         folder = export_model(hf_dir, checkpoint=hf_dir, out=args.work / f"quality-{len(logp)}", force=True,
-                              max_seq_len=512, **kw)
+                              max_seq_len=512, weights=Weights(**kw))
         logp[name] = teacher_forced(folder, ids, args.threads)
     print(f"\nSmolLM2-135M, {len(ids)} tokens of A Tale of Two Cities, vs fp32 (ONNX Runtime, accuracy level 0)")
     kl_table(logp.pop("fp32"), logp, "weights")
@@ -271,7 +274,7 @@ def kl_table(ref: torch.Tensor, logp: dict, what: str) -> None:
 def main(argv=None) -> None:
     from llgraph.export import export_model
     from llgraph.export.benchmark import make_hf_folder
-    from llgraph.runtime.tokenizer import Tokenizer
+    from llgraph.tokenizer import Tokenizer
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hf-dir", type=Path, help="HF checkpoint folder (default: SmolLM2 written from the GGUF)")

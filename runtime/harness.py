@@ -37,7 +37,8 @@ except ImportError as e:  # pragma: no cover - the message is the point
 from tqdm import tqdm
 
 from llgraph.errors import LlgraphError
-from llgraph.runtime.runners import Weights, open_runner
+from llgraph.runtime.runners import open_runner
+from llgraph.weight_request import Weights
 from llgraph.runtime.score import score_pairs
 
 
@@ -57,9 +58,7 @@ class LlgraphLM(TemplateLM):
             raise LlgraphError(f"unknown model_args {sorted(unused)}; llgraph takes model, backend, max_seq_len, "
                                "dtype, quantize, block_size, symmetric, dequantize, accuracy_level, lm_head, "
                                "cache_dir, tensorrt, max_gen_toks")
-        from llgraph.export import DTYPE_ALIASES
-
-        weights = Weights(DTYPE_ALIASES.get(str(dtype), str(dtype)), quantize or None, int(block_size),
+        weights = Weights(str(dtype), quantize or None, int(block_size),
                           _flag(symmetric), _flag(dequantize),
                           None if accuracy_level in (None, "") else int(accuracy_level), lm_head or None)
         self.runner = open_runner(str(model), backend, int(max_seq_len) if max_seq_len else None, cache_dir,

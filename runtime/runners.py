@@ -8,17 +8,20 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from llgraph.checkpoint import open_model
 from llgraph.errors import LlgraphError
 from llgraph.runtime.backends import OrtBackend, TorchBackend
 from llgraph.runtime.loop import Runner
-from llgraph.runtime.tokenizer import Tokenizer
+from llgraph.tokenizer import Tokenizer
+from llgraph.weight_request import Weights
 from llgraph.runtime.trt import TRTBackend
 
 
-def _tokenizer(ref: Path) -> Tokenizer | None:
+def _tokenizer(ref: Path | None) -> Tokenizer | None:
+    if ref is None:
+        return None
     ref = Path(ref)
     if ref.suffix == ".gguf" or (ref.is_dir() and (ref / "tokenizer.json").exists()):
         return Tokenizer.load(ref)
@@ -37,19 +40,14 @@ class TorchRunner(Runner):
     """The PyTorch executor on a checkpoint (HF folder, .safetensors, .gguf, or 'smollm2')."""
 
     def __init__(self, checkpoint, config=None, max_seq_len: int | None = None, dtype: str = "float32",
-                 device: str = "cpu", progress: bool = False, weights: "Weights | None" = None):
-        from llgraph.bundled import resolve
-        from llgraph.config import load_config
-        from llgraph.source_views import rtn_view
-        from llgraph.weights import open_checkpoint
-
-        checkpoint = resolve(checkpoint)
-        cfg = load_config(resolve(config) or checkpoint)
-        source = open_checkpoint(checkpoint, cfg)
-        if weights is not None:  # the RTN weights an int4/int8 export carries, dequantized
-            source = rtn_view(source, cfg, weights.quantize, weights.block_size, weights.symmetric, weights.lm_head)
-        backend = TorchBackend(cfg, source, max_seq_len, dtype, device, progress)
-        super().__init__(backend, _tokenizer(Path(checkpoint)), cfg.eos_token_ids)
+                 device: str = "cpu", progress: bool = False, weights: Weights | None = None):
+        """`weights`: the RTN rounding an int4/int8 export carries, computed dequantized (its dtype: `dtype`)."""
+        weights = (weights or Weights()).replace(dtype=dtype, accuracy_level=None)
+        if not weights.rounds:  # the executor reads a GGUF's blocks dequantized, whatever their type
+            weights = weights.replace(dequantize=True)
+        model = open_model(config, checkpoint, weights)
+        backend = TorchBackend(model.config, model.source, max_seq_len, weights.dtype, device, progress)
+        super().__init__(backend, _tokenizer(model.checkpoint), model.config.eos_token_ids)
 
 
 class TRTRunner(Runner):
@@ -61,45 +59,15 @@ class TRTRunner(Runner):
         super().__init__(backend, _tokenizer(Path(folder)), backend.config.eos_token_ids)
 
 
-@dataclass(frozen=True)
-class Weights:
-    """How a checkpoint's weights are run (the export flags of the same names): `dtype`; a quantized GGUF as stored
-    or `dequantize`d; a float checkpoint `quantize`d (int4/int8) by round-to-nearest; the ort target's
-    MatMulNBits `accuracy_level` (None: its default, llgraph.export.ort.DEFAULT_ACCURACY_LEVEL); the lm head
-    (and a table tied to it) rounded to `lm_head` (int4/int8) too."""
-    dtype: str = "float32"
-    quantize: str | None = None
-    block_size: int = 32
-    symmetric: bool = False
-    dequantize: bool = False
-    accuracy_level: int | None = None
-    lm_head: str | None = None
-
-    @property
-    def mode(self) -> str:
-        """The export cache's name for these choices."""
-        from llgraph.export.ort import DEFAULT_ACCURACY_LEVEL
-
-        level = f"-l{DEFAULT_ACCURACY_LEVEL if self.accuracy_level is None else self.accuracy_level}"
-        if self.dequantize:
-            return f"{self.dtype}-dequantized"
-        head = f"-head{self.lm_head}" if self.lm_head else ""
-        rounding = f"-b{self.block_size}-{'sym' if self.symmetric else 'asym'}" if self.quantize or self.lm_head else ""
-        return f"{self.dtype}-{self.quantize or 'stored'}{head}{rounding}{level}"
-
-
 def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: str | None = None,
                 tensorrt: str = "auto", weights: Weights = Weights()):
     """MODEL is an export folder (has manifest.json) or a checkpoint; a checkpoint for the ort backend is exported
     once into the cache (keyed on the checkpoint's content and `weights.mode`, see llgraph/cache.py) and reused."""
     from llgraph.bundled import resolve
-    from llgraph.cache import cache_dir as resolve_cache
-    from llgraph.cache import entry_for
-    from llgraph.export import check_weight_request
+    from llgraph.runtime.cache import cache_dir as resolve_cache
+    from llgraph.runtime.cache import entry_for
 
-    check_weight_request(weights.dtype, backend, weights.quantize, weights.block_size, weights.dequantize,
-                         weights.accuracy_level if backend == "ort" else None,  # torch computes exactly anyway
-                         weights.lm_head)
+    weights.check(backend)
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
@@ -124,7 +92,5 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
     if not (folder / "manifest.json").exists():
         print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
               file=sys.stderr)
-        export_model(path, checkpoint=path, out=folder, target="ort", dtype=weights.dtype, force=True, progress=True,
-                     quantize=weights.quantize, block_size=weights.block_size, symmetric=weights.symmetric,
-                     dequantize=weights.dequantize, accuracy_level=weights.accuracy_level, lm_head=weights.lm_head)
+        export_model(path, checkpoint=path, out=folder, target="ort", weights=weights, force=True, progress=True)
     return ORTRunner(folder, max_seq_len)

@@ -29,6 +29,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(f"llgraph serve needs its extra: pip install 'llgraph[serve]' ({e})") from None
 
 from llgraph.runtime.sampling import RequestError, Sampling
+from llgraph.weight_request import Weights
 from llgraph.runtime.scheduler import Metrics, QueueFull, Scheduler, ShuttingDown
 from llgraph.runtime.serve_request import (ApiError, chat_prompt, flag, include_usage, number, prompt_ids,
                                            prompt_of, read_json, stop_strings)
@@ -48,7 +49,7 @@ class ServeOptions:
     timeout: float | None = None
     cache_dir: str | None = None
     tensorrt: str = "auto"
-    weights: object = None  # runners.Weights
+    weights: Weights = Weights()
     max_request_bytes: int = 8 << 20  # a larger body is a 413 before it is read
 
     @property
@@ -81,10 +82,10 @@ class PrometheusMetrics(Metrics):
 # -- the app -----------------------------------------------------------------------------------------------------------
 
 def load_runner(options: ServeOptions):
-    from llgraph.runtime.runners import Weights, open_runner
+    from llgraph.runtime.runners import open_runner
 
     return open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir, options.tensorrt,
-                       options.weights or Weights())
+                       options.weights)
 
 
 def create_app(options: ServeOptions, runner=None) -> FastAPI:

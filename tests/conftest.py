@@ -21,6 +21,7 @@ def smollm2_export(tmp_path_factory):
     test session and shared by every test that asks for the same one (each is hundreds of MB and seconds to write)."""
     from llgraph.bundled import bundled_model
     from llgraph.export import export_model
+    from llgraph.weight_request import Weights
 
     made = {}
 
@@ -31,9 +32,10 @@ def smollm2_export(tmp_path_factory):
         if key not in made:
             path = bundled_model("smollm2")
             out = tmp_path_factory.mktemp("smollm2") / f"{target}-{dtype}-{max_seq_len}-{'q' if quantized else 'f'}"
-            made[key] = export_model(path, checkpoint=path, out=out, target=target, dtype=dtype,
-                                     max_seq_len=max_seq_len, dequantize=not quantized,
-                                     accuracy_level=0 if quantized and target == "ort" else None)
+            weights = Weights(dtype, dequantize=not quantized,
+                              accuracy_level=0 if quantized and target == "ort" else None)
+            made[key] = export_model(path, checkpoint=path, out=out, target=target, weights=weights,
+                                     max_seq_len=max_seq_len)
         return made[key]
     return get
 
@@ -86,7 +88,7 @@ def smollm2_truth():
     from reference import Stepper
 
     from llgraph.bundled import bundled_model
-    from llgraph.config import load_config
+    from llgraph.checkpoint import load_config
     from llgraph.gguf_source import GGUFSource
 
     path = bundled_model("smollm2")
@@ -102,10 +104,10 @@ def tiny_runners(tmp_path_factory):
 
     from llgraph.export import export_model
     from llgraph.runtime import ORTRunner, TorchRunner
-    from llgraph.weights import RandomSource
+    from llgraph.checkpoint import random_weights
 
     cfg = tiny()
-    source = RandomSource(cfg, seed=11, std=0.25)
+    source = random_weights(cfg, seed=11, std=0.25)
     ckpt = write_hf_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), cfg, source)
     runners = {"torch": TorchRunner(ckpt, max_seq_len=64)}
     for target in ("ort", "onnx", "trt"):

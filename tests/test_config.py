@@ -8,7 +8,8 @@ import pytest
 import torch
 from reference import hf_config, tiny
 
-from llgraph.config import ConfigError, LlamaConfig, load_config, presets
+from llgraph.checkpoint import load_config, presets
+from llgraph.config import ConfigError, LlamaConfig
 from llgraph.rope import rope_inv_freq
 
 

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from reference import tiny
 
-from llgraph import diff
+from llgraph.runtime import diff
 from llgraph.ir import Graph, Node
 from llgraph.passes import model_graph
-from llgraph.weights import RandomSource
+from llgraph.checkpoint import random_weights
+from llgraph.weights import RandomSource, param_shapes
 
 PROMPT = [5, 6, 7, 8, 9]
 
@@ -18,7 +19,7 @@ PROMPT = [5, 6, 7, 8, 9]
 @pytest.fixture(scope="module")
 def setup():
     cfg = tiny()
-    source = RandomSource(cfg, seed=3, std=0.25)
+    source = random_weights(cfg, seed=3, std=0.25)
     graph = model_graph(cfg)
     inputs, reference = diff.greedy_steps(diff.torch_side(cfg, source), PROMPT, 3)
     return cfg, source, graph, inputs, reference
@@ -59,6 +60,9 @@ def test_torch_vs_onnxruntime_passes_for_every_value(setup, target):
 
 class ScaledNorm(RandomSource):
     """The same weights, but layer 1's post-attention RMSNorm weight scaled by 1.5: a planted fault."""
+
+    def __init__(self, cfg, **kwargs):
+        super().__init__(param_shapes(model_graph(cfg)), **kwargs)
 
     def load(self, name, dtype=None):
         t = super().load(name, dtype)

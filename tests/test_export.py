@@ -10,10 +10,11 @@ from conftest import max_diff
 from reference import OrtStepper, Stepper, tiny
 
 from llgraph.export import TARGETS, export_model
+from llgraph.weight_request import Weights
 from llgraph.export.lower import ExportError, export
 from llgraph.outdir import OutputError
 from llgraph.passes import model_graph
-from llgraph.weights import RandomSource
+from llgraph.checkpoint import random_weights
 
 TOL = 1e-4
 CONFIGS = {
@@ -32,7 +33,7 @@ CONFIGS = {
 
 
 def export_tiny(cfg, target, path, seed=3):
-    source = RandomSource(cfg, seed=seed, std=0.25)
+    source = random_weights(cfg, seed=seed, std=0.25)
     graph = model_graph(cfg)
     return export(graph, source, _target(target), path / target, max_positions=128), source
 
@@ -103,7 +104,8 @@ def test_ort_target_fuses_attention_and_norms(tmp_path):
 ])
 def test_bad_requests_fail_before_writing(tmp_path, kwargs, message):
     with pytest.raises(ExportError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        export_model("tiny", out=tmp_path / "out", **kwargs)
+        weights = Weights(**{k: kwargs.pop(k) for k in ("dtype",) if k in kwargs})
+        export_model("tiny", out=tmp_path / "out", weights=weights, **kwargs)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -136,7 +138,7 @@ def test_large_matrices_stream_by_rows_into_the_same_bytes(target, tmp_path, mon
     assert True in streamed_calls and False in streamed_calls  # transposed Linears and the embedding table
     for name in ("model.onnx", "model.onnx.data"):
         assert (whole / name).read_bytes() == (streamed / name).read_bytes()
-    source = RandomSource(cfg, seed=0)  # rows drawn alone == the same rows of the whole tensor
+    source = random_weights(cfg, seed=0)  # rows drawn alone == the same rows of the whole tensor
     assert torch.equal(source.load_rows("lm_head.weight", 13, 60), source.load("lm_head.weight")[13:60])
     rtn = QuantizedSource(source, 4)  # RTN passes float rows through; its quantized Linears are not rows
     assert rtn.load_rows("lm_head.weight", 0, 2) is not None
@@ -146,7 +148,7 @@ def test_large_matrices_stream_by_rows_into_the_same_bytes(target, tmp_path, mon
 def test_checkpoint_that_does_not_fit_leaves_no_output(tmp_path):
     from safetensors.torch import save_file
 
-    source = RandomSource(tiny(), seed=1)
+    source = random_weights(tiny(), seed=1)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     save_file({n: source.load(n).contiguous() for n in source.names()}, str(ckpt / "model.safetensors"))
@@ -180,7 +182,7 @@ def test_smollm2_onnxruntime_matches_executor(target, smollm2_export, smollm2_tr
 def test_smollm2_fp32_executor_vs_float64(report):
     """The fp32 reference's own rounding, for scale: the ONNX Runtime errors above are of the same size."""
     from llgraph.bundled import bundled_model
-    from llgraph.config import load_config
+    from llgraph.checkpoint import load_config
     from llgraph.gguf_source import GGUFSource
 
     path = bundled_model("smollm2")
@@ -231,7 +233,7 @@ def test_half_precision_exports(target, tmp_path, report):
     import onnxruntime as ort
 
     cfg = tiny()
-    source = RandomSource(cfg, seed=3, std=0.25)
+    source = random_weights(cfg, seed=3, std=0.25)
     for dtype in ("float16", "bfloat16"):
         graph = model_graph(cfg, dtype)
         folder = export(graph, source, _target(target), tmp_path / dtype, max_positions=128)

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from reference import tiny, write_hf_checkpoint
 
-from llgraph.cache import content_key, entries
+from llgraph.runtime.cache import content_key, entries
 from llgraph.cli import build_parser
 from llgraph.errors import LlgraphError
 from llgraph.export import export_model
-from llgraph.weights import RandomSource
+from llgraph.weight_request import Weights
+from llgraph.checkpoint import random_weights
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,7 +38,7 @@ def one_line_error(r, *words):
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
     """A tiny HF-style checkpoint folder (config.json + model.safetensors, no tokenizer)."""
-    return write_hf_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), tiny(), RandomSource(tiny(), seed=11, std=0.25))
+    return write_hf_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), tiny(), random_weights(tiny(), seed=11, std=0.25))
 
 
 # -- bf16 --------------------------------------------------------------------------------------------------------------
@@ -46,7 +47,8 @@ def test_bf16_for_onnx_runtime_is_refused_up_front(tmp_path):
     r = llgraph("export", "--config", "tiny", "--dtype", "bf16", "-o", "out", cwd=tmp_path)
     one_line_error(r, "--dtype bf16 cannot run on the ort target", "fp32 or fp16")
     assert list(tmp_path.iterdir()) == []
-    folder = export_model("tiny", out=tmp_path / "onnx-bf16", target="onnx", dtype="bf16")  # for a GPU runtime
+    folder = export_model("tiny", out=tmp_path / "onnx-bf16", target="onnx",
+                          weights=Weights("bf16"))  # for a GPU runtime
     r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-new-tokens", "2")
     one_line_error(r, "bf16 export", "no bf16 MatMul", "--dtype fp32")
 

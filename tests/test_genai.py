@@ -5,7 +5,7 @@ import pytest
 import torch
 from reference import Stepper
 
-from llgraph.config import load_config
+from llgraph.checkpoint import load_config
 from llgraph.export import export_model
 from llgraph.weights import SafetensorsSource
 

@@ -6,7 +6,7 @@ import torch
 from conftest import max_diff
 from reference import Stepper, tiny
 
-from llgraph.weights import RandomSource
+from llgraph.checkpoint import random_weights
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_executor_on_cuda_matches_float64(dtype, report):
     """fp32 within 1e-4 of float64; half precisions within twice the CPU executor's own error in that dtype."""
     cfg = tiny()
-    source = RandomSource(cfg, seed=3, std=0.25)
+    source = random_weights(cfg, seed=3, std=0.25)
     truth, cpu = Stepper(cfg, source, batch=2, dtype="float64"), Stepper(cfg, source, batch=2, dtype=dtype)
     gpu = Stepper(cfg, source, batch=2, dtype=dtype, device="cuda")
     ids = torch.randint(0, cfg.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))

@@ -15,7 +15,7 @@ from llgraph.executor import TORCH_IMPLS, TorchExecutor
 from llgraph.ir import Graph, GraphBuilder, IRError, Node, verify
 from llgraph.ops import SCHEMAS
 from llgraph.passes import DEFAULT_PASSES, pack_gate_up, pack_qkv, run_passes
-from llgraph.weights import RandomSource
+from llgraph.checkpoint import random_weights
 
 BACKENDS = {"torch": TORCH_IMPLS}
 
@@ -82,7 +82,7 @@ def test_packing_changes_structure_not_numbers(report):
     assert "model.layers.0.mlp.gate_up.bias" in packed.params
     assert packed.param_count() == graph.param_count()
     assert {v for v in graph.values if not v.startswith("model.")} <= set(packed.values)  # names still traceable
-    source = RandomSource(cfg, seed=2, std=0.25)
+    source = random_weights(cfg, seed=2, std=0.25)
     ids = torch.randint(0, cfg.vocab_size, (2, 6))
     a = Stepper(cfg, source, batch=2).step(ids)["logits"]
     b = Stepper(cfg, source, batch=2, graph=packed).step(ids)["logits"]
@@ -125,7 +125,7 @@ def test_rotary_matches_complex_reference(interleaved, rotary_dim, report):
 
 def test_partial_rotary_model_runs_and_caches_consistently(report):
     cfg = tiny(rope={"rotary_dim": 8})
-    source = RandomSource(cfg, seed=4, std=0.25)
+    source = random_weights(cfg, seed=4, std=0.25)
     ids = torch.randint(0, cfg.vocab_size, (1, 7))
     a = Stepper(cfg, source)
     a.step(ids[:, :6])
@@ -136,7 +136,7 @@ def test_partial_rotary_model_runs_and_caches_consistently(report):
 def test_attention_sees_only_positions_up_to_its_own(report):
     """Right-padded batch rows at different lengths: row 1's logits equal running row 1 alone."""
     cfg = tiny()
-    source = RandomSource(cfg, seed=6, std=0.25)
+    source = random_weights(cfg, seed=6, std=0.25)
     ex = TorchExecutor(build_graph(cfg), source)
     ids = torch.randint(0, cfg.vocab_size, (2, 6))
 
@@ -155,7 +155,7 @@ def test_executor_half_precisions_track_float64(dtype, rel, report):
     """fp16/bf16 executor runs (prefill + 4 decode steps) stay within rel * max|logits| of the float64 run:
     5e-3 for fp16 (10-bit mantissa), 4e-2 for bf16 (7-bit)."""
     cfg = tiny()
-    source = RandomSource(cfg, seed=8, std=0.25)
+    source = random_weights(cfg, seed=8, std=0.25)
     low, truth = Stepper(cfg, source, dtype=dtype), Stepper(cfg, source, dtype="float64")
     ids = torch.randint(0, cfg.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
     worst = scale = 0.0

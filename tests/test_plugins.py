@@ -15,7 +15,7 @@ from llgraph.export import get_target
 from llgraph.export.lower import export
 from llgraph.passes import model_graph
 from llgraph.plugins import spec
-from llgraph.weights import RandomSource
+from llgraph.checkpoint import random_weights
 
 ONNX_TYPES = {"int": onnx.AttributeProto.INT, "bool": onnx.AttributeProto.INT, "float": onnx.AttributeProto.FLOAT}
 
@@ -69,7 +69,7 @@ def test_registrations_pass_tensorrt_validators(registered):
 
 @pytest.mark.parametrize("cfg", [tiny(), tiny(num_kv_heads=1, rope={"layout": "interleaved", "rotary_dim": 8})])
 def test_plugin_nodes_carry_exactly_the_registered_fields(cfg, registered, tmp_path):
-    folder = export(model_graph(cfg), RandomSource(cfg), get_target("trt"), tmp_path / "trt", max_positions=64)
+    folder = export(model_graph(cfg), random_weights(cfg), get_target("trt"), tmp_path / "trt", max_positions=64)
     model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
     plugin_nodes = [n for n in model.graph.node if n.domain == spec.NAMESPACE]
     counts = {op: sum(n.op_type == op for n in plugin_nodes) for op in spec.PLUGIN_OPS}

@@ -13,12 +13,13 @@ from reference import OrtStepper, Stepper, tiny, write_gguf, write_hf_checkpoint
 from test_export import compare_steps
 
 from llgraph.bundled import bundled_model
-from llgraph.config import load_config
+from llgraph.checkpoint import load_config
 from llgraph.export import export_model
+from llgraph.weight_request import Weights
 from llgraph.gguf_source import GGUFSource
 from llgraph.quant import dequantize, quantize_rtn
 from llgraph.source_views import QuantizedSource
-from llgraph.weights import RandomSource
+from llgraph.checkpoint import random_weights
 
 T = gguf.GGMLQuantizationType
 TARGETS = ("ort", "onnx", "trt")
@@ -31,7 +32,7 @@ def llgraph(*args, cwd=None):
 def tiny_gguf(path, qtype, cfg=None):
     """A tiny GGUF whose Linears and embedding table are `qtype` (the norms F32), written by gguf's writer."""
     cfg = cfg or tiny(hidden_size=64, intermediate_size=128, head_dim=16)
-    source = RandomSource(cfg, seed=5, std=0.25)
+    source = random_weights(cfg, seed=5, std=0.25)
     quantized = ("_proj", "embed_tokens", "lm_head")
     expected = write_gguf(path, cfg, source, lambda i, name, x: qtype if any(q in name for q in quantized) else T.F32)
     return cfg, expected
@@ -69,7 +70,7 @@ def test_quantized_export_matches_executor_on_dequantized_weights(qtype, target,
     tiny_gguf(tmp_path / "t.gguf", qtype, tiny(**K_CFG) if qtype.name.endswith("_K") else None)
     cfg = load_config(tmp_path / "t.gguf")  # the GGUF's own: interleaved RoPE rows
     folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / target,
-                          target=target, max_seq_len=64, accuracy_level=EXACT.get(target))
+                          target=target, max_seq_len=64, weights=Weights(accuracy_level=EXACT.get(target)))
     nodes = __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph.node
     ops = [n.op_type for n in nodes]
     if target != "ort":
@@ -113,9 +114,9 @@ def test_rtn_export_matches_executor(target, case, tmp_path, report):
     flags = dict(RTN_CASES[case])
     tied = flags.pop("tied", False)
     cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16, tie_word_embeddings=tied)
-    ckpt = write_hf_checkpoint(tmp_path / "ckpt", cfg, RandomSource(cfg, seed=3, std=0.25))
+    ckpt = write_hf_checkpoint(tmp_path / "ckpt", cfg, random_weights(cfg, seed=3, std=0.25))
     folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path / target, target=target, max_seq_len=64,
-                          block_size=32, accuracy_level=EXACT.get(target), **flags)
+                          weights=Weights(block_size=32, accuracy_level=EXACT.get(target), **flags))
     from llgraph.source_views import rtn_view
     from llgraph.weights import SafetensorsSource
     truth = Stepper(cfg, rtn_view(SafetensorsSource(ckpt), cfg, block_size=32, **flags), batch=2, max_seq=64)
@@ -131,7 +132,7 @@ def test_rtn_export_matches_executor(target, case, tmp_path, report):
 def test_rtn_by_rows_is_rtn_of_the_whole(monkeypatch):
     """A big lm head is rounded a few rows at a time (bounded memory): the same blocks as rounding it whole."""
     cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16)
-    base = RandomSource(cfg, seed=4, std=0.25)
+    base = random_weights(cfg, seed=4, std=0.25)
     monkeypatch.setattr(QuantizedSource, "ROUND_BYTES", 7 * 4 * 64)  # 7 rows a time: 97 = 13 x 7 + 6
     for symmetric in (False, True):
         got = QuantizedSource(base, 0, 32, symmetric, head_bits=4).load_quantized("lm_head.weight")
@@ -175,7 +176,8 @@ def test_smollm2_int4_greedy_equals_the_executor(smollm2_export, tmp_path, repor
     got = ORTRunner(exact, max_seq_len=128).generate(prompt, max_new_tokens=32)
     print(f"executor: {want.text!r}\nint4 ort: {got.text!r}")
     assert got.token_ids == want.token_ids
-    fast = export_model("smollm2", checkpoint="smollm2", out=tmp_path / "fast", max_seq_len=256, accuracy_level=4)
+    fast = export_model("smollm2", checkpoint="smollm2", out=tmp_path / "fast", max_seq_len=256,
+                         weights=Weights(accuracy_level=4))
     gguf = bundled_model("smollm2").stat().st_size
     for folder, level, gathers, bound in ((exact, 0, 2, 1.35), (fast, 4, 1, 1.25)):
         # the tied Q8_0 table is stored once: the embedding's GatherBlockQuantized reads the lm head's MatMulNBits
@@ -210,10 +212,11 @@ def test_gguf_rows_read_alone_equal_the_whole(qtype, tmp_path, monkeypatch):
     source = GGUFSource(tmp_path / "t.gguf")
     for name in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.down_proj.weight"):
         assert torch.equal(source.load_rows(name, 3, 40), source.load(name)[3:40])
-    whole = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "whole", dequantize=True)
+    whole = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "whole",
+                         weights=Weights(dequantize=True))
     monkeypatch.setattr(lower, "CHUNK_BYTES", 1024)
     streamed = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "streamed",
-                            dequantize=True)
+                            weights=Weights(dequantize=True))
     assert (whole / "model.onnx.data").read_bytes() == (streamed / "model.onnx.data").read_bytes()
 
 
@@ -272,7 +275,7 @@ def test_bad_quantization_requests(tmp_path):
 def test_packed_qkv_keeps_one_format(tmp_path):
     """q, k, v of a layer in different GGUF types cannot share one MatMulNBits: that Linear stays float."""
     cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16)
-    source = RandomSource(cfg, seed=5, std=0.25)
+    source = random_weights(cfg, seed=5, std=0.25)
     write_gguf(tmp_path / "mixed.gguf", cfg, source,
                lambda i, name, x: T.F32 if x.ndim == 1 or "_proj" not in name else
                (T.Q8_0 if "v_proj" in name else T.Q4_0))

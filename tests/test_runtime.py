@@ -93,7 +93,7 @@ class ScriptedBackend(Backend):
 @pytest.fixture(scope="module")
 def smol_tokenizer():
     from llgraph.bundled import bundled_model
-    from llgraph.runtime.tokenizer import Tokenizer
+    from llgraph.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(bundled_model("smollm2"))
 

@@ -10,7 +10,7 @@ import torch
 
 from llgraph.bundled import bundled_model
 from llgraph.runtime import ORTRunner, TorchRunner
-from llgraph.runtime.tokenizer import Tokenizer
+from llgraph.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 64

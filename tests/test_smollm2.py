@@ -7,7 +7,7 @@ from conftest import max_diff
 from reference import Stepper
 
 from llgraph.bundled import bundled_model
-from llgraph.config import load_config
+from llgraph.checkpoint import load_config
 from llgraph.gguf_source import GGUFSource
 from llgraph.weights import SafetensorsSource
 

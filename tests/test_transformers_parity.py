@@ -7,7 +7,9 @@ from conftest import max_diff
 from reference import Stepper, hf_model, tiny
 
 from llgraph.gguf_source import interleaved_to_half
-from llgraph.weights import RandomSource
+from llgraph.builder import build_graph
+from llgraph.checkpoint import random_weights
+from llgraph.weights import RandomSource, param_shapes
 
 TOL = 1e-4
 DECODE_STEPS = 8
@@ -51,7 +53,7 @@ def compare_with_hf(cfg, stepper, model, report, batch=2, prompt_len=7):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_matches_transformers(name, report):
     cfg = CONFIGS[name]
-    source = RandomSource(cfg, seed=3, std=STD)
+    source = random_weights(cfg, seed=3, std=STD)
     compare_with_hf(cfg, Stepper(cfg, source, batch=2), hf_model(cfg, source), report)
 
 
@@ -59,6 +61,10 @@ class InterleavedView(RandomSource):
     """The same random model with q/k rows stored for interleaved RoPE, as GGUF stores them."""
 
     rope_layout = "interleaved"
+
+    def __init__(self, cfg, **kwargs):
+        super().__init__(param_shapes(build_graph(cfg)), **kwargs)
+        self.cfg = cfg
 
     def load(self, name, dtype=None):
         t = super().load(name, dtype)
@@ -74,7 +80,7 @@ class InterleavedView(RandomSource):
 def test_interleaved_layout_matches_transformers(report):
     """RoPE layout is an attribute: interleaved rotary on permuted q/k rows equals HF's half-split model."""
     cfg = tiny(rope={"layout": "interleaved"})
-    hf_source = RandomSource(cfg, seed=5, std=STD)
+    hf_source = random_weights(cfg, seed=5, std=STD)
     ours = InterleavedView(cfg, seed=5, std=STD)
     ours.cfg = cfg
     compare_with_hf(cfg, Stepper(cfg, ours, batch=2), hf_model(cfg, hf_source), report)
@@ -82,7 +88,7 @@ def test_interleaved_layout_matches_transformers(report):
 
 def test_prefill_then_decode_equals_longer_prefill(report):
     cfg = tiny()
-    source = RandomSource(cfg, seed=7, std=STD)
+    source = random_weights(cfg, seed=7, std=STD)
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
     a = Stepper(cfg, source, batch=2)
     a.step(ids[:, :8])
@@ -97,7 +103,7 @@ def test_parallel_block_equals_its_equation(report):
     from transformers.models.llama import modeling_llama
 
     cfg = tiny(parallel_block=True)
-    source = RandomSource(cfg, seed=4, std=STD)
+    source = random_weights(cfg, seed=4, std=STD)
 
     def parallel(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                  use_cache=False, position_embeddings=None, **kwargs):

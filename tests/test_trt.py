@@ -16,7 +16,7 @@ from llgraph.export import get_target
 from llgraph.export.lower import export
 from llgraph.passes import model_graph
 from llgraph.runtime.trt import EngineError, build_engine, load_tensorrt, profiles
-from llgraph.weights import RandomSource
+from llgraph.checkpoint import random_weights
 
 
 def _importable(flavor):
@@ -39,7 +39,7 @@ needs_trt = pytest.mark.skipif(not HAVE_TRT, reason="running an engine needs an 
 
 
 def export_folder(cfg, target, path, dtype="float32"):
-    source = RandomSource(cfg, seed=3, std=0.25)
+    source = random_weights(cfg, seed=3, std=0.25)
     return export(model_graph(cfg, dtype), source, get_target(target), path / target, max_positions=128), source
 
 
@@ -107,7 +107,7 @@ def test_engine_builds_with_its_metadata(engine):
 def test_trt_logits_and_caches_match_executor_per_step(engine, report):
     """Prefill + 8 decode steps, batch 2, fp32 (TF32 off): logits and present caches within 1e-3 of the executor
     (the CPU check of the same file through ONNX Runtime holds 1e-4; a GPU's reduction order differs)."""
-    from llgraph.diff import engine_side, torch_side
+    from llgraph.runtime.diff import engine_side, torch_side
 
     cfg, folder, source = engine
     ours, theirs = torch_side(cfg, source, max_seq=64)(), engine_side(folder)()

@@ -172,7 +172,7 @@ def test_parser_hands_every_plugin_node_to_its_creator(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     seen = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    from llgraph.config import load_config
+    from llgraph.checkpoint import load_config
     graph = model_graph(load_config(cfg_name))
     want = [n for n in graph.nodes if n.op in spec.PLUGIN_OPS]
     assert len(seen) == len(want) > 0

@@ -7,23 +7,24 @@ from safetensors.torch import save_file
 
 from llgraph.builder import build_graph
 from llgraph.bundled import bundled_model
-from llgraph.config import load_config
+from llgraph.checkpoint import load_config
 from llgraph.gguf_source import GGUFSource
-from llgraph.weights import RandomSource, SafetensorsSource, WeightError, check_weights, open_checkpoint
+from llgraph.checkpoint import open_checkpoint, random_weights
+from llgraph.weights import SafetensorsSource, WeightError, check_weights
 
 
 def write_checkpoint(path, cfg, edit=lambda state: state):
-    source = RandomSource(cfg, seed=1)
+    source = random_weights(cfg, seed=1)
     save_file(edit({n: source.load(n).contiguous() for n in source.names()}), str(path / "model.safetensors"))
     return path
 
 
 def test_random_weights_are_deterministic_per_tensor():
     cfg = tiny()
-    a, b = RandomSource(cfg, seed=1), RandomSource(cfg, seed=1)
+    a, b = random_weights(cfg, seed=1), random_weights(cfg, seed=1)
     names = a.names()
     assert torch.equal(a.load(names[3]), b.load(names[3]))  # drawn in any order, same tensor
-    assert not torch.equal(a.load(names[3]), RandomSource(cfg, seed=2).load(names[3]))
+    assert not torch.equal(a.load(names[3]), random_weights(cfg, seed=2).load(names[3]))
 
 
 def test_every_problem_is_listed_in_one_line(tmp_path):
@@ -108,11 +109,11 @@ def test_gguf_quantized_types_and_metadata(tmp_path):
     T = gguf.GGMLQuantizationType
     types = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.F16, T.BF16]
     cfg = tiny()
-    source = RandomSource(cfg, seed=9)
+    source = random_weights(cfg, seed=9)
     path = tmp_path / "tiny.gguf"
     expected = write_gguf(path, cfg, source, lambda i, name, x: T.F32 if x.ndim == 1 else types[i % len(types)])
 
-    from llgraph.config import load_config
+    from llgraph.checkpoint import load_config
     back = load_config(path)
     assert (back.hidden_size, back.num_layers, back.num_heads, back.num_kv_heads, back.vocab_size) == \
         (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size)

@@ -1,0 +1,155 @@
+"""Where a model comes from, behind one entry point: its config (llgraph's JSON, a bundled preset, an HF
+config.json or folder, a GGUF header) and its weights (safetensors, GGUF, or seeded random), seen as a weight
+request asks, with the graph every backend runs.
+
+    model = open_model("smollm2", "smollm2", Weights())     # -> Model(config, source, graph)
+
+Export, the runners, the CLI, diff, serve and the lm-eval adapter all start here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from llgraph.bundled import resolve
+from llgraph.config import ConfigError, LlamaConfig, from_fields
+from llgraph.errors import ExportError
+from llgraph.ir import Graph
+from llgraph.weight_request import Weights
+from llgraph.weights import QUANTIZABLE, RandomSource, SafetensorsSource, WeightError, WeightSource, param_shapes
+
+PRESET_DIR = Path(__file__).parent / "configs"
+
+
+# -- configs ---------------------------------------------------------------------------------------------------------
+
+def load_config(ref: str | Path | dict | LlamaConfig) -> LlamaConfig:
+    """A LlamaConfig from a dict, a JSON path, a GGUF path, a checkpoint folder, or a bundled preset name."""
+    if isinstance(ref, LlamaConfig):
+        return ref
+    if isinstance(ref, dict):
+        return from_dict(ref)
+    path = Path(ref)
+    if not path.exists():
+        path = _preset_path(str(ref))
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.exists():
+            raise ConfigError(f"{ref} is a folder without config.json; pass a config file or a GGUF file")
+    if path.suffix == ".gguf":
+        from llgraph.gguf_source import gguf_config
+
+        return gguf_config(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config {path} is not valid JSON (line {e.lineno}: {e.msg}); fix the file") from None
+    return from_dict(data)
+
+
+def from_dict(data: dict) -> LlamaConfig:
+    """llgraph's own JSON (the fields of LlamaConfig), or an HF config.json when it looks like one."""
+    if isinstance(data, dict) and ("num_attention_heads" in data or "model_type" in data):
+        from llgraph.hf_config import from_hf_dict
+
+        return from_hf_dict(data)
+    return from_fields(LlamaConfig, data)
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def _preset_path(name: str) -> Path:
+    stem = name[:-5] if name.endswith(".json") else name
+    p = PRESET_DIR / f"{stem}.json"
+    if not p.exists():
+        raise ConfigError(f"config '{name}' is neither a file nor a bundled preset; presets: {', '.join(presets())}")
+    return p
+
+
+# -- weights ---------------------------------------------------------------------------------------------------------
+
+def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, seed: int = 0) -> WeightSource:
+    """A source for a checkpoint folder / safetensors file / GGUF file, or random weights when path is None."""
+    if path is None:
+        if cfg is None:
+            raise ValueError("random weights need a config")
+        return random_weights(cfg, seed)
+    p = Path(path)
+    if not p.exists():
+        raise WeightError(f"checkpoint {p} does not exist; pass an HF folder, a .safetensors or a .gguf file")
+    if p.suffix == ".gguf":
+        from llgraph.gguf_source import GGUFSource
+
+        return GGUFSource(p)
+    if p.is_dir() or p.suffix == ".safetensors":
+        from llgraph.source_views import FusedSplitSource, NormOffsetSource
+
+        source = SafetensorsSource(p)
+        if cfg is not None and any(FusedSplitSource.FUSED.fullmatch(n) for n in source.names()):
+            source = FusedSplitSource(source, cfg)
+        if cfg is not None and cfg.norm_weight_offset:
+            source = NormOffsetSource(source, cfg.norm_weight_offset)
+        return source
+    raise WeightError(f"checkpoint {p} is neither a folder, a .safetensors nor a .gguf file")
+
+
+def random_weights(cfg: LlamaConfig, seed: int = 0, std: float = 0.02, graph: Graph | None = None) -> RandomSource:
+    """Seeded random weights for every tensor `cfg`'s graph reads (`graph` if already built)."""
+    from llgraph.builder import build_graph
+
+    return RandomSource(param_shapes(graph or build_graph(cfg)), seed, std)
+
+
+# -- the one entry point ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Model:
+    config: LlamaConfig
+    source: WeightSource  # as `weights` asks: a GGUF's blocks as stored, or rounded (--quantize / --lm-head)
+    graph: Graph  # the graph every backend runs (passes applied; QLinear where the source carries blocks)
+    checkpoint: Path | None  # the checkpoint file or folder (None: random weights)
+
+
+def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int = 0) -> Model:
+    """config: a preset, config file, checkpoint or 'smollm2' (None: the checkpoint's own); checkpoint: a folder,
+    .safetensors, .gguf or 'smollm2' (None: seeded random weights). The graph is built once."""
+    from llgraph.passes import model_graph
+    from llgraph.source_views import rtn_view
+
+    checkpoint = resolve(checkpoint)
+    if checkpoint is not None and not Path(checkpoint).exists():
+        raise ExportError(f"--checkpoint {checkpoint} does not exist; pass an HF folder, a .safetensors or .gguf "
+                          "file, or 'smollm2'")
+    cfg = load_config(resolve(config) if config is not None else checkpoint)
+    plain = model_graph(cfg, weights.dtype) if checkpoint is None else None  # random weights draw its shapes
+    if checkpoint is None:
+        source = random_weights(cfg, seed, graph=plain)
+    else:
+        source = open_checkpoint(checkpoint, cfg, seed)
+        if not (weights.quantize or weights.dequantize):
+            _check_stored_formats(source)
+    source = rtn_view(source, cfg, weights.quantize, weights.block_size, weights.symmetric, weights.lm_head)
+    graph = plain if plain is not None and not weights.rounds else \
+        model_graph(cfg, weights.dtype, None if weights.dequantize else source.quant_format)
+    return Model(cfg, source, graph, None if checkpoint is None else Path(checkpoint))
+
+
+def _check_stored_formats(source) -> None:
+    """A GGUF Linear stored in a block type llgraph cannot carry exactly: one line naming it (or --dequantize)."""
+    from llgraph.gguf_source import GGUFSource
+    from llgraph.quant import GGUF_FORMATS
+
+    if not isinstance(source, GGUFSource):
+        return
+    for name in source.names():
+        kind = source.tensor_type(name)
+        if QUANTIZABLE.fullmatch(name) and kind not in GGUF_FORMATS and kind not in ("F32", "F16", "BF16"):
+            raise ExportError(f"{name} is stored as GGUF {kind}; llgraph carries {', '.join(GGUF_FORMATS)} "
+                              "blocks exactly — pass --dequantize to export it in float (or --quantize int4 to "
+                              "re-round it)")

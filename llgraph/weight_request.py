@@ -1,0 +1,83 @@
+"""How a checkpoint's weights are to be run: the one request the CLI or the Python API builds, checked once, and
+passed whole to export, the runners and the export cache.
+
+    Weights()                                  # float32; a GGUF's 4/8-bit blocks as stored, computed exactly
+    Weights("fp16", quantize="int4")           # a float checkpoint rounded to int4 blocks (aliases: fp32/fp16/bf16)
+    Weights(accuracy_level=4).check("ort")     # the target's own rules: bf16 and accuracy levels
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from llgraph.errors import ExportError
+
+DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+BITS = ("int4", "int8")
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # ONNX Runtime MatMulNBits': 0 exact (fp32) ... 4 int8 activations
+DEFAULT_ACCURACY_LEVEL = 0  # what the ort target computes when none is asked for: exactly
+
+
+class WeightRequestError(ExportError):
+    """A weight flag that cannot be honoured; one line naming the flag and its choices."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """`dtype` of the float parts; a quantized GGUF as stored, or `dequantize`d to floats; a float checkpoint
+    `quantize`d (int4/int8) by round-to-nearest in blocks of `block_size` codes, `symmetric` or with per-block mins;
+    the lm head (and an embedding table tied to it) rounded to `lm_head` too; ONNX Runtime's `accuracy_level` (the
+    ort target only; None: DEFAULT_ACCURACY_LEVEL)."""
+    dtype: str = "float32"
+    quantize: str | None = None
+    block_size: int = 32
+    symmetric: bool = False
+    dequantize: bool = False
+    accuracy_level: int | None = None
+    lm_head: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
+        if self.dtype not in DTYPES:
+            raise WeightRequestError(f"unknown dtype '{self.dtype}'; use one of fp32, fp16, bf16")
+        for flag, value in (("quantize", self.quantize), ("lm-head", self.lm_head)):
+            if value not in (None, *BITS):
+                raise WeightRequestError(f"unknown --{flag} '{value}'; use int4 or int8")
+            if value and self.dequantize:
+                raise WeightRequestError(f"--{flag} and --dequantize contradict each other; pass one")
+        if not isinstance(self.block_size, int) or self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise WeightRequestError(f"--block-size ({self.block_size}) must be a power of 2 >= 16 (32, 64 or 128)")
+        if self.accuracy_level not in (None, *ACCURACY_LEVELS):
+            raise WeightRequestError(f"--accuracy-level ({self.accuracy_level}) is MatMulNBits' (0..4) and only for "
+                                     "--target ort")
+
+    def check(self, target: str) -> Weights:
+        """The request checked against where it runs (an export target or a backend); returns itself."""
+        if self.dtype == "bfloat16" and target == "ort":
+            raise WeightRequestError(
+                "--dtype bf16 cannot run on the ort target (ONNX Runtime's CPU kernels have no bf16 MatMul); use "
+                "--dtype fp32 or fp16 for ONNX Runtime, or --target trt / onnx for a GPU runtime with bf16")
+        if self.accuracy_level is not None and target not in ("ort", "torch"):  # torch computes exactly anyway
+            raise WeightRequestError(f"--accuracy-level ({self.accuracy_level}) is MatMulNBits' (0..4) and only "
+                                     "for --target ort")
+        return self
+
+    @property
+    def rounds(self) -> bool:
+        """Whether float weights are rounded to blocks (--quantize or --lm-head)."""
+        return bool(self.quantize or self.lm_head)
+
+    @property
+    def mode(self) -> str:
+        """Its part of the export cache's key: every choice that changes the exported bytes."""
+        level = f"-l{DEFAULT_ACCURACY_LEVEL if self.accuracy_level is None else self.accuracy_level}"
+        if self.dequantize:
+            return f"{self.dtype}-dequantized"
+        head = f"-head{self.lm_head}" if self.lm_head else ""
+        rounding = f"-b{self.block_size}-{'sym' if self.symmetric else 'asym'}" if self.rounds else ""
+        return f"{self.dtype}-{self.quantize or 'stored'}{head}{rounding}{level}"
+
+    def replace(self, **changes) -> Weights:
+        return dataclasses.replace(self, **changes)
