@@ -43,5 +43,7 @@ def genai_config(cfg: LlamaConfig, context_length: int, model_file: str = "model
     }
 
 
-def write_genai_config(folder: Path, cfg: LlamaConfig, context_length: int) -> None:
-    (Path(folder) / "genai_config.json").write_text(json.dumps(genai_config(cfg, context_length), indent=2))
+def write_genai_config(folder: Path, manifest) -> None:
+    """The ort target's extra file (Target.extras): genai's config for the export in `folder`."""
+    config = genai_config(manifest.config, manifest.max_positions, manifest.model)
+    (Path(folder) / "genai_config.json").write_text(json.dumps(config, indent=2))

@@ -8,6 +8,7 @@ in memory. ONNX value names are the IR's (`layers.3.attn_norm`), so any IR value
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -21,15 +22,15 @@ import torch
 from onnx import TensorProto, helper
 
 from llgraph import __version__
-from llgraph.errors import ExportError
+from llgraph.config import LlamaConfig
+from llgraph.export_folder import DATA_FILE, MANIFEST, MODEL_FILE, Manifest
 from llgraph.ir import DTYPE_BYTES, Graph, Node
-from llgraph.outdir import FORMAT, MANIFEST, PARTIAL_MARK, staged_folder
+from llgraph.outdir import PARTIAL_MARK, staged_folder
 from llgraph.weights import TORCH_DTYPES, WeightSource, check_weights, load_param
 
 ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
                "bfloat16": TensorProto.BFLOAT16, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
                "uint8": TensorProto.UINT8, "int8": TensorProto.INT8, "bool": TensorProto.BOOL}
-MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 ALIGN = 4096  # page-aligned offsets let ONNX Runtime memory-map large initializers
 CHUNK_BYTES = 64 << 20  # tensors are made contiguous and written this much at a time
 
@@ -42,6 +43,8 @@ class Target:
     lowerings: dict[str, Lowering]
     opsets: dict[str, int]
     plan: Callable[["Emitter"], None] = lambda emitter: None
+    # the target's own files beside the model (the ort target's genai_config.json): (folder, manifest) -> None
+    extras: Callable[[Path, "Manifest"], None] = lambda folder, manifest: None
 
 
 @dataclass
@@ -218,7 +221,6 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
     `force` replaces only an earlier llgraph export (see `llgraph.outdir`)."""
     out = Path(out)
     with staged_folder(out, force) as tmp:
-        config = json.loads(graph.metadata["config"])
         metadata = {"llgraph_version": __version__, "target": target.name, "dtype": graph.metadata["dtype"],
                     "config": graph.metadata["config"], "weights": source.description}
         lower(graph, source, target, tmp, max_positions=max_positions, metadata=metadata, progress=progress,
@@ -227,19 +229,13 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
             shutil.copy(f, tmp / Path(f).name)
         if write_extras is not None:
             write_extras(tmp)
-        if target.name == "ort":
-            from llgraph.config import LlamaConfig
-            from llgraph.export.genai import write_genai_config
-
-            write_genai_config(tmp, LlamaConfig(**config), max_positions)
-        files = sorted({p.name for p in tmp.iterdir()} - {PARTIAL_MARK} | {MANIFEST})
-        manifest = {"format": FORMAT, "llgraph_version": __version__, "target": target.name,
-                    "dtype": graph.metadata["dtype"], "model": MODEL_FILE, "data": DATA_FILE,
-                    "max_positions": max_positions,
-                    "weights": source.description, "config": config, "files": files,
-                    "quantized": _quant_summary(graph), "options": options or {},
-                    "inputs": [v.name for v in graph.inputs], "outputs": [v.name for v in graph.outputs]}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        manifest = Manifest(target.name, graph.metadata["dtype"],
+                            LlamaConfig(**json.loads(graph.metadata["config"])), max_positions, source.description,
+                            quantized=_quant_summary(graph), options=options or {},
+                            inputs=tuple(v.name for v in graph.inputs), outputs=tuple(v.name for v in graph.outputs))
+        target.extras(tmp, manifest)
+        files = tuple(sorted({p.name for p in tmp.iterdir()} - {PARTIAL_MARK} | {MANIFEST}))
+        dataclasses.replace(manifest, files=files).write(tmp)
     return out
 
 

@@ -18,6 +18,7 @@ import torch
 from onnx import TensorProto
 
 import llgraph.export.onnx as std
+from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
 from llgraph.weights import TORCH_DTYPES
@@ -229,4 +230,4 @@ def _table(em: Emitter, cos_sin: Node, name: str, fn):
 
 
 TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear_nbits, "QEmbedding": qembedding_gather},
-                {"": std.OPSET, MS: 1}, plan=plan)
+                {"": std.OPSET, MS: 1}, plan=plan, extras=write_genai_config)

@@ -21,6 +21,7 @@ from llgraph.ir import FLOAT_DTYPES, Graph, GraphBuilder
 from llgraph.rope import rope_inv_freq
 
 BATCH, SEQ, MAX_SEQ = "batch", "seq", "max_seq"
+DEFAULT_MAX_SEQ = 2048  # the cache length a runner or an engine build takes when none is asked for
 
 
 def cache_names(layer: int) -> tuple[str, str, str, str]:

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from llgraph.cli_args import build_parser
 from llgraph.checkpoint import load_config
+from llgraph.cli_args import build_parser
 from llgraph.errors import LlgraphError
 from llgraph.outdir import Terminated, signals_raise
 from llgraph.weight_request import Weights
@@ -97,11 +97,12 @@ def cmd_cache(args) -> None:
 
 
 def cmd_build(args) -> None:
-    from llgraph.runtime.trt import build_engine
+    from llgraph.export.engine import build_engine
+    from llgraph.export_folder import ENGINE_META
 
     engine = build_engine(args.folder, args.output, args.max_batch, args.max_seq_len, args.opt_prefill, args.plugins,
                           args.tensorrt)
-    meta = json.loads((Path(args.folder) / "engine.json").read_text())
+    meta = json.loads((Path(args.folder) / ENGINE_META).read_text())
     print(f"wrote {engine} ({engine.stat().st_size / 2**20:.1f} MiB, {meta['flavor']} {meta['tensorrt']}, "
           f"plugins {meta['plugins']}, built in {meta['build_seconds']:.1f} s; runs on {meta['runs_on']})")
 

@@ -13,7 +13,6 @@ its mark and dead PID and removed by the next run writing to the same place.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -22,13 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from llgraph.errors import LlgraphError
+from llgraph.export_folder import llgraph_files
 
-MANIFEST = "manifest.json"
-FORMAT = "llgraph-onnx"
 PARTIAL_MARK = ".llgraph-partial"  # present in every temporary folder llgraph creates
-BUILD_FILES = ("model.engine", "engine.json", "timing.cache")  # what `llgraph build` adds to an export folder
-LEGACY_FILES = ("model.onnx", "model.onnx.data", MANIFEST, "genai_config.json", "tokenizer.json",
-                "tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "chat_template.jinja")
 
 
 class OutputError(LlgraphError):
@@ -60,23 +55,6 @@ def signals_raise():
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-
-
-def llgraph_files(folder: Path) -> set[str] | None:
-    """Names llgraph wrote into `folder`, or None if it is not an llgraph export folder."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        return None
-    names = set(manifest.get("files") or LEGACY_FILES) | {MANIFEST, *BUILD_FILES}
-    try:
-        engine = json.loads((folder / "engine.json").read_text()).get("engine")
-        names.add(str(engine))
-    except (OSError, ValueError, AttributeError):
-        pass
-    return names
 
 
 def check_writable_target(out: Path, force: bool, what: str = "output") -> None:

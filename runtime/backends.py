@@ -7,21 +7,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from llgraph.builder import cache_pairs, new_cache
+from llgraph.builder import DEFAULT_MAX_SEQ, cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
+from llgraph.export_folder import Manifest
 from llgraph.passes import model_graph
 from llgraph.runtime.loop import Backend
 from llgraph.weights import TORCH_DTYPES, WeightSource
-
-DEFAULT_MAX_SEQ = 2048
 
 
 def cache_length(requested: int | None, limit: int, what: str) -> int:
@@ -41,23 +39,18 @@ class OrtBackend(Backend):
         import onnxruntime as ort
 
         folder = Path(folder)
-        if not (folder / "manifest.json").exists():
-            raise LlgraphError(f"{folder} is not an llgraph export folder (no manifest.json); make one with "
-                               "`llgraph export`")
-        manifest = json.loads((folder / "manifest.json").read_text())
-        self.config = LlamaConfig(**manifest["config"])
-        self.dtype = manifest["dtype"]
+        manifest = Manifest.read(folder)
+        self.config, self.dtype = manifest.config, manifest.dtype
         if self.dtype == "bfloat16":
             raise LlgraphError(f"{folder} is a bf16 export and ONNX Runtime's CPU kernels have no bf16 MatMul; "
                                "re-export with --dtype fp32 (or fp16) for CPU, or build it with `llgraph build`")
-        limit = manifest.get("max_positions", self.config.max_position_embeddings)
-        self.max_seq_len = cache_length(max_seq_len, limit, "this export's RoPE range")
+        self.max_seq_len = cache_length(max_seq_len, manifest.max_positions, "this export's RoPE range")
         self.vocab_size = self.config.vocab_size
         self._np_dtype = {"float32": np.float32, "float16": np.float16}[self.dtype]
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or os.cpu_count() or 1
         opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(folder / manifest["model"]), opts,
+        self.session = ort.InferenceSession(str(folder / manifest.model), opts,
                                             providers=["CPUExecutionProvider"])
         self._ort, self._batch, self._binding = ort, None, None
 

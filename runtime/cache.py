@@ -20,7 +20,7 @@ from pathlib import Path
 
 from llgraph import __version__
 from llgraph.errors import LlgraphError
-from llgraph.outdir import llgraph_files
+from llgraph.export_folder import MANIFEST, Manifest
 
 ENV = "LLGRAPH_CACHE_DIR"
 HASHES = "hashes.json"
@@ -70,7 +70,7 @@ def entry_for(checkpoint: Path, root: Path, target: str = "ort", dtype: str = "f
     """The entry for this content: an existing one under any name (a copy or reinstall has another), else a new
     name that starts with the checkpoint's for `cache list`."""
     suffix = f"-{target}-{dtype}-{content_key(checkpoint, root, target, dtype)}"
-    existing = [p for p in root.glob(f"*{suffix}") if (p / "manifest.json").exists()]
+    existing = [p for p in root.glob(f"*{suffix}") if (p / MANIFEST).exists()]
     return existing[0] if existing else root / f"{checkpoint.stem}{suffix}"
 
 
@@ -88,10 +88,10 @@ class Entry:
 def entries(root: Path) -> list[Entry]:
     found = []
     for p in sorted(root.iterdir()) if root.is_dir() else []:
-        if p.is_dir() and llgraph_files(p) is not None:
-            manifest = json.loads((p / "manifest.json").read_text())
+        manifest = Manifest.find(p) if p.is_dir() else None
+        if manifest is not None:
             size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-            found.append(Entry(p, size, manifest.get("weights", "?")))
+            found.append(Entry(p, size, manifest.weights))
     return found
 
 

@@ -124,12 +124,13 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
 
     from llgraph.export import get_target
     from llgraph.export.lower import ONNX_DTYPES, export
+    from llgraph.export_folder import MODEL_FILE
 
     graph = graph or model_graph(cfg, dtype)
     scratch = None if folder else tempfile.TemporaryDirectory(prefix="llgraph-diff-")  # removed with the side
     folder = Path(folder or scratch.name) / target
     export(graph, source, get_target(target), folder, max_positions=max_seq, force=True)
-    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    model = onnx.load(str(folder / MODEL_FILE), load_external_data=False)
     present = {o.name for o in model.graph.output}
     produced = {o for n in model.graph.node for o in n.output}
     for name in value_order(graph):

@@ -38,8 +38,8 @@ from tqdm import tqdm
 
 from llgraph.errors import LlgraphError
 from llgraph.runtime.runners import open_runner
-from llgraph.weight_request import Weights
 from llgraph.runtime.score import score_pairs
+from llgraph.weight_request import Weights
 
 
 def _flag(value) -> bool:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from llgraph.checkpoint import open_model
 from llgraph.errors import LlgraphError
+from llgraph.export_folder import Manifest
 from llgraph.runtime.backends import OrtBackend, TorchBackend
 from llgraph.runtime.loop import Runner
+from llgraph.runtime.trt import TRTBackend
 from llgraph.tokenizer import Tokenizer
 from llgraph.weight_request import Weights
-from llgraph.runtime.trt import TRTBackend
 
 
 def _tokenizer(ref: Path | None) -> Tokenizer | None:
@@ -71,7 +72,7 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
-    if (path / "manifest.json").exists():
+    if Manifest.find(path) is not None:
         if weights != Weights():
             raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --lm-head, "
                                "--dequantize and --accuracy-level apply to a checkpoint (or pass them to "
@@ -89,7 +90,7 @@ def open_runner(model: str, backend: str, max_seq_len: int | None, cache_dir: st
     from llgraph.export import export_model
 
     folder = entry_for(path, resolve_cache(cache_dir), "ort", weights.mode)
-    if not (folder / "manifest.json").exists():
+    if Manifest.find(folder) is None:
         print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
               file=sys.stderr)
         export_model(path, checkpoint=path, out=folder, target="ort", weights=weights, force=True, progress=True)

@@ -29,10 +29,19 @@ except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(f"llgraph serve needs its extra: pip install 'llgraph[serve]' ({e})") from None
 
 from llgraph.runtime.sampling import RequestError, Sampling
-from llgraph.weight_request import Weights
 from llgraph.runtime.scheduler import Metrics, QueueFull, Scheduler, ShuttingDown
-from llgraph.runtime.serve_request import (ApiError, chat_prompt, flag, include_usage, number, prompt_ids,
-                                           prompt_of, read_json, stop_strings)
+from llgraph.runtime.serve_request import (
+    ApiError,
+    chat_prompt,
+    flag,
+    include_usage,
+    number,
+    prompt_ids,
+    prompt_of,
+    read_json,
+    stop_strings,
+)
+from llgraph.weight_request import Weights
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 

@@ -1,293 +1,34 @@
-"""TensorRT: build an engine from a `trt` export folder, and run it as a backend of the shared loop.
+"""TensorRT as a backend of the shared loop: a built engine (export/engine.py builds it) run on a GPU.
 
-    llgraph build FOLDER [-o FOLDER/model.engine]      # or build_engine(folder)
     TRTRunner(FOLDER).generate("Hello", max_new_tokens=32)
 
-The engine has two optimization profiles over the same I/O: 0 = prefill (seq 1..max_seq_len), 1 = decode
-(seq 1). The KV cache is the static [batch, kv_heads, max_seq_len, head_dim] of the export, fixed at build time;
-GroupedAttention's plugin aliases present to past, so the backend binds each cache buffer (a torch CUDA tensor)
-as both, once per request, and nothing is copied per step. `engine.json` in the export folder records the profiles
-and limits. tensorrt is imported only here, lazily, with a one-line error when it (or a GPU) is missing.
+The backend binds each cache buffer (a torch CUDA tensor) as both past and present, once per request (the
+engine's GroupedAttention plugin aliases present to past), and nothing is copied per step; prefill and decode
+run on the engine's two optimization profiles.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from llgraph.builder import MAX_SEQ, cache_pairs, new_cache
-from llgraph.config import LlamaConfig
-from llgraph.errors import LlgraphError
-from llgraph.outdir import write_atomic
-from llgraph.plugins.qdp import TensorRTMissing, register_plugins
-from llgraph.runtime.backends import DEFAULT_MAX_SEQ
+from llgraph.builder import cache_pairs, new_cache
+from llgraph.export.engine import (
+    DECODE,
+    PREFILL,
+    EngineError,
+    check_gpu,
+    io_dtypes,
+    load_tensorrt,
+    read_manifest,
+    trt_logger,
+)
+from llgraph.export_folder import ENGINE_META
+from llgraph.plugins.qdp import register_plugins
 from llgraph.runtime.loop import Backend
 from llgraph.runtime.sampling import RequestError
-from llgraph.weights import TORCH_DTYPES
-
-ENGINE_FILE, ENGINE_META, TIMING_CACHE = "model.engine", "engine.json", "timing.cache"
-PREFILL, DECODE = 0, 1
-FLAVORS = ("auto", "tensorrt", "rtx")
-PLUGIN_MODES = ("aot", "jit", "none")
-BUILDABLE = ("trt", "onnx")  # `onnx` is standard ops only: TensorRT builds it with its native layers
-INSTALL = {"tensorrt": "pip install tensorrt (10.15+/11; datacenter GPUs, Hopper included)",
-           "rtx": "pip install tensorrt-rtx-cu12-libs tensorrt-rtx-cu12-bindings (TensorRT-RTX: engines for "
-                  "RTX/Ampere+ GPUs, built on any machine, no GPU needed)"}
-# the parser names a layer after its function-body node, so every call site of one body repeats the same names
-_BENIGN = ("already exists, the output tensors of this new instance will not be queryable",
-           "has Int64 binding")
-
-
-class EngineError(LlgraphError):
-    """A bad build request or an engine TensorRT refused; one line naming the fix."""
-
-
-@dataclass(frozen=True)
-class TensorRT:
-    """The TensorRT Python module in use: standard TensorRT (`tensorrt`) or TensorRT-RTX (`tensorrt_rtx_bindings`),
-    one API for what llgraph calls."""
-    module: Any
-    flavor: str  # "tensorrt" | "rtx"
-
-    @property
-    def name(self) -> str:
-        return f"{'TensorRT' if self.flavor == 'tensorrt' else 'TensorRT-RTX'} {self.module.__version__}"
-
-
-def load_tensorrt(flavor: str = "auto") -> TensorRT:
-    """Import TensorRT (`flavor` "tensorrt"), TensorRT-RTX ("rtx"), or whichever is installed ("auto", TensorRT
-    first). Missing → one line naming both install commands."""
-    if flavor not in FLAVORS:
-        raise EngineError(f"unknown --tensorrt '{flavor}'; use one of {', '.join(FLAVORS)}")
-    tried = []
-    for name, modules in (("tensorrt", ("tensorrt",)), ("rtx", ("tensorrt_rtx_bindings", "tensorrt_rtx"))):
-        if flavor not in ("auto", name):
-            continue
-        for module in modules:
-            try:
-                mod = importlib.import_module(module)
-                mod.Builder  # noqa: B018  (PyPI's `tensorrt` stub imports but has no API)
-                return TensorRT(mod, name)
-            except Exception as e:  # an import of a stub or a library without its CUDA runtime raises anything
-                tried.append(f"{module}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    wanted = " or ".join(INSTALL[f] for f in (("tensorrt", "rtx") if flavor == "auto" else (flavor,)))
-    who = "neither TensorRT nor TensorRT-RTX is" if flavor == "auto" else \
-        f"{'TensorRT' if flavor == 'tensorrt' else 'TensorRT-RTX'} is not"
-    raise TensorRTMissing(f"{who} installed "
-                          f"({'; '.join(tried)}); {wanted}")
-
-
-def read_manifest(folder: Path) -> dict:
-    path = folder / "manifest.json"
-    if not folder.is_dir() or not path.exists():
-        raise EngineError(f"{folder} is not an llgraph export folder (no manifest.json); run llgraph export first")
-    manifest = json.loads(path.read_text())
-    if manifest["target"] not in BUILDABLE:
-        raise EngineError(f"{folder} was exported for target '{manifest['target']}' (ONNX Runtime's contrib ops); "
-                          "re-export it with `llgraph export ... --target trt` to build a TensorRT engine")
-    return manifest
-
-
-def io_dtypes(cfg: LlamaConfig, dtype: str) -> dict[str, torch.dtype]:
-    """Every engine I/O tensor and the dtype `TRTBackend` binds it with (ids int64; logits and caches the model's)."""
-    model = TORCH_DTYPES[dtype]
-    pairs = cache_pairs(cfg)
-    return {"input_ids": torch.int64, "position_ids": torch.int64, **{past: model for past, _ in pairs},
-            "logits": model, **{present: model for _, present in pairs}}
-
-
-def profiles(cfg: LlamaConfig, max_batch: int, max_seq_len: int, opt_prefill: int) -> list[dict]:
-    """Per profile, input name -> (min, opt, max) shape. The cache's max_seq dim is fixed at max_seq_len."""
-    batch = (1, 1, max_batch)
-
-    def shapes(seq: tuple[int, int, int]) -> dict:
-        ids = tuple(zip(batch, seq))
-        cache = tuple((b, cfg.num_kv_heads, max_seq_len, cfg.head_dim) for b in batch)
-        return {"input_ids": ids, "position_ids": ids, **{past: cache for past, _ in cache_pairs(cfg)}}
-    return [shapes((1, min(opt_prefill, max_seq_len), max_seq_len)), shapes((1, 1, 1))]
-
-
-def _check_gpu() -> None:
-    if not torch.cuda.is_available():
-        raise TensorRTMissing("TensorRT needs an NVIDIA GPU and none is visible (torch.cuda.is_available() is "
-                              "False); run this on a GPU machine, or use --backend ort on CPU")
-
-
-def _logger(trt: TensorRT):
-    """TensorRT's log at WARNING, less the parser's notes that are expected for every llgraph export."""
-    class Logger(trt.module.ILogger):
-        def __init__(self):
-            trt.module.ILogger.__init__(self)
-
-        def log(self, severity, msg):
-            if severity <= trt.module.ILogger.Severity.WARNING and not any(b in msg for b in _BENIGN):
-                print(f"[{trt.name}] {msg}", file=sys.stderr)
-    return Logger()
-
-
-@dataclass
-class Parsed:
-    """A parsed network and what must outlive it (TensorRT's parser owns the imported weights)."""
-    trt: TensorRT
-    builder: Any
-    network: Any
-    parser: Any
-    logger: Any
-
-
-def parse(folder: str | Path, max_seq_len: int, trt: TensorRT, plugins: str = "none") -> Parsed:
-    """Parse a `trt` export with its cache length pinned to `max_seq_len` in the model header (the weights stay in
-    their external file; nothing is copied). Every attention is marked decomposable so that shapes and dtypes
-    without a dedicated kernel (fp32) build from TensorRT's own layers."""
-    import onnx
-
-    folder = Path(folder)
-    manifest = read_manifest(folder)
-    model_path = folder / manifest["model"]
-    model = onnx.load(str(model_path), load_external_data=False)
-    for value in (*model.graph.input, *model.graph.output):
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param == MAX_SEQ:
-                dim.dim_value = max_seq_len  # clears dim_param (a oneof)
-    t = trt.module
-    logger = _logger(trt)
-    builder = t.Builder(logger)
-    flags = 0
-    wanted = ["STRONGLY_TYPED", {"jit": "PREFER_JIT_PYTHON_PLUGINS", "aot": "PREFER_AOT_PYTHON_PLUGINS"}.get(plugins)]
-    for flag in wanted:  # TensorRT 11 is always strongly typed and has no such flag
-        if flag and hasattr(t.NetworkDefinitionCreationFlag, flag):
-            flags |= 1 << int(getattr(t.NetworkDefinitionCreationFlag, flag))
-    network = builder.create_network(flags)
-    parser = t.OnnxParser(network, logger)
-    if not parser.parse(model.SerializeToString(), str(model_path)):
-        errors = "; ".join(str(parser.get_error(i)).replace("\n", " ") for i in range(parser.num_errors))
-        raise EngineError(f"{trt.name} could not parse {model_path}: {errors}")
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        if layer.type == t.LayerType.ATTENTION_OUTPUT:
-            layer.__class__ = t.IAttentionOutputLayer  # get_layer returns the base class
-            layer.attention.decomposable = True
-    return Parsed(trt, builder, network, parser, logger)
-
-
-def check_build_request(folder: Path, max_batch: int, max_seq_len: int | None, plugins: str | None
-                        ) -> tuple[dict, int]:
-    """Validate a build before importing TensorRT; returns the manifest and the cache length."""
-    manifest = read_manifest(folder)
-    max_seq_len = max_seq_len or min(DEFAULT_MAX_SEQ, manifest["max_positions"])
-    if not 1 <= max_batch <= 1024:
-        raise EngineError(f"--max-batch ({max_batch}) must be in 1..1024")
-    if not 2 <= max_seq_len <= manifest["max_positions"]:
-        raise EngineError(f"--max-seq-len ({max_seq_len}) must be in 2..{manifest['max_positions']} (the export's "
-                          "RoPE range); re-export with a larger --max-seq-len for more")
-    if plugins is not None and plugins not in PLUGIN_MODES:
-        raise EngineError(f"unknown --plugins '{plugins}'; use one of {', '.join(PLUGIN_MODES)}")
-    return manifest, max_seq_len
-
-
-def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, max_seq_len: int | None = None,
-                 opt_prefill: int = 128, plugins: str | None = None, tensorrt: str = "auto",
-                 progress: bool = True) -> Path:
-    """Build `folder/model.engine` (or `engine`) from a `trt` export with TensorRT or TensorRT-RTX; written under a
-    temporary name and renamed. `plugins`: "aot" (TensorRT's default: llgraph's Triton plugins, PTX inside the
-    engine), "jit" (the same plugins called from Python) or "none" (TensorRT's native layers built from the
-    function bodies; TensorRT-RTX's default and only choice)."""
-    folder = Path(folder)
-    manifest, max_seq_len = check_build_request(folder, max_batch, max_seq_len, plugins)
-    cfg = LlamaConfig(**manifest["config"])
-    engine = Path(engine) if engine else folder / ENGINE_FILE
-    if engine.is_dir():
-        raise EngineError(f"-o {engine} is a folder; name the engine file, e.g. -o {engine / ENGINE_FILE}")
-    trt = load_tensorrt(tensorrt)
-    if manifest["target"] == "onnx" and plugins not in (None, "none"):
-        raise EngineError(f"{folder} is an `onnx` export (standard ops, no plugin nodes); drop --plugins")
-    plugins = plugins or ("none" if trt.flavor == "rtx" or manifest["target"] == "onnx" else "aot")
-    if trt.flavor == "rtx" and plugins != "none":
-        raise EngineError(f"{trt.name} cannot run llgraph's plugins (its Python wheel has no tensorrt.plugin); "
-                          "use --plugins none (its native attention, KV-cache and rotary layers)")
-    if plugins == "none" and cfg.attention_softcap:
-        raise EngineError(f"{cfg.name} soft-caps its attention logits, which TensorRT's own attention layer cannot "
-                          f"({trt.name} refuses 'softcap'); build it with TensorRT and --plugins aot, so llgraph's "
-                          "attention plugin runs it, or run the export with ONNX Runtime")
-    if trt.flavor == "tensorrt":
-        _check_gpu()  # TensorRT-RTX builds ahead of time on the CPU; TensorRT needs the GPU it builds for
-    if plugins != "none":
-        register_plugins()
-    t = trt.module
-    net = parse(folder, max_seq_len, trt, plugins)
-    config = net.builder.create_builder_config()
-    if manifest["dtype"] == "float32" and hasattr(t.BuilderFlag, "TF32"):
-        config.clear_flag(t.BuilderFlag.TF32)  # fp32 means fp32: the engine is compared with the executor
-    reported = []  # each profile's shapes as TensorRT holds them, recorded in engine.json
-    for shapes in profiles(cfg, max_batch, max_seq_len, opt_prefill):
-        profile = net.builder.create_optimization_profile()
-        for name, (lo, opt, hi) in shapes.items():
-            profile.set_shape(name, lo, opt, hi)
-        config.add_optimization_profile(profile)
-        reported.append({name: [list(d) for d in profile.get_shape(name)] for name in shapes})
-    timing = folder / TIMING_CACHE
-    if trt.flavor == "tensorrt":  # TensorRT-RTX: a timing cache queries the GPU and blocks a CPU-only build
-        config.set_timing_cache(config.create_timing_cache(timing.read_bytes() if timing.exists() else b""), False)
-    if progress:
-        config.progress_monitor = _progress_monitor(t)
-    started = time.perf_counter()
-    serialized = net.builder.build_serialized_network(net.network, config)
-    if serialized is None:
-        raise EngineError(f"{trt.name} failed to build the engine (see its log above)")
-    data = bytes(serialized)
-    write_atomic(engine, data)
-    if trt.flavor == "tensorrt":
-        write_atomic(timing, bytes(config.get_timing_cache().serialize()))
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    meta = {"engine": os.path.relpath(engine.resolve(), folder.resolve()), "max_batch": max_batch,
-            "max_seq_len": max_seq_len, "opt_prefill": opt_prefill,
-            "profiles": {"prefill": PREFILL, "decode": DECODE}, "profile_shapes": reported, "plugins": plugins,
-            "tensorrt": trt.module.__version__, "flavor": trt.flavor,
-            "runs_on": RUNS_ON[trt.flavor], "built_on": gpu or "CPU (ahead of time, no GPU)",
-            "build_seconds": round(time.perf_counter() - started, 2), "engine_bytes": len(data)}
-    write_atomic(folder / ENGINE_META, json.dumps(meta, indent=2).encode())  # in the folder even when -o is elsewhere
-    return engine
-
-
-RUNS_ON = {"tensorrt": "the GPU model it was built on (TensorRT engines are per GPU and TensorRT version)",
-           "rtx": "NVIDIA GPUs of compute capability 8.0, 8.6, 8.9 and 12.x (Ampere, Ada, Blackwell RTX); not Hopper"}
-
-
-def _progress_monitor(t):
-    from tqdm import tqdm
-
-    class Monitor(t.IProgressMonitor):
-        """One bar for the build's top-level phase; the nested phase at work is shown beside it."""
-
-        def __init__(self):
-            t.IProgressMonitor.__init__(self)
-            self.bar, self.top = None, None
-
-        def phase_start(self, phase_name, parent_phase, num_steps):
-            if parent_phase is None and self.bar is None:
-                self.bar, self.top = tqdm(total=num_steps, desc="build engine", file=sys.stderr), phase_name
-            elif self.bar is not None:
-                self.bar.set_postfix_str(phase_name, refresh=True)
-
-        def step_complete(self, phase_name, step):
-            if phase_name == self.top:
-                self.bar.update(step + 1 - self.bar.n)
-            return True  # keep building
-
-        def phase_finish(self, phase_name):
-            if phase_name == self.top:
-                self.bar.set_postfix_str("done")
-                self.bar.close()
-                self.bar, self.top = None, None
-    return Monitor()
 
 
 class TRTBackend(Backend):
@@ -298,15 +39,15 @@ class TRTBackend(Backend):
         if not meta_path.exists():
             raise EngineError(f"{folder} has no engine; build one with `llgraph build {folder}`")
         meta = json.loads(meta_path.read_text())
-        self.config = LlamaConfig(**manifest["config"])
-        self.io = io_dtypes(self.config, manifest["dtype"])  # what the build test checks the network against
+        self.config = manifest.config
+        self.io = io_dtypes(self.config, manifest.dtype)  # what the build test checks the network against
         self.vocab_size = self.config.vocab_size
         self.max_seq_len, self.max_batch = meta["max_seq_len"], meta["max_batch"]
         trt = load_tensorrt(meta.get("flavor", "tensorrt") if tensorrt == "auto" else tensorrt)
-        _check_gpu()
+        check_gpu()
         if meta.get("plugins", "aot") == "jit":
             register_plugins()  # a JIT engine calls back into them; AOT and native engines need no Python
-        self._logger = _logger(trt)
+        self._logger = trt_logger(trt)
         self._runtime = trt.module.Runtime(self._logger)
         self.engine = self._runtime.deserialize_cuda_engine((folder / meta["engine"]).read_bytes())
         if self.engine is None:

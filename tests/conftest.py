@@ -102,9 +102,9 @@ def tiny_runners(tmp_path_factory):
     torch, and ONNX Runtime on the ort, onnx and trt exports (trt through its function bodies) — cache 64."""
     from reference import tiny, write_hf_checkpoint
 
+    from llgraph.checkpoint import random_weights
     from llgraph.export import export_model
     from llgraph.runtime import ORTRunner, TorchRunner
-    from llgraph.checkpoint import random_weights
 
     cfg = tiny()
     source = random_weights(cfg, seed=11, std=0.25)

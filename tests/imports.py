@@ -20,9 +20,10 @@ def modules() -> dict[str, Path]:
 
 
 def floor(module: str) -> str:
-    for prefix, name in (("llgraph.plugins", "plugins"), ("llgraph.export", "export"),
-                         ("llgraph.runtime", "runtime"), ("llgraph.cli", "cli"), ("llgraph.__main__", "cli")):
-        if module == prefix or module.startswith(prefix + ".") or module.startswith(prefix + "_"):
+    if module in ("llgraph.cli", "llgraph.__main__") or module.startswith("llgraph.cli_"):
+        return "cli"
+    for prefix, name in (("llgraph.plugins", "plugins"), ("llgraph.export", "export"), ("llgraph.runtime", "runtime")):
+        if module == prefix or module.startswith(prefix + "."):
             return name
     return "core"
 

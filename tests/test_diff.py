@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from reference import tiny
 
-from llgraph.runtime import diff
+from llgraph.checkpoint import random_weights
 from llgraph.ir import Graph, Node
 from llgraph.passes import model_graph
-from llgraph.checkpoint import random_weights
+from llgraph.runtime import diff
 from llgraph.weights import RandomSource, param_shapes
 
 PROMPT = [5, 6, 7, 8, 9]

@@ -9,12 +9,13 @@ import torch
 from conftest import max_diff
 from reference import OrtStepper, Stepper, tiny
 
+from llgraph.checkpoint import random_weights
+from llgraph.errors import ExportError
 from llgraph.export import TARGETS, export_model
-from llgraph.weight_request import Weights
-from llgraph.export.lower import ExportError, export
+from llgraph.export.lower import export
 from llgraph.outdir import OutputError
 from llgraph.passes import model_graph
-from llgraph.checkpoint import random_weights
+from llgraph.weight_request import Weights
 
 TOL = 1e-4
 CONFIGS = {

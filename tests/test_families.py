@@ -7,10 +7,9 @@ import pytest
 import torch
 from reference import OrtStepper, Stepper, finish_gguf, gguf_writer
 
-from llgraph.checkpoint import load_config
+from llgraph.checkpoint import load_config, open_checkpoint
 from llgraph.config import ConfigError
 from llgraph.export import export_model
-from llgraph.checkpoint import open_checkpoint
 
 TOL = 1e-4
 DIMS = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

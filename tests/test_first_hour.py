@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from reference import tiny, write_hf_checkpoint
 
-from llgraph.runtime.cache import content_key, entries
+from llgraph.checkpoint import random_weights
 from llgraph.cli import build_parser
 from llgraph.errors import LlgraphError
 from llgraph.export import export_model
+from llgraph.runtime.cache import content_key, entries
 from llgraph.weight_request import Weights
-from llgraph.checkpoint import random_weights
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,7 +76,7 @@ def test_imports_from_a_built_wheel(tmp_path):
     assert not [n for n in names if n.split("/")[0] in ("export", "runtime", "plugins", "tests")]
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     (tmp_path / "cwd" / "llgraph").mkdir(parents=True)
-    code = ("import llgraph.export, llgraph.runtime, llgraph.config as c; print(llgraph.export.__file__); "
+    code = ("import llgraph.export, llgraph.runtime, llgraph.checkpoint as c; print(llgraph.export.__file__); "
             "print(c.load_config('tiny').num_layers)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path / "cwd",
                        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})

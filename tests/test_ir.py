@@ -11,11 +11,11 @@ from conftest import max_diff
 from reference import Stepper, tiny
 
 from llgraph.builder import build_graph, new_cache
+from llgraph.checkpoint import random_weights
 from llgraph.executor import TORCH_IMPLS, TorchExecutor
 from llgraph.ir import Graph, GraphBuilder, IRError, Node, verify
 from llgraph.ops import SCHEMAS
 from llgraph.passes import DEFAULT_PASSES, pack_gate_up, pack_qkv, run_passes
-from llgraph.checkpoint import random_weights
 
 BACKENDS = {"torch": TORCH_IMPLS}
 

@@ -11,11 +11,11 @@ import onnx
 import pytest
 from reference import tiny
 
+from llgraph.checkpoint import random_weights
 from llgraph.export import get_target
 from llgraph.export.lower import export
 from llgraph.passes import model_graph
 from llgraph.plugins import spec
-from llgraph.checkpoint import random_weights
 
 ONNX_TYPES = {"int": onnx.AttributeProto.INT, "bool": onnx.AttributeProto.INT, "float": onnx.AttributeProto.FLOAT}
 

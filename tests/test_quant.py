@@ -13,13 +13,12 @@ from reference import OrtStepper, Stepper, tiny, write_gguf, write_hf_checkpoint
 from test_export import compare_steps
 
 from llgraph.bundled import bundled_model
-from llgraph.checkpoint import load_config
+from llgraph.checkpoint import load_config, random_weights
 from llgraph.export import export_model
-from llgraph.weight_request import Weights
 from llgraph.gguf_source import GGUFSource
 from llgraph.quant import dequantize, quantize_rtn
 from llgraph.source_views import QuantizedSource
-from llgraph.checkpoint import random_weights
+from llgraph.weight_request import Weights
 
 T = gguf.GGMLQuantizationType
 TARGETS = ("ort", "onnx", "trt")

@@ -6,9 +6,9 @@ import torch
 from conftest import max_diff
 from reference import Stepper, hf_model, tiny
 
-from llgraph.gguf_source import interleaved_to_half
 from llgraph.builder import build_graph
 from llgraph.checkpoint import random_weights
+from llgraph.gguf_source import interleaved_to_half
 from llgraph.weights import RandomSource, param_shapes
 
 TOL = 1e-4

@@ -11,12 +11,12 @@ from conftest import max_diff
 from reference import tiny
 
 from llgraph.builder import cache_pairs
+from llgraph.checkpoint import random_weights
 from llgraph.errors import LlgraphError
 from llgraph.export import get_target
+from llgraph.export.engine import EngineError, build_engine, load_tensorrt, profiles
 from llgraph.export.lower import export
 from llgraph.passes import model_graph
-from llgraph.runtime.trt import EngineError, build_engine, load_tensorrt, profiles
-from llgraph.checkpoint import random_weights
 
 
 def _importable(flavor):

@@ -7,9 +7,8 @@ from safetensors.torch import save_file
 
 from llgraph.builder import build_graph
 from llgraph.bundled import bundled_model
-from llgraph.checkpoint import load_config
+from llgraph.checkpoint import load_config, open_checkpoint, random_weights
 from llgraph.gguf_source import GGUFSource
-from llgraph.checkpoint import open_checkpoint, random_weights
 from llgraph.weights import SafetensorsSource, WeightError, check_weights
 
 

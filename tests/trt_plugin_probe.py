@@ -14,8 +14,8 @@ import sys
 
 import onnx
 
+from llgraph.export.engine import load_tensorrt
 from llgraph.plugins import spec
-from llgraph.runtime.trt import load_tensorrt
 
 trt = load_tensorrt("rtx").module
 folder, max_seq = sys.argv[1], int(sys.argv[2])
