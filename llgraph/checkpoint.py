@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llgraph.bundled import resolve
 from llgraph.config import ConfigError, LlamaConfig, from_fields
 from llgraph.errors import ExportError
-from llgraph.ir import Graph
 from llgraph.weight_request import Weights
-from llgraph.weights import QUANTIZABLE, RandomSource, SafetensorsSource, WeightError, WeightSource, param_shapes
+
+if TYPE_CHECKING:  # the weight readers (and torch) load when weights are opened, not when a config is read
+    from llgraph.ir import Graph
+    from llgraph.weights import RandomSource, WeightSource
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -76,6 +79,8 @@ def _preset_path(name: str) -> Path:
 
 def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, seed: int = 0) -> WeightSource:
     """A source for a checkpoint folder / safetensors file / GGUF file, or random weights when path is None."""
+    from llgraph.weights import SafetensorsSource, WeightError
+
     if path is None:
         if cfg is None:
             raise ValueError("random weights need a config")
@@ -102,6 +107,7 @@ def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, see
 def random_weights(cfg: LlamaConfig, seed: int = 0, std: float = 0.02, graph: Graph | None = None) -> RandomSource:
     """Seeded random weights for every tensor `cfg`'s graph reads (`graph` if already built)."""
     from llgraph.builder import build_graph
+    from llgraph.weights import RandomSource, param_shapes
 
     return RandomSource(param_shapes(graph or build_graph(cfg)), seed, std)
 
@@ -144,6 +150,7 @@ def _check_stored_formats(source) -> None:
     """A GGUF Linear stored in a block type llgraph cannot carry exactly: one line naming it (or --dequantize)."""
     from llgraph.gguf_source import GGUFSource
     from llgraph.quant import GGUF_FORMATS
+    from llgraph.weights import QUANTIZABLE
 
     if not isinstance(source, GGUFSource):
         return

@@ -257,13 +257,17 @@ def _one_line_warnings() -> None:
     warnings.showwarning = showwarning
 
 
+COMMANDS = {"inspect": cmd_inspect, "export": cmd_export, "build": cmd_build, "generate": cmd_generate,
+            "diff": cmd_diff, "eval": cmd_eval, "serve": cmd_serve, "lm_eval": cmd_lm_eval, "cache": cmd_cache}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # the harness's own parser reads the rest, --help included
         args = argparse.Namespace(command="lm-eval", func="lm_eval", harness_args=argv[1:])
     else:
         args = build_parser().parse_args(argv)
-    args.func = globals()[f"cmd_{args.func}"]  # the parser names the command; its function is here
+    args.func = COMMANDS[args.func]  # the parser names the command; its function is here
     _one_line_warnings()
     if getattr(args, "command", None) == "export" and not (args.config or args.checkpoint):
         print("llgraph: error: export needs --config or --checkpoint", file=sys.stderr)
