@@ -37,7 +37,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", weight
     from llgraph.outdir import check_writable_target
 
     tgt = get_target(target)
-    weights.check(target)
+    weights.check(target, tgt.bf16, tgt.accuracy_level)
     checkpoint = resolve(checkpoint)
     if checkpoint is not None and not Path(checkpoint).exists():
         raise ExportError(f"--checkpoint {checkpoint} does not exist; pass an HF folder, a .safetensors or .gguf "

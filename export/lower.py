@@ -43,6 +43,8 @@ class Target:
     lowerings: dict[str, Lowering]
     opsets: dict[str, int]
     plan: Callable[["Emitter"], None] = lambda emitter: None
+    bf16: bool = True  # its runtimes run bfloat16 weights
+    accuracy_level: bool = False  # it takes ONNX Runtime's MatMulNBits accuracy level
     # the target's own files beside the model (the ort target's genai_config.json): (folder, manifest) -> None
     extras: Callable[[Path, "Manifest"], None] = lambda folder, manifest: None
 

@@ -230,4 +230,5 @@ def _table(em: Emitter, cos_sin: Node, name: str, fn):
 
 
 TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear_nbits, "QEmbedding": qembedding_gather},
-                {"": std.OPSET, MS: 1}, plan=plan, extras=write_genai_config)
+                {"": std.OPSET, MS: 1}, plan=plan, extras=write_genai_config,
+                bf16=False, accuracy_level=True)

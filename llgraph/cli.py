@@ -134,7 +134,7 @@ def cmd_generate(args) -> None:
     prompt = parse_tokens(args.tokens) if args.tokens is not None else args.prompt
     if args.chat and args.tokens is not None:
         raise LlgraphError("--chat wraps a text prompt; drop it with --tokens")
-    from llgraph.runtime.runners import open_runner
+    from llgraph.runtime.registry import open_runner
 
     runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args))
     if args.chat:
@@ -157,7 +157,7 @@ def cmd_generate(args) -> None:
 
 def cmd_eval(args) -> int:
     from llgraph.runtime import evaluate
-    from llgraph.runtime.runners import open_runner
+    from llgraph.runtime.registry import open_runner
 
     if args.batch_size < 1:
         raise LlgraphError(f"--batch-size ({args.batch_size}) must be at least 1")
@@ -190,6 +190,7 @@ def cmd_diff(args) -> int:
     from llgraph.bundled import resolve
     from llgraph.checkpoint import open_model
     from llgraph.runtime import diff
+    from llgraph.runtime.registry import SideRequest, diff_sides
     from llgraph.weight_request import DTYPE_ALIASES
 
     model = resolve(args.model)
@@ -198,13 +199,14 @@ def cmd_diff(args) -> int:
     opened = open_model(model, model if is_checkpoint else None, Weights(dequantize=True))
     cfg, source, graph = opened.config, opened.source, opened.graph
     dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
-    sides = {"torch": lambda d: diff.torch_side(cfg, source, d, args.max_seq_len),
-             "ort": lambda d: diff.onnx_side(cfg, source, "ort", d, args.max_seq_len),
-             "onnx": lambda d: diff.onnx_side(cfg, source, "onnx", d, args.max_seq_len),
-             "trt": lambda d: diff.engine_side(args.engine)}
+    makers = diff_sides()  # every backend's sides: torch, ort, onnx, trt
+
+    def sides(name: str, dtype: str):
+        return makers[name](SideRequest(cfg, source, dtype, args.max_seq_len, args.engine))
+
     for side in (args.a, args.b):
-        if side is not None and side not in sides:
-            raise LlgraphError(f"unknown backend '{side}'; use torch, ort, onnx or trt")
+        if side is not None and side not in makers:
+            raise LlgraphError(f"unknown backend '{side}'; use {', '.join(makers)}")
     if "trt" in (args.a, args.b) and not args.engine:
         raise LlgraphError("--b trt needs --engine FOLDER (a --target trt export with `llgraph build` run on it); "
                            "to compare across machines, --save here and --load on the GPU machine")
@@ -220,14 +222,14 @@ def cmd_diff(args) -> int:
                 raise LlgraphError("--prompt needs a checkpoint with a tokenizer; pass --tokens 1,2,3 instead")
             prompt = Tokenizer.load(model).encode(args.prompt)
         name = args.a
-        inputs, capture_a = diff.greedy_steps(sides[args.a](args.a_dtype), prompt, args.steps)
+        inputs, capture_a = diff.greedy_steps(sides(args.a, args.a_dtype), prompt, args.steps)
     if args.save:
         size = diff.save_run(args.save, name, inputs, capture_a,
                              diff.keep_values(args.save_values, [v.name for v in graph.outputs]))
         print(f"saved {len(inputs)} steps of '{name}' ({args.save_values}) to {args.save}: {size / 2**20:.1f} MiB")
     if args.b is None:
         return 0
-    report = diff.compare(capture_a, diff.run_steps(sides[args.b](dtype), inputs), diff.value_order(graph),
+    report = diff.compare(capture_a, diff.run_steps(sides(args.b, dtype), inputs), diff.value_order(graph),
                           [v.name for v in graph.outputs], args.atol, args.rtol)
     print(diff.format_report(report, name, f"{args.b} ({dtype})", args.atol, args.rtol, args.all))
     if dtype != args.a_dtype:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from llgraph.checkpoint import presets
+from llgraph.runtime.registry import BACKENDS
 from llgraph.weight_request import DTYPE_ALIASES
 
 CACHE_HELP = "where checkpoints are exported for ONNX Runtime (default $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph)"
@@ -36,9 +37,9 @@ def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
 
 def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_help: str) -> None:
     """What generate, eval and serve share: MODEL, the backend, the cache length, the TensorRT, the export cache and
-    the weight flags (runtime.runners.open_runner takes them)."""
+    the weight flags (runtime.registry.open_runner takes them)."""
     p.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
-    p.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"), help=backend_help)
+    p.add_argument("--backend", default="ort", choices=tuple(BACKENDS), help=backend_help)
     p.add_argument("--max-seq-len", type=int, help=max_seq_len_help)
     p.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
                    help="for --backend trt: the TensorRT to run with (default: the one the engine was built with)")
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--task", required=True, choices=("mc", "perplexity"), help="mc: JSONL items with context, "
                    "choices, answer; perplexity: a text file")
     v.add_argument("--data", required=True, help="the items (.jsonl) or the text (.txt)")
-    v.add_argument("--compare", choices=("ort", "torch", "trt"), help="score the same data on this backend too and "
+    v.add_argument("--compare", choices=tuple(BACKENDS), help="score the same data on this backend too and "
                    "print the per-item differences")
     v.add_argument("--context", type=int, help="perplexity: tokens per window (default: the cache length)")
     v.add_argument("--stride", type=int, help="perplexity: tokens a window advances (default: the window)")

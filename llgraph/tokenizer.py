@@ -74,6 +74,16 @@ class Tokenizer:
                    tokens[eos] if eos is not None else "")
 
     @classmethod
+    def find(cls, ref: str | Path | None) -> Tokenizer | None:
+        """The tokenizer a model reference carries (a GGUF's vocabulary, a folder's tokenizer.json), or None."""
+        if ref is None:
+            return None
+        ref = Path(ref)
+        if ref.suffix == ".gguf" or (ref.is_dir() and (ref / "tokenizer.json").exists()):
+            return cls.load(ref)
+        return None
+
+    @classmethod
     def load(cls, ref: str | Path) -> "Tokenizer":
         ref = Path(ref)
         return cls.from_gguf(ref) if ref.suffix == ".gguf" else cls.from_folder(ref if ref.is_dir() else ref.parent)

@@ -3,7 +3,7 @@ passed whole to export, the runners and the export cache.
 
     Weights()                                  # float32; a GGUF's 4/8-bit blocks as stored, computed exactly
     Weights("fp16", quantize="int4")           # a float checkpoint rounded to int4 blocks (aliases: fp32/fp16/bf16)
-    Weights(accuracy_level=4).check("ort")     # the target's own rules: bf16 and accuracy levels
+    Weights(accuracy_level=4).check("ort", bf16=False, accuracy_level=True)   # where it runs
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ class Weights:
             raise WeightRequestError(f"--accuracy-level ({self.accuracy_level}) is MatMulNBits' (0..4) and only for "
                                      "--target ort")
 
-    def check(self, target: str) -> Weights:
-        """The request checked against where it runs (an export target or a backend); returns itself."""
-        if self.dtype == "bfloat16" and target == "ort":
+    def check(self, where: str, bf16: bool = True, accuracy_level: bool = False) -> Weights:
+        """The request checked against where it runs: an export target or a backend named `where`, which runs
+        bfloat16 weights (`bf16`) and takes an accuracy level (`accuracy_level`) or not. Returns itself."""
+        if self.dtype == "bfloat16" and not bf16:
             raise WeightRequestError(
-                "--dtype bf16 cannot run on the ort target (ONNX Runtime's CPU kernels have no bf16 MatMul); use "
-                "--dtype fp32 or fp16 for ONNX Runtime, or --target trt / onnx for a GPU runtime with bf16")
-        if self.accuracy_level is not None and target not in ("ort", "torch"):  # torch computes exactly anyway
+                f"--dtype bf16 cannot run on the {where} target (ONNX Runtime's CPU kernels have no bf16 MatMul); "
+                "use --dtype fp32 or fp16 for ONNX Runtime, or --target trt / onnx for a GPU runtime with bf16")
+        if self.accuracy_level is not None and not accuracy_level:
             raise WeightRequestError(f"--accuracy-level ({self.accuracy_level}) is MatMulNBits' (0..4) and only "
                                      "for --target ort")
         return self

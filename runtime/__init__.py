@@ -1,10 +1,25 @@
 """One cached decode loop (loop.py) behind every runner: ORTRunner (CPU default), TRTRunner (a TensorRT engine on
-a GPU), TorchRunner (the reference)."""
+a GPU), TorchRunner (the reference). Each backend is one module plus one line in registry.py.
 
-from llgraph.export.engine import build_engine
-from llgraph.runtime.loop import Generation, Runner
-from llgraph.runtime.runners import ORTRunner, TorchRunner, TRTRunner, open_runner
-from llgraph.runtime.sampling import RequestError, Sampling
+The names below load on first use (PEP 562), so importing a light module of this package (the registry, the
+sampling rules) does not import every backend and its tensor library."""
 
-__all__ = ["Generation", "ORTRunner", "RequestError", "Runner", "Sampling", "TRTRunner", "TorchRunner",
-           "build_engine", "open_runner"]
+import importlib
+
+_EXPORTS = {"Generation": "llgraph.runtime.loop", "Runner": "llgraph.runtime.loop",
+            "ORTRunner": "llgraph.runtime.ort", "TorchRunner": "llgraph.runtime.pytorch",
+            "TRTRunner": "llgraph.runtime.trt", "open_runner": "llgraph.runtime.registry",
+            "RequestError": "llgraph.runtime.sampling", "Sampling": "llgraph.runtime.sampling",
+            "build_engine": "llgraph.export.engine"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'llgraph.runtime' has no attribute '{name}'")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__():
+    return __all__

@@ -256,7 +256,7 @@ def quality(args, hf_dir: Path) -> None:
 
 def teacher_forced(folder: Path, ids: list[int], threads: int) -> torch.Tensor:
     """Next-token log-probabilities [len(ids), vocab] of an export folder over `ids`, in one ORT prefill."""
-    from llgraph.runtime.backends import OrtBackend
+    from llgraph.runtime.ort import OrtBackend
 
     backend = OrtBackend(folder, len(ids), threads)
     backend.allocate(1)

@@ -5,24 +5,19 @@ returns, per step, {IR value name: array} for every value it exposes: the PyTorc
 ONNX export exposes its node outputs, whose names are the IR's. `compare` walks the values in graph order, so the
 first failing value is where the disagreement starts. Side A's greedy tokens drive the steps, so both sides see
 identical inputs. Saved runs are compressed .npz archives of the inputs and a chosen subset of values, so a CPU run
-can be compared with a GPU run later.
+can be compared with a GPU run later. The sides are the backends' own (each backend module's `*_side`, found by
+name through runtime/registry.py: torch, ort, onnx, trt).
 """
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 
-from llgraph.builder import cache_pairs, new_cache
-from llgraph.config import LlamaConfig
 from llgraph.ir import Graph
-from llgraph.passes import model_graph
-from llgraph.weights import TORCH_DTYPES, WeightSource
 
 Step = dict[str, np.ndarray]  # input_ids, position_ids
 Values = dict[str, np.ndarray]  # value name -> array
@@ -91,96 +86,6 @@ def compare(a: Capture, b: Capture, order: list[str], outputs: list[str], atol: 
 def value_order(graph: Graph) -> list[str]:
     """Every activation in the order the graph computes it (inputs and params excluded)."""
     return [o for n in graph.nodes for o in n.outputs]
-
-
-# -- sides ----------------------------------------------------------------------------------------------------------
-
-def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", max_seq: int = 256,
-               graph: Graph | None = None) -> Side:
-    from llgraph.executor import TorchExecutor
-
-    graph = graph or model_graph(cfg, dtype)
-    ex = TorchExecutor(graph, source)
-
-    def stepper():
-        cache = {}
-
-        def step(s: Step) -> Values:
-            if not cache:
-                cache.update(new_cache(cfg, s["input_ids"].shape[0], max_seq,
-                                       lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[dtype])))
-            rec = ex.run({k: torch.from_numpy(v) for k, v in s.items()} | cache, record=True)
-            return {k: v.float().numpy().copy() for k, v in rec.items()}  # present is live storage: copy
-        return step
-    return stepper
-
-
-def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype: str = "float32",
-              max_seq: int = 256, folder: str | Path | None = None, graph: Graph | None = None) -> Side:
-    """Exports (into `folder`, or a temporary one removed when the side is dropped) and runs in ONNX Runtime CPU with
-    every IR-named node output exposed as a graph output."""
-    import onnx
-    import onnxruntime as ort
-
-    from llgraph.export import get_target
-    from llgraph.export.lower import ONNX_DTYPES, export
-    from llgraph.export_folder import MODEL_FILE
-
-    graph = graph or model_graph(cfg, dtype)
-    scratch = None if folder else tempfile.TemporaryDirectory(prefix="llgraph-diff-")  # removed with the side
-    folder = Path(folder or scratch.name) / target
-    export(graph, source, get_target(target), folder, max_positions=max_seq, force=True)
-    model = onnx.load(str(folder / MODEL_FILE), load_external_data=False)
-    present = {o.name for o in model.graph.output}
-    produced = {o for n in model.graph.node for o in n.output}
-    for name in value_order(graph):
-        if name in produced and name not in present:
-            v = graph.values[name]
-            model.graph.output.append(onnx.helper.make_tensor_value_info(name, ONNX_DTYPES[v.dtype], None))
-    tapped = folder / "model.tapped.onnx"
-    onnx.save(model, str(tapped))
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(str(tapped), opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    np_dtype = np.float16 if dtype == "float16" else np.float32
-
-    def stepper():
-        cache = {}
-
-        def step(s: Step) -> Values:
-            _ = scratch  # the export lives as long as a stepper can run
-            if not cache:
-                cache.update(new_cache(cfg, s["input_ids"].shape[0], max_seq, lambda shape: np.zeros(shape, np_dtype)))
-            values = dict(zip(names, session.run(names, {**s, **cache})))
-            for past, present in cache_pairs(cfg):
-                cache[past] = values[present]
-            return {k: v.astype(np.float32) for k, v in values.items()}
-        return step
-    return stepper
-
-
-def engine_side(folder: str | Path) -> Side:
-    """A TensorRT engine built from a `trt` export folder (needs tensorrt and a GPU). It exposes the final outputs:
-    logits and the present caches."""
-    from llgraph.runtime.trt import TRTBackend
-
-    backend = TRTBackend(folder)
-
-    def stepper():
-        fresh = [True]
-
-        def step(s: Step) -> Values:
-            if fresh[0]:
-                backend.allocate(s["input_ids"].shape[0])
-                fresh[0] = False
-            logits = backend.forward(torch.from_numpy(s["input_ids"]), torch.from_numpy(s["position_ids"]))
-            values = {"logits": logits.numpy()}
-            for past, present in cache_pairs(backend.config):
-                values[present] = backend.cache[past].float().cpu().numpy()
-            return values
-        return step
-    return stepper
 
 
 def run_steps(side: Side, inputs: list[Step]) -> Capture:

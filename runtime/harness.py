@@ -37,7 +37,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
 from tqdm import tqdm
 
 from llgraph.errors import LlgraphError
-from llgraph.runtime.runners import open_runner
+from llgraph.runtime.registry import open_runner
 from llgraph.runtime.score import score_pairs
 from llgraph.weight_request import Weights
 

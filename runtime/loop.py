@@ -17,7 +17,21 @@ from typing import Iterator, Sequence
 
 import torch
 
+from llgraph.builder import DEFAULT_MAX_SEQ
+from llgraph.errors import LlgraphError
 from llgraph.runtime.sampling import RequestError, Sampling, sample
+
+
+def cache_length(requested: int | None, limit: int, what: str) -> int:
+    """The KV-cache length for a runner: `requested` (default min(2048, limit)), refused when out of 2..limit."""
+    if requested is None:
+        return min(DEFAULT_MAX_SEQ, limit)
+    if not isinstance(requested, int) or requested < 2:
+        raise LlgraphError(f"--max-seq-len ({requested}) must be at least 2 tokens")
+    if requested > limit:
+        raise LlgraphError(f"--max-seq-len ({requested}) exceeds {what} ({limit} positions); lower it, or "
+                           f"re-export with `llgraph export --max-seq-len {requested}`")
+    return requested
 
 
 class Backend:

@@ -91,7 +91,7 @@ class PrometheusMetrics(Metrics):
 # -- the app -----------------------------------------------------------------------------------------------------------
 
 def load_runner(options: ServeOptions):
-    from llgraph.runtime.runners import open_runner
+    from llgraph.runtime.registry import open_runner
 
     return open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir, options.tensorrt,
                        options.weights)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from llgraph.builder import cache_pairs, new_cache
+from llgraph.errors import LlgraphError
 from llgraph.export.engine import (
     DECODE,
     PREFILL,
@@ -25,10 +26,12 @@ from llgraph.export.engine import (
     read_manifest,
     trt_logger,
 )
-from llgraph.export_folder import ENGINE_META
+from llgraph.export_folder import ENGINE_META, Manifest
 from llgraph.plugins.qdp import register_plugins
-from llgraph.runtime.loop import Backend
+from llgraph.runtime.loop import Backend, Runner
+from llgraph.runtime.registry import BackendSpec, RunOptions
 from llgraph.runtime.sampling import RequestError
+from llgraph.tokenizer import Tokenizer
 
 
 class TRTBackend(Backend):
@@ -98,3 +101,42 @@ class TRTBackend(Backend):
         self.stream.synchronize()
         return logits.float().cpu()
 
+
+def engine_side(folder: str | Path):
+    """A diff side (runtime/diff.py): a TensorRT engine built from a `trt` export folder (needs tensorrt and a
+    GPU). It exposes the final outputs: logits and the present caches."""
+    backend = TRTBackend(folder)
+
+    def stepper():
+        fresh = [True]
+
+        def step(s: dict) -> dict:
+            if fresh[0]:
+                backend.allocate(s["input_ids"].shape[0])
+                fresh[0] = False
+            logits = backend.forward(torch.from_numpy(s["input_ids"]), torch.from_numpy(s["position_ids"]))
+            values = {"logits": logits.numpy()}
+            for past, present in cache_pairs(backend.config):
+                values[present] = backend.cache[past].float().cpu().numpy()
+            return values
+        return step
+    return stepper
+
+
+class TRTRunner(Runner):
+    """A TensorRT engine built by `llgraph build` from a `trt` export folder (TensorRT or TensorRT-RTX, as it was
+    built with, and a GPU)."""
+
+    def __init__(self, folder: str | Path, tensorrt: str = "auto"):
+        backend = TRTBackend(folder, tensorrt)
+        super().__init__(backend, Tokenizer.find(Path(folder)), backend.config.eos_token_ids)
+
+
+def _open(path: Path, options: RunOptions) -> TRTRunner:
+    if Manifest.find(path) is None:
+        raise LlgraphError(f"--backend trt runs a built engine: `llgraph export --checkpoint {path} --target trt "
+                           "--dtype fp16 -o OUT`, then `llgraph build OUT`, then pass OUT")
+    return TRTRunner(path, options.tensorrt)
+
+
+BACKEND = BackendSpec("trt", _open, {"trt": lambda r: engine_side(r.engine)}, bf16=True, accuracy_level=False)

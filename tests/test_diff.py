@@ -11,6 +11,8 @@ from llgraph.checkpoint import random_weights
 from llgraph.ir import Graph, Node
 from llgraph.passes import model_graph
 from llgraph.runtime import diff
+from llgraph.runtime.ort import onnx_side
+from llgraph.runtime.pytorch import torch_side
 from llgraph.weights import RandomSource, param_shapes
 
 PROMPT = [5, 6, 7, 8, 9]
@@ -21,7 +23,7 @@ def setup():
     cfg = tiny()
     source = random_weights(cfg, seed=3, std=0.25)
     graph = model_graph(cfg)
-    inputs, reference = diff.greedy_steps(diff.torch_side(cfg, source), PROMPT, 3)
+    inputs, reference = diff.greedy_steps(torch_side(cfg, source), PROMPT, 3)
     return cfg, source, graph, inputs, reference
 
 
@@ -38,7 +40,7 @@ def test_temporary_export_is_removed_with_the_side(setup, tmp_path, monkeypatch)
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     cfg, source, _, inputs, _ = setup
-    side = diff.onnx_side(cfg, source, "ort")
+    side = onnx_side(cfg, source, "ort")
     (made,) = tmp_path.glob("llgraph-diff-*")
     assert (made / "ort" / "model.onnx").exists()
     diff.run_steps(side, inputs[:1])
@@ -50,7 +52,7 @@ def test_temporary_export_is_removed_with_the_side(setup, tmp_path, monkeypatch)
 @pytest.mark.parametrize("target", ["ort", "onnx"])
 def test_torch_vs_onnxruntime_passes_for_every_value(setup, target):
     cfg, source = setup[:2]
-    report = report_for(setup, diff.onnx_side(cfg, source, target))
+    report = report_for(setup, onnx_side(cfg, source, target))
     print(diff.format_report(report, "torch", target, 1e-4, 1e-3))
     assert report.passed and report.first_divergence is None
     exposed = {v.name for v in report.steps[0].values}
@@ -71,7 +73,7 @@ class ScaledNorm(RandomSource):
 
 def test_planted_norm_fault_is_located_at_its_op(setup):
     cfg = setup[0]
-    report = report_for(setup, diff.onnx_side(cfg, ScaledNorm(cfg, seed=3, std=0.25), "onnx"))
+    report = report_for(setup, onnx_side(cfg, ScaledNorm(cfg, seed=3, std=0.25), "onnx"))
     step, first = report.first_divergence
     assert (step, first.name) == (0, "layers.1.mlp_norm") and not report.passed
     passed_before = [v.name for v in report.steps[0].values[:report.steps[0].values.index(first)]]
@@ -83,13 +85,13 @@ def test_planted_rope_layout_flip_is_located_at_its_op(setup):
     flipped = tuple(Node(n.op, n.inputs, n.outputs, {**n.attrs, "interleaved": True})
                     if n.op == "Rotary" and n.name == "layers.1.q_rot" else n for n in graph.nodes)
     bad = Graph(graph.inputs, graph.outputs, graph.params, flipped, graph.values, graph.metadata)
-    report = report_for(setup, diff.onnx_side(cfg, source, "onnx", graph=bad))
+    report = report_for(setup, onnx_side(cfg, source, "onnx", graph=bad))
     assert report.first_divergence[1].name == "layers.1.q_rot"
 
 
 def test_fp16_growth_table(setup):
     cfg, source, graph, inputs, reference = setup
-    report = diff.compare(reference, diff.run_steps(diff.onnx_side(cfg, source, "ort", "float16"), inputs),
+    report = diff.compare(reference, diff.run_steps(onnx_side(cfg, source, "ort", "float16"), inputs),
                           diff.value_order(graph), [v.name for v in graph.outputs], atol=1e-2, rtol=1e-2)
     table = diff.layer_growth(report, cfg.num_layers)
     print(table)
@@ -105,7 +107,7 @@ def test_save_and_load_round_trip(setup, tmp_path):
     assert name == "torch" and len(inputs2) == len(inputs)
     assert all(np.array_equal(a[k], b[k]) for a, b in zip(inputs, inputs2) for k in a)
     assert all(np.array_equal(a[k], b[k]) for a, b in zip(reference, reference2) for k in a)
-    report = diff.compare(reference2, diff.run_steps(diff.onnx_side(cfg, source, "ort"), inputs2),
+    report = diff.compare(reference2, diff.run_steps(onnx_side(cfg, source, "ort"), inputs2),
                           diff.value_order(graph), [v.name for v in graph.outputs])
     assert report.passed
 

@@ -18,6 +18,7 @@ from llgraph.ir import Graph, GraphBuilder, IRError, Node, verify
 from llgraph.ops import SCHEMAS
 from llgraph.passes import DEFAULT_PASSES, pack_gate_up, pack_qkv, run_passes
 
+
 def implementations(backend: str) -> set[str]:
     """The ops a backend implements: the torch executor's table, or an ONNX target's lowerings."""
     return set(TORCH_IMPLS) if backend == "torch" else set(get_target(backend).lowerings)

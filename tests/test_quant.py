@@ -167,7 +167,7 @@ def test_smollm2_int4_greedy_equals_the_executor(smollm2_export, tmp_path, repor
     test_smollm2.py). Level 4 (int8 activations, opt-in) is approximate: its mean KL divergence from the exact
     next-token distributions and its top-1 agreement are printed, with a bound the uncentred codes broke."""
     from llgraph.runtime import ORTRunner, TorchRunner
-    from llgraph.runtime.backends import OrtBackend
+    from llgraph.runtime.ort import OrtBackend
 
     prompt = "The capital of France is"
     want = TorchRunner("smollm2", max_seq_len=128).generate(prompt, max_new_tokens=32)
@@ -241,7 +241,8 @@ def test_gguf_reader_reads_what_ggufs_own_reads():
 def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
     """generate/eval/serve/lm-eval take --accuracy-level like export: its own export-cache entry, its MatMulNBits."""
 
-    from llgraph.runtime.runners import Weights, open_runner
+    from llgraph.runtime.registry import open_runner
+    from llgraph.weight_request import Weights
 
     assert Weights(accuracy_level=4).mode != Weights().mode == Weights(accuracy_level=0).mode
     open_runner("smollm2", "ort", 64, str(tmp_path), weights=Weights(accuracy_level=4))

@@ -1,0 +1,164 @@
+"""ONNX Runtime as a backend of the shared loop (the CPU default): an `llgraph export` folder, or a checkpoint
+exported once into the export cache.
+
+    ORTRunner("smollm2-ort").generate("Hello", max_new_tokens=32)
+
+`OrtBackend` binds each cache buffer once as both past and present through IO binding: nothing is copied or
+allocated for the cache per step (GroupQueryAttention's shared-buffer mode writes in place). `onnx_side` runs an
+export with every IR value exposed, for `llgraph diff`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from llgraph.builder import cache_pairs, new_cache
+from llgraph.config import LlamaConfig
+from llgraph.errors import LlgraphError
+from llgraph.export_folder import MODEL_FILE, Manifest
+from llgraph.ir import Graph
+from llgraph.passes import model_graph
+from llgraph.runtime.diff import value_order
+from llgraph.runtime.loop import Backend, Runner, cache_length
+from llgraph.runtime.registry import BackendSpec, RunOptions
+from llgraph.tokenizer import Tokenizer
+from llgraph.weights import WeightSource
+
+TAPPED = "model.tapped.onnx"  # a diff side's copy of the graph with every IR value as an output
+
+
+class OrtBackend(Backend):
+    def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None,
+                 model_file: str | None = None):
+        """`model_file`: another graph of the same export to run (a diff side's tapped model)."""
+        import onnxruntime as ort
+
+        folder = Path(folder)
+        manifest = Manifest.read(folder)
+        self.config, self.dtype = manifest.config, manifest.dtype
+        if self.dtype == "bfloat16":
+            raise LlgraphError(f"{folder} is a bf16 export and ONNX Runtime's CPU kernels have no bf16 MatMul; "
+                               "re-export with --dtype fp32 (or fp16) for CPU, or build it with `llgraph build`")
+        self.max_seq_len = cache_length(max_seq_len, manifest.max_positions, "this export's RoPE range")
+        self.vocab_size = self.config.vocab_size
+        self._np_dtype = {"float32": np.float32, "float16": np.float16}[self.dtype]
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or os.cpu_count() or 1
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(folder / (model_file or manifest.model)), opts,
+                                            providers=["CPUExecutionProvider"])
+        self._ort, self._batch, self._binding = ort, None, None
+
+    def allocate(self, batch: int, zeroed: bool = False) -> None:
+        if batch == self._batch and not zeroed:
+            return  # stale slots from an earlier request are finite and masked out
+        self._binding = self.session.io_binding()
+        # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
+        self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, self._np_dtype))
+        self._batch, self._rows = batch, None
+        self._bind_cache(slice(0, batch))
+
+    def _bind_cache(self, rows: slice) -> None:
+        """Rows `rows` of each cache array as both past and present (a view: ORT writes the array in place)."""
+        if rows == self._rows:
+            return
+        for past, present in cache_pairs(self.config):
+            value = self._ort.OrtValue.ortvalue_from_numpy(self._arrays[past][rows])  # borrows the memory
+            self._binding.bind_ortvalue_input(past, value)
+            self._binding.bind_ortvalue_output(present, value)
+        self._rows = rows
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        self._bind_cache(slice(0, self._batch) if rows is None else rows)
+        self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids.numpy()))
+        self._binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids.numpy()))
+        # a fresh array per step, bound as the logits: no copy, nothing aliased between steps, and no call to
+        # get_outputs, which wraps every cache output too (61 OrtValues a step for SmolLM2: ~0.25 ms)
+        logits = np.empty((*input_ids.shape, self.vocab_size), self._np_dtype)
+        self._binding.bind_ortvalue_output("logits", self._ort.OrtValue.ortvalue_from_numpy(logits))
+        self.session.run_with_iobinding(self._binding)
+        return torch.from_numpy(logits)
+
+    def values(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> dict[str, np.ndarray]:
+        """One step through session.run (no IO binding) returning every output the graph exposes (a diff side's
+        tapped model exposes every IR value), the presents written back into the cache."""
+        feeds = {"input_ids": input_ids.numpy(), "position_ids": position_ids.numpy(), **self._arrays}
+        names = [o.name for o in self.session.get_outputs()]
+        values = dict(zip(names, self.session.run(names, feeds)))
+        for past, present in cache_pairs(self.config):
+            self._arrays[past][...] = values[present]
+        return values
+
+
+class ORTRunner(Runner):
+    """ONNX Runtime on an `llgraph export` folder (any target)."""
+
+    def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None):
+        backend = OrtBackend(folder, max_seq_len, threads)
+        super().__init__(backend, Tokenizer.find(Path(folder)), backend.config.eos_token_ids)
+
+
+def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype: str = "float32",
+              max_seq: int = 256, folder: str | Path | None = None, graph: Graph | None = None):
+    """A diff side (runtime/diff.py): exports (into `folder`, or a temporary one removed when the side is dropped)
+    and runs an OrtBackend on the export with every IR-named node output exposed as a graph output."""
+    import onnx
+
+    from llgraph.export import get_target
+    from llgraph.export.lower import ONNX_DTYPES, export
+
+    graph = graph or model_graph(cfg, dtype)
+    scratch = None if folder else tempfile.TemporaryDirectory(prefix="llgraph-diff-")  # removed with the side
+    folder = Path(folder or scratch.name) / target
+    export(graph, source, get_target(target), folder, max_positions=max_seq, force=True)
+    model = onnx.load(str(folder / MODEL_FILE), load_external_data=False)
+    present = {o.name for o in model.graph.output}
+    produced = {o for n in model.graph.node for o in n.output}
+    for name in value_order(graph):
+        if name in produced and name not in present:
+            v = graph.values[name]
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, ONNX_DTYPES[v.dtype], None))
+    onnx.save(model, str(folder / TAPPED))
+    backend = OrtBackend(folder, max_seq, model_file=TAPPED)
+
+    def stepper():
+        fresh = [True]
+
+        def step(s: dict) -> dict:
+            _ = scratch  # the export lives as long as a stepper can run
+            if fresh[0]:
+                backend.allocate(s["input_ids"].shape[0], zeroed=True)
+                fresh[0] = False
+            values = backend.values(torch.from_numpy(s["input_ids"]), torch.from_numpy(s["position_ids"]))
+            return {k: v.astype(np.float32) for k, v in values.items()}
+        return step
+    return stepper
+
+
+def _open(path: Path, options: RunOptions) -> ORTRunner:
+    """An export folder as it is; a checkpoint exported once into the cache (runtime/cache.py), then run."""
+    if Manifest.find(path) is not None:
+        return ORTRunner(path, options.max_seq_len)
+    from llgraph.export import export_model
+    from llgraph.runtime.cache import cache_dir, entry_for
+
+    folder = entry_for(path, cache_dir(options.cache_dir), "ort", options.weights.mode)
+    if Manifest.find(folder) is None:
+        print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
+              file=sys.stderr)
+        export_model(path, checkpoint=path, out=folder, target="ort", weights=options.weights, force=True,
+                     progress=True)
+    return ORTRunner(folder, options.max_seq_len)
+
+
+def _side(target: str):
+    return lambda r: onnx_side(r.config, r.source, target, r.dtype, r.max_seq)
+
+
+BACKEND = BackendSpec("ort", _open, {"ort": _side("ort"), "onnx": _side("onnx")}, bf16=False, accuracy_level=True)

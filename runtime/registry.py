@@ -1,0 +1,89 @@
+"""Every backend the shared loop runs on: one module (its Backend, its Runner and a BACKEND spec) plus one line
+here. `open_runner`, the CLI's --backend choices, diff's sides and the weight checks all find a backend here.
+
+    BACKENDS = {"ort": (module, help), ...}     # the one registration per backend
+    backend("ort").open(path, RunOptions(...))   # -> a Runner on an export folder or a checkpoint
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llgraph.weight_request import Weights
+
+if TYPE_CHECKING:
+    from llgraph.runtime.loop import Runner
+
+# name -> (its module, what it runs); modules load on first use, so the CLI lists them without importing torch
+BACKENDS = {
+    "ort": ("llgraph.runtime.ort", "ONNX Runtime on the CPU (the default): an export folder, or a checkpoint "
+                                   "exported once into the cache"),
+    "torch": ("llgraph.runtime.pytorch", "the PyTorch executor on a checkpoint (the numeric reference)"),
+    "trt": ("llgraph.runtime.trt", "a TensorRT engine built by `llgraph build` from a trt export (a GPU)"),
+}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a runner is opened: what generate, eval, serve and lm-eval pass for every backend."""
+    max_seq_len: int | None = None
+    cache_dir: str | None = None
+    tensorrt: str = "auto"
+    weights: Weights = Weights()
+
+
+@dataclass(frozen=True)
+class SideRequest:
+    """What a diff side is built from (runtime/diff.py): the model, its weights, and where to run it."""
+    config: object
+    source: object
+    dtype: str = "float32"
+    max_seq: int = 256
+    engine: Path | None = None  # a built engine's folder (the trt side)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    open: Callable[[Path, RunOptions], Runner]  # an export folder or a checkpoint -> a runner, or a one-line error
+    sides: dict[str, Callable[[SideRequest], Callable]] = field(default_factory=dict)  # diff's sides it runs
+    bf16: bool = True  # runs bfloat16 weights
+    accuracy_level: bool = False  # takes ONNX Runtime's MatMulNBits accuracy level
+
+
+def backend(name: str) -> BackendSpec:
+    if name not in BACKENDS:
+        from llgraph.errors import LlgraphError
+
+        raise LlgraphError(f"unknown backend '{name}'; use one of {', '.join(BACKENDS)}")
+    return importlib.import_module(BACKENDS[name][0]).BACKEND
+
+
+def diff_sides() -> dict[str, Callable[[SideRequest], Callable]]:
+    """Every diff side of every backend, by name (torch, ort, onnx, trt)."""
+    return {side: make for name in BACKENDS for side, make in backend(name).sides.items()}
+
+
+def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir: str | None = None,
+                tensorrt: str = "auto", weights: Weights = Weights()):
+    """MODEL is an export folder (has manifest.json) or a checkpoint (or 'smollm2'); the backend opens it. A
+    checkpoint for the ort backend is exported once into the cache (keyed on the checkpoint's content and
+    `weights.mode`, see runtime/cache.py) and reused."""
+    from llgraph.bundled import resolve
+    from llgraph.errors import LlgraphError
+    from llgraph.export_folder import Manifest
+
+    spec = backend(name)
+    weights.check(name, spec.bf16, spec.accuracy_level)
+    path = Path(resolve(model))
+    if not path.exists():
+        raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
+    if Manifest.find(path) is not None and weights != Weights():
+        raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --lm-head, "
+                           "--dequantize and --accuracy-level apply to a checkpoint (or pass them to "
+                           "`llgraph export`)")
+    return spec.open(path, RunOptions(max_seq_len, cache_dir, tensorrt, weights))
