@@ -94,7 +94,8 @@ def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", m
 
 def _open(path: Path, options: RunOptions) -> TorchRunner:
     if Manifest.find(path) is not None:
-        raise LlgraphError(f"{path} is an ONNX export folder; it runs with --backend ort (or trt once built)")
+        raise LlgraphError(f"{options.model} is an ONNX export folder; it runs with --backend ort (or trt once "
+                           "built)")
     return TorchRunner(path, max_seq_len=options.max_seq_len, dtype=options.weights.dtype, progress=True,
                        weights=options.weights)
 

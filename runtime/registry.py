@@ -34,6 +34,7 @@ class RunOptions:
     cache_dir: str | None = None
     tensorrt: str = "auto"
     weights: Weights = Weights()
+    model: str = ""  # the reference the user gave ('smollm2', a path), for messages
 
 
 @dataclass(frozen=True)
@@ -86,4 +87,4 @@ def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir
         raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --lm-head, "
                            "--dequantize and --accuracy-level apply to a checkpoint (or pass them to "
                            "`llgraph export`)")
-    return spec.open(path, RunOptions(max_seq_len, cache_dir, tensorrt, weights))
+    return spec.open(path, RunOptions(max_seq_len, cache_dir, tensorrt, weights, str(model)))

@@ -134,8 +134,8 @@ class TRTRunner(Runner):
 
 def _open(path: Path, options: RunOptions) -> TRTRunner:
     if Manifest.find(path) is None:
-        raise LlgraphError(f"--backend trt runs a built engine: `llgraph export --checkpoint {path} --target trt "
-                           "--dtype fp16 -o OUT`, then `llgraph build OUT`, then pass OUT")
+        raise LlgraphError(f"--backend trt runs a built engine: `llgraph export --checkpoint {options.model} "
+                           "--target trt --dtype fp16 -o OUT`, then `llgraph build OUT`, then pass OUT")
     return TRTRunner(path, options.tensorrt)
 
 

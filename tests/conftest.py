@@ -40,6 +40,12 @@ def smollm2_export(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def serve_export(smollm2_export):
+    """The SmolLM2 export the server tests serve: ort, float32, a 256-token cache."""
+    return smollm2_export("ort", max_seq_len=256)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_export_cache(tmp_path_factory):
     """Tests never read or fill the user's export cache (~/.cache/llgraph): `llgraph generate CHECKPOINT` run by a

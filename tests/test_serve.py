@@ -27,13 +27,8 @@ PROMPTS = ["The capital of France is", "Once upon a time there was a little", "d
 
 
 @pytest.fixture(scope="module")
-def export_folder(smollm2_export):
-    return smollm2_export("ort", max_seq_len=256)
-
-
-@pytest.fixture(scope="module")
-def server(export_folder):
-    s = Server(str(export_folder), "--name", "smollm2", "--slots", "8", "--max-queue", "32", "--max-seq-len", "256")
+def server(serve_export):
+    s = Server(str(serve_export), "--name", "smollm2", "--slots", "8", "--max-queue", "32", "--max-seq-len", "256")
     yield s
     assert s.stop() == 0, "".join(s.lines)
 
@@ -70,13 +65,13 @@ def test_models_health_and_metrics(server):
 
 
 @pytest.mark.parametrize("backend", ["ort", "torch"])
-def test_16_concurrent_clients_get_their_solo_tokens(backend, export_folder, request):
+def test_16_concurrent_clients_get_their_solo_tokens(backend, serve_export, request):
     """Continuous batching at temperature 0: 16 streams of different prompt lengths through 8 slots (so requests
     queue, join and leave the running batch) each get exactly what generate() gives that prompt alone."""
     from llgraph.runtime import ORTRunner, TorchRunner
 
     if backend == "ort":
-        s, runner = request.getfixturevalue("server"), ORTRunner(export_folder, max_seq_len=256)
+        s, runner = request.getfixturevalue("server"), ORTRunner(serve_export, max_seq_len=256)
     else:
         s = Server("smollm2", "--backend", "torch", "--name", "smollm2", "--slots", "8", "--max-seq-len", "256")
         runner = TorchRunner("smollm2", max_seq_len=256)
@@ -143,10 +138,10 @@ def _generated(url) -> float:
     return float(line.split()[-1])
 
 
-def test_one_slot_queue_full_disconnect_and_sigterm(export_folder):
+def test_one_slot_queue_full_disconnect_and_sigterm(serve_export):
     """One slot, a queue of one: a third request is a 429; a client that hangs up frees the slot for the next; on
     SIGTERM the running stream still finishes, new requests get 503, and the process exits 0."""
-    s = Server(str(export_folder), "--name", "m", "--slots", "1", "--max-queue", "1", "--max-seq-len", "256",
+    s = Server(str(serve_export), "--name", "m", "--slots", "1", "--max-queue", "1", "--max-seq-len", "256",
                "--grace", "30")
     long = {"model": "m", "prompt": "Once upon a time", "max_tokens": 240, "temperature": 0, "stream": True}
     try:
@@ -183,14 +178,14 @@ def test_one_slot_queue_full_disconnect_and_sigterm(export_folder):
 
 
 @pytest.mark.slow
-def test_ray_serve_two_local_replicas_answer(export_folder):
+def test_ray_serve_two_local_replicas_answer(serve_export):
     pytest.importorskip("ray.serve", reason="--ray needs Ray Serve (pip install 'llgraph[serve]')")
     from llgraph.runtime import ORTRunner
 
-    s = Server(str(export_folder), "--name", "smollm2", "--ray", "--replicas", "2", "--slots", "2",
+    s = Server(str(serve_export), "--name", "smollm2", "--ray", "--replicas", "2", "--slots", "2",
                "--max-seq-len", "256", ready_timeout=300)
     try:
-        want = ORTRunner(export_folder, max_seq_len=256).generate(PROMPTS[0], 12).text
+        want = ORTRunner(serve_export, max_seq_len=256).generate(PROMPTS[0], 12).text
         with ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda _: s.client.completions.create(
                 model="smollm2", prompt=PROMPTS[0], max_tokens=12, temperature=0).choices[0].text, range(6)))

@@ -18,22 +18,17 @@ NEIGHBOURS = ["The capital of France is", "Once upon a time there was a little"]
 
 
 @pytest.fixture(scope="module")
-def export_folder(smollm2_export):
-    return smollm2_export("ort", max_seq_len=256)
-
-
-@pytest.fixture(scope="module")
-def server(export_folder):
-    s = Server(str(export_folder), "--name", "m", "--slots", "4", "--max-queue", "8", "--max-seq-len", "256")
+def server(serve_export):
+    s = Server(str(serve_export), "--name", "m", "--slots", "4", "--max-queue", "8", "--max-seq-len", "256")
     yield s
     assert s.stop() == 0, "".join(s.lines)
 
 
 @pytest.fixture(scope="module")
-def solo(export_folder):
+def solo(serve_export):
     from llgraph.runtime import ORTRunner
 
-    runner = ORTRunner(export_folder, max_seq_len=256)
+    runner = ORTRunner(serve_export, max_seq_len=256)
     return {p: runner.generate(p, 40).text for p in NEIGHBOURS}
 
 
@@ -139,10 +134,10 @@ def _health(url) -> dict:
     return httpx.get(f"{url}/health", timeout=10).json()
 
 
-def test_abandoned_queued_requests_leave_the_queue(export_folder):
+def test_abandoned_queued_requests_leave_the_queue(serve_export):
     """Defect 3: with the slot busy, clients that submitted and left (a stream closed before its first chunk, a
     whole request timed out) kept their queue places, and the next client got a 429."""
-    s = Server(str(export_folder), "--name", "m", "--slots", "1", "--max-queue", "2", "--max-seq-len", "256")
+    s = Server(str(serve_export), "--name", "m", "--slots", "1", "--max-queue", "2", "--max-seq-len", "256")
     try:
         stop = {"model": "m", "prompt": "Once upon a time", "max_tokens": 250, "temperature": 0, "stream": True,
                 "ignore_eos": True}
@@ -183,10 +178,10 @@ def _events_of(url, body):
                      if line.startswith("data: ") and line != "data: [DONE]"]
 
 
-def test_shutdown_says_only_true_things(export_folder):
+def test_shutdown_says_only_true_things(serve_export):
     """Defect 4: on SIGTERM, streams cut at the grace deadline ended with finish_reason 'stop', queued ones got
     200 with no content, and new requests were refused connections instead of the promised 503."""
-    s = Server(str(export_folder), "--name", "m", "--slots", "2", "--max-queue", "4", "--max-seq-len", "256",
+    s = Server(str(serve_export), "--name", "m", "--slots", "2", "--max-queue", "4", "--max-seq-len", "256",
                "--grace", "2")
     long = {"model": "m", "prompt": "Once upon a time", "max_tokens": 248, "temperature": 0, "stream": True,
             "ignore_eos": True}
