@@ -21,6 +21,7 @@ import llgraph.export.onnx as std
 from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
+from llgraph.weight_request import DEFAULT_ACCURACY_LEVEL
 from llgraph.weights import TORCH_DTYPES
 
 MS = "com.microsoft"
@@ -92,16 +93,6 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
         attrs["softcap"] = float(a["softcap"])
     em.node("GroupQueryAttention", inputs, node.outputs, domain=MS, hint=node.name, num_heads=a["num_heads"],
             kv_num_heads=a["num_kv_heads"], scale=float(a["scale"]), **attrs)
-
-
-# MatMulNBits' accuracy_level by default: 0, exact fp32 compute on the stored blocks. Level 4 (int8 activations per
-# block of 32, as llama.cpp quantizes them to Q8 for its Q4_1 dot products) decodes SmolLM2's Q4_1 GGUF 1.6x faster
-# and stays closer to the exact next-token distributions than llama.cpp on the same file (mean KL 0.0033 vs 0.0042,
-# `python -m llgraph.runtime.benchmark --int4`), yet it turns the README's own question ("What is the capital of
-# France?", chat) from "The capital of France is Paris." into "L'Etoile, la Marseur, la France, ..." (llama.cpp
-# answers "L'Etoile, la Marseillaise, ..."): the stored weights' own answers are the default; `--accuracy-level 4`
-# opts in to the speed.
-DEFAULT_ACCURACY_LEVEL = 0
 
 
 def qlinear_nbits(em: Emitter, node: Node) -> None:
