@@ -230,8 +230,8 @@ def add(em: Emitter, node: Node) -> None:
     em.node("Add", list(node.inputs), node.outputs, hint=node.name)
 
 
-LOWERINGS = {"Embedding": embedding, "QEmbedding": qembedding, "RMSNorm": rmsnorm, "Linear": linear, "QLinear": qlinear, "Split": split,
-             "RotaryCosSin": rotary_cos_sin, "Rotary": rotary, "GroupedAttention": grouped_attention,
-             "SwiGLU": swiglu, "GeGLU": geglu, "SoftCap": softcap, "Add": add}
+LOWERINGS = {"Embedding": embedding, "QEmbedding": qembedding, "RMSNorm": rmsnorm, "Linear": linear,
+             "QLinear": qlinear, "Split": split, "RotaryCosSin": rotary_cos_sin, "Rotary": rotary,
+             "GroupedAttention": grouped_attention, "SwiGLU": swiglu, "GeGLU": geglu, "SoftCap": softcap, "Add": add}
 
 TARGET = Target("onnx", LOWERINGS, {"": OPSET})

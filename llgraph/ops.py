@@ -210,8 +210,9 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     ), _rmsnorm, "each consecutive `group` features of the last axis: x / sqrt(mean(x^2) + eps) * weight, "
                  "computed in float32"),
     OpSchema("Linear", ("x", "weight", "bias?"), ("out",), (), _linear, "x @ weight^T + bias"),
-    OpSchema("QLinear", ("x", "codes", "scales", "mins?", "bias?"), ("out",), QUANT_ATTRS, _qlinear, "x @ w^T + bias with w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]; "
-                 "q unpacked from codes (4-bit: two per byte, low nibble first); see llgraph/quant.py"),
+    OpSchema("QLinear", ("x", "codes", "scales", "mins?", "bias?"), ("out",), QUANT_ATTRS, _qlinear,
+             "x @ w^T + bias with w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]; "
+             "q unpacked from codes (4-bit: two per byte, low nibble first); see llgraph/quant.py"),
     OpSchema("QEmbedding", ("ids", "codes", "scales", "mins?"), ("out",), (
         *QUANT_ATTRS, Attr("scale", float, "multiplies the rows, as Embedding's"),
     ), _qembedding, "Embedding over a blocked table in QLinear's format (a GGUF's token_embd as stored; tied to a "

@@ -151,7 +151,8 @@ def test_eval_cli_compares_two_backends_and_writes_json(tmp_path):
     # the export's weight flags apply to both backends: RTN int8 of the GGUF's float values, on ort (exact compute:
     # accuracy level 0) and torch
     r = llgraph("eval", "smollm2", "--task", "mc", "--data", "items.jsonl", "--compare", "torch", "--output",
-                "out.json", "--max-seq-len", "128", "--quantize", "int8", "--symmetric", "--accuracy-level", "0", cwd=tmp_path)
+                "out.json", "--max-seq-len", "128", "--quantize", "int8", "--symmetric", "--accuracy-level", "0",
+                cwd=tmp_path)
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "acc_norm" in r.stdout and "largest:" in r.stdout and "scoring" in r.stderr  # the progress bar

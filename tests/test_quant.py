@@ -77,7 +77,8 @@ def test_quantized_export_matches_executor_on_dequantized_weights(qtype, target,
     else:  # 8-bit at the exact accuracy level: two 4-bit MatMulNBits on the nibbles (ORT's CPU has no fast exact
         # 8-bit kernel), so every Linear is 4-bit MatMulNBits — two per Linear for 8-bit codes
         bits = [a.i for n in nodes if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"]
-        assert set(bits) == {4} and len(bits) == (4 * cfg.num_layers + 1) * BITS[qtype] // 4  # qkv, o, gate_up, down, head
+        # qkv, o, gate_up, down, head
+        assert set(bits) == {4} and len(bits) == (4 * cfg.num_layers + 1) * BITS[qtype] // 4
         assert "GatherBlockQuantized" in ops
     if qtype.name.endswith("_K"):  # 256/512-wide sums and logits of O(15): float32 rounding reaches ~3e-5 relative,
         # so the truth is float64 and the tolerance 5e-4 (4e-5 of the logits' range; measured up to 2.2e-4)
