@@ -37,7 +37,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", weight
     from llgraph.outdir import check_writable_target
 
     tgt = get_target(target)
-    weights.check(target, tgt.bf16, tgt.accuracy_level)
+    weights.check(target, tgt.bf16, tgt.accuracy_level, tgt.kernels)
     checkpoint = resolve(checkpoint)
     if checkpoint is not None and not Path(checkpoint).exists():
         raise ExportError(f"--checkpoint {checkpoint} does not exist; pass an HF folder, a .safetensors or .gguf "
@@ -47,6 +47,12 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", weight
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
     model = open_model(config, checkpoint, weights, seed)
     options = {} if weights.accuracy_level is None else {"accuracy_level": weights.accuracy_level}
+    if weights.kernels == "llgraph" and any(n.op == "QLinear" for n in model.graph.nodes):
+        from llgraph.plugins import cpu
+
+        if cpu.library(progress) is None:
+            raise ExportError(f"--kernels llgraph: {cpu.why_not()}")
+        options["kernels"] = "llgraph"
     return export(model.graph, model.source, tgt, out,
                   max_positions=max_seq_len or model.config.max_position_embeddings, force=force, progress=progress,
                   extra_files=model.source.tokenizer_files(),

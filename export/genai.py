@@ -43,7 +43,10 @@ def genai_config(cfg: LlamaConfig, context_length: int, model_file: str = "model
     }
 
 
-def write_genai_config(folder: Path, manifest) -> None:
-    """The ort target's extra file (Target.extras): genai's config for the export in `folder`."""
+def write_genai_config(folder: Path, manifest, custom_ops_library: str | None = None) -> None:
+    """genai's config for the export in `folder`; with `custom_ops_library` (a path relative to the folder) genai
+    registers llgraph's CPU kernels, as ORTRunner does."""
     config = genai_config(manifest.config, manifest.max_positions, manifest.model)
+    if custom_ops_library:
+        config["model"]["decoder"]["session_options"]["custom_ops_library"] = custom_ops_library
     (Path(folder) / "genai_config.json").write_text(json.dumps(config, indent=2))

@@ -45,6 +45,7 @@ class Target:
     plan: Callable[["Emitter"], None] = lambda emitter: None
     bf16: bool = True  # its runtimes run bfloat16 weights
     accuracy_level: bool = False  # it takes ONNX Runtime's MatMulNBits accuracy level
+    kernels: bool = False  # its QLinear can run on llgraph's CPU kernels (plugins/cpu.py)
     # the target's own files beside the model (the ort target's genai_config.json): (folder, manifest) -> None
     extras: Callable[[Path, "Manifest"], None] = lambda folder, manifest: None
 

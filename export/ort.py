@@ -14,6 +14,9 @@ the float64 executor from 5.5e-5 to 1.3e-4 (ORT 1.32 CPU), to save one pass over
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import torch
 from onnx import TensorProto
 
@@ -21,6 +24,7 @@ import llgraph.export.onnx as std
 from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
+from llgraph.plugins import cpu
 from llgraph.weight_request import DEFAULT_ACCURACY_LEVEL
 from llgraph.weights import TORCH_DTYPES
 
@@ -177,7 +181,8 @@ def qembedding_gather(em: Emitter, node: Node) -> None:
     adds them."""
     ids, codes, scales, mins = (list(node.inputs) + [None])[:4]
     bits, zp = node.attrs["bits"], node.attrs["zero_point"]
-    if bits == 8 and em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL) < 4:
+    split = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL) < 4 and em.options.get("kernels") != "llgraph"
+    if bits == 8 and split:  # the head's MatMulNBits reads the two nibble tables: gather from them too
         halves = [_gather(em, node, c, s, 4, z) for _, c, s, z in _nibble_tables(em, codes, scales, zp, _per_block)]
         rows = em.node("Add", halves, hint=node.name)[0]
     else:
@@ -220,6 +225,31 @@ def _table(em: Emitter, cos_sin: Node, name: str, fn):
     return table
 
 
-TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear_nbits, "QEmbedding": qembedding_gather},
-                {"": std.OPSET, MS: 1}, plan=plan, extras=write_genai_config,
-                bf16=False, accuracy_level=True)
+def qlinear(em: Emitter, node: Node) -> None:
+    """llgraph's own CPU kernel where the export asks for it (--kernels llgraph), else MatMulNBits."""
+    (qlinear_llgraph if em.options.get("kernels") == "llgraph" else qlinear_nbits)(em, node)
+
+
+def qlinear_llgraph(em: Emitter, node: Node) -> None:
+    """llgraph::QLinear (plugins/cpu/llgraph_ort.cc): one node on the codes, scales and mins as stored; the
+    schema's inputs and attributes, unchanged."""
+    x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
+    inputs = [x, em.weight(codes), em.weight(scales), em.weight(mins) if mins else "", em.weight(bias) if bias else ""]
+    while inputs[-1] == "":
+        inputs.pop()
+    em.node("QLinear", inputs, node.outputs, domain=cpu.DOMAIN, hint=node.name, bits=bits, block_size=block,
+            zero_point=zp)
+
+
+def extras(folder: Path, manifest) -> None:
+    """genai_config.json, and with llgraph's kernels their library, copied in so the folder runs anywhere."""
+    library = None
+    if manifest.options.get("kernels") == "llgraph":
+        library = cpu.LIBRARY
+        shutil.copy(cpu.library(progress=False), folder / library)
+    write_genai_config(folder, manifest, library)
+
+
+TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear, "QEmbedding": qembedding_gather},
+                {"": std.OPSET, MS: 1, cpu.DOMAIN: 1}, plan=plan, extras=extras, bf16=False, accuracy_level=True,
+                kernels=True)

@@ -241,7 +241,7 @@ def cmd_diff(args) -> int:
 def weights_of(args) -> Weights:
     """The weight flags (cli_args.add_weight_flags) as the one request export and the runners take."""
     return Weights(args.dtype, args.quantize, args.block_size, args.symmetric, args.dequantize, args.accuracy_level,
-                   args.lm_head)
+                   args.lm_head, args.kernels)
 
 
 def _one_line_warnings() -> None:

@@ -33,6 +33,9 @@ def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
                    "Q4_1) in float instead of as stored")
     p.add_argument("--accuracy-level", type=int, help="ONNX Runtime's MatMulNBits accuracy_level for quantized "
                    "weights: 0 (default) = exact fp32 compute; 4 = int8 activations, 1.6x faster, approximate")
+    p.add_argument("--kernels", choices=("standard", "llgraph"), default="standard", help="ONNX Runtime's own ops "
+                   "for quantized Linears (default), or llgraph's CPU kernels (exact fp32 on the stored blocks; "
+                   "built once per machine)")
 
 
 def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_help: str) -> None:

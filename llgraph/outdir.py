@@ -24,6 +24,13 @@ from llgraph.errors import LlgraphError
 from llgraph.export_folder import llgraph_files
 
 PARTIAL_MARK = ".llgraph-partial"  # present in every temporary folder llgraph creates
+CACHE_ENV = "LLGRAPH_CACHE_DIR"
+
+
+def user_cache(override: str | Path | None = None) -> Path:
+    """Where llgraph keeps what it makes once (checkpoint exports, built kernels): --cache-dir, else
+    $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph."""
+    return Path(override or os.environ.get(CACHE_ENV) or "~/.cache/llgraph").expanduser()
 
 
 class OutputError(LlgraphError):

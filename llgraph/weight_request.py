@@ -16,6 +16,7 @@ from llgraph.errors import ExportError
 DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 BITS = ("int4", "int8")
+KERNELS = ("standard", "llgraph")  # how ONNX Runtime runs QLinear: its own ops, or llgraph's (plugins/cpu.py)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # ONNX Runtime MatMulNBits': 0 exact (fp32) ... 4 int8 activations
 # MatMulNBits' accuracy_level by default: 0, exact fp32 compute on the stored blocks. Level 4 (int8 activations per
 # block of 32, as llama.cpp quantizes them to Q8 for its Q4_1 dot products) decodes SmolLM2's Q4_1 GGUF 1.6x faster
@@ -36,7 +37,8 @@ class Weights:
     """`dtype` of the float parts; a quantized GGUF as stored, or `dequantize`d to floats; a float checkpoint
     `quantize`d (int4/int8) by round-to-nearest in blocks of `block_size` codes, `symmetric` or with per-block mins;
     the lm head (and an embedding table tied to it) rounded to `lm_head` too; ONNX Runtime's `accuracy_level` (the
-    ort target only; None: DEFAULT_ACCURACY_LEVEL)."""
+    ort target only; None: DEFAULT_ACCURACY_LEVEL); `kernels`: ONNX Runtime's own ops for the quantized Linears
+    ("standard") or llgraph's CPU kernels ("llgraph", exact fp32 compute on the stored blocks)."""
     dtype: str = "float32"
     quantize: str | None = None
     block_size: int = 32
@@ -44,6 +46,7 @@ class Weights:
     dequantize: bool = False
     accuracy_level: int | None = None
     lm_head: str | None = None
+    kernels: str = "standard"
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
@@ -56,13 +59,21 @@ class Weights:
                 raise WeightRequestError(f"--{flag} and --dequantize contradict each other; pass one")
         if not isinstance(self.block_size, int) or self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise WeightRequestError(f"--block-size ({self.block_size}) must be a power of 2 >= 16 (32, 64 or 128)")
+        if self.kernels not in KERNELS:
+            raise WeightRequestError(f"unknown --kernels '{self.kernels}'; use standard or llgraph")
         if self.accuracy_level not in (None, *ACCURACY_LEVELS):
             raise WeightRequestError(f"--accuracy-level ({self.accuracy_level}) is MatMulNBits' (0..4) and only for "
                                      "--target ort")
 
-    def check(self, where: str, bf16: bool = True, accuracy_level: bool = False) -> Weights:
+    def check(self, where: str, bf16: bool = True, accuracy_level: bool = False, kernels: bool = False) -> Weights:
         """The request checked against where it runs: an export target or a backend named `where`, which runs
-        bfloat16 weights (`bf16`) and takes an accuracy level (`accuracy_level`) or not. Returns itself."""
+        bfloat16 weights (`bf16`), takes an accuracy level (`accuracy_level`) and llgraph's CPU kernels
+        (`kernels`) or not. Returns itself."""
+        if self.kernels == "llgraph" and not kernels:
+            raise WeightRequestError(f"--kernels llgraph is for ONNX Runtime (--target ort), not {where}")
+        if self.kernels == "llgraph" and self.dtype != "float32":
+            raise WeightRequestError("llgraph's CPU kernels compute in float32; use --dtype fp32 or --kernels "
+                                     "standard")
         if self.dtype == "bfloat16" and not bf16:
             raise WeightRequestError(
                 f"--dtype bf16 cannot run on the {where} target (ONNX Runtime's CPU kernels have no bf16 MatMul); "
@@ -85,7 +96,8 @@ class Weights:
             return f"{self.dtype}-dequantized"
         head = f"-head{self.lm_head}" if self.lm_head else ""
         rounding = f"-b{self.block_size}-{'sym' if self.symmetric else 'asym'}" if self.rounds else ""
-        return f"{self.dtype}-{self.quantize or 'stored'}{head}{rounding}{level}"
+        kernels = "" if self.kernels == "standard" else f"-k{self.kernels}"  # standard: the keys made before it
+        return f"{self.dtype}-{self.quantize or 'stored'}{head}{rounding}{level}{kernels}"
 
     def replace(self, **changes) -> Weights:
         return dataclasses.replace(self, **changes)

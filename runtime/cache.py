@@ -21,15 +21,15 @@ from pathlib import Path
 from llgraph import __version__
 from llgraph.errors import LlgraphError
 from llgraph.export_folder import MANIFEST, Manifest
+from llgraph.outdir import user_cache
 
-ENV = "LLGRAPH_CACHE_DIR"
 HASHES = "hashes.json"
 _CHECKPOINT_SUFFIXES = {".json", ".safetensors", ".gguf", ".jinja", ".model", ".txt"}
 
 
 def cache_dir(override: str | Path | None = None) -> Path:
     """--cache-dir, else $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph."""
-    return Path(override or os.environ.get(ENV) or "~/.cache/llgraph").expanduser()
+    return user_cache(override)
 
 
 def _file_sha256(path: Path, memo: dict) -> str:

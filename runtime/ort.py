@@ -24,6 +24,7 @@ from llgraph.errors import LlgraphError
 from llgraph.export_folder import MODEL_FILE, Manifest
 from llgraph.ir import Graph
 from llgraph.passes import model_graph
+from llgraph.plugins import cpu
 from llgraph.runtime.diff import value_order
 from llgraph.runtime.loop import Backend, Runner, cache_length
 from llgraph.runtime.registry import BackendSpec, RunOptions
@@ -51,6 +52,8 @@ class OrtBackend(Backend):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or os.cpu_count() or 1
         opts.log_severity_level = 3
+        if manifest.options.get("kernels") == "llgraph":
+            _register_kernels(opts, folder)
         self.session = ort.InferenceSession(str(folder / (model_file or manifest.model)), opts,
                                             providers=["CPUExecutionProvider"])
         self._ort, self._batch, self._binding = ort, None, None
@@ -94,6 +97,20 @@ class OrtBackend(Backend):
         for past, present in cache_pairs(self.config):
             self._arrays[past][...] = values[present]
         return values
+
+
+def _register_kernels(opts, folder: Path) -> None:
+    """llgraph's CPU kernels, from the copy export put in the folder; one line when they cannot load."""
+    library = folder / cpu.LIBRARY
+    if not library.exists():
+        raise LlgraphError(f"{folder} runs on llgraph's CPU kernels but holds no {cpu.LIBRARY}; re-export it "
+                           "(`llgraph export ... --kernels llgraph`, or --kernels standard for ONNX Runtime's ops)")
+    try:
+        opts.register_custom_ops_library(str(library))
+    except Exception as e:  # onnxruntime raises its own error types for a library it cannot load
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise LlgraphError(f"cannot load {library}: {first}; re-export with --kernels standard to run on ONNX "
+                           "Runtime's own ops") from None
 
 
 class ORTRunner(Runner):
@@ -161,4 +178,5 @@ def _side(target: str):
     return lambda r: onnx_side(r.config, r.source, target, r.dtype, r.max_seq)
 
 
-BACKEND = BackendSpec("ort", _open, {"ort": _side("ort"), "onnx": _side("onnx")}, bf16=False, accuracy_level=True)
+BACKEND = BackendSpec("ort", _open, {"ort": _side("ort"), "onnx": _side("onnx")}, bf16=False, accuracy_level=True,
+                      kernels=True)

@@ -66,7 +66,7 @@ class TorchRunner(Runner):
     def __init__(self, checkpoint, config=None, max_seq_len: int | None = None, dtype: str = "float32",
                  device: str = "cpu", progress: bool = False, weights: Weights | None = None):
         """`weights`: the RTN rounding an int4/int8 export carries, computed dequantized (its dtype: `dtype`)."""
-        weights = (weights or Weights()).replace(dtype=dtype, accuracy_level=None)
+        weights = (weights or Weights()).replace(dtype=dtype, accuracy_level=None, kernels="standard")
         if not weights.rounds:  # the executor reads a GGUF's blocks dequantized, whatever their type
             weights = weights.replace(dequantize=True)
         model = open_model(config, checkpoint, weights)
@@ -101,4 +101,4 @@ def _open(path: Path, options: RunOptions) -> TorchRunner:
 
 
 BACKEND = BackendSpec("torch", _open, {"torch": lambda r: torch_side(r.config, r.source, r.dtype, r.max_seq)},
-                      bf16=True, accuracy_level=True)  # exact whatever the level: it is accepted and ignored
+                      bf16=True, accuracy_level=True, kernels=True)  # exact anyway: both are accepted and ignored

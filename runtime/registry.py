@@ -54,6 +54,7 @@ class BackendSpec:
     sides: dict[str, Callable[[SideRequest], Callable]] = field(default_factory=dict)  # diff's sides it runs
     bf16: bool = True  # runs bfloat16 weights
     accuracy_level: bool = False  # takes ONNX Runtime's MatMulNBits accuracy level
+    kernels: bool = False  # runs llgraph's CPU kernels (--kernels llgraph)
 
 
 def backend(name: str) -> BackendSpec:
@@ -79,7 +80,7 @@ def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir
     from llgraph.export_folder import Manifest
 
     spec = backend(name)
-    weights.check(name, spec.bf16, spec.accuracy_level)
+    weights.check(name, spec.bf16, spec.accuracy_level, spec.kernels)
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")

@@ -94,6 +94,8 @@ class OrtStepper:
 
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        if (folder / "libllgraph_ort.so").exists():  # an export on llgraph's CPU kernels carries them
+            opts.register_custom_ops_library(str(folder / "libllgraph_ort.so"))
         self.session = ort.InferenceSession(str(folder / "model.onnx"), opts, providers=["CPUExecutionProvider"])
         self.cfg, self.pos = cfg, 0
         self.cache = new_cache(cfg, batch, max_seq, lambda shape: np.zeros(shape, np.float32))

@@ -1,0 +1,151 @@
+"""llgraph's ONNX Runtime CPU kernels: the custom ops of domain "llgraph" in plugins/cpu/*.cc, built once per
+machine into the user cache and loaded with `SessionOptions.register_custom_ops_library`.
+
+    path = library()           # the built library (built now if needed, with a progress line), or None
+    why_not()                  # one line: why there is none, and how to get it
+
+Headers: ONNX Runtime's C/C++ API headers come from $ORT_INCLUDE_DIR, else the system's (Debian 13+'s
+libonnxruntime-dev), else Debian's archive: that package (85 KB, MIT) is fetched once into the user cache with a
+private apt sources list, so nothing of the system's apt setup is touched. Built against API version 21
+(ONNX Runtime 1.21), the library runs on that runtime or a newer one. The compiler: $CXX, else g++ or c++.
+Instruction sets are chosen when the library loads (AVX-512, AVX2+FMA or scalar; LLGRAPH_CPU_ISA caps it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from llgraph.outdir import user_cache
+
+DOMAIN = "llgraph"
+LIBRARY = "libllgraph_ort.so"
+SOURCE = Path(__file__).parent / "cpu" / "llgraph_ort.cc"
+SOURCES = sorted([*SOURCE.parent.glob("*.cc"), *SOURCE.parent.glob("*.inc")])  # what the build key covers
+HEADERS_PACKAGE = "libonnxruntime-dev"  # Debian 13 (trixie): ONNX Runtime 1.21's headers
+HEADERS_SUITE = "deb http://deb.debian.org/debian trixie main"
+ISA_ENV = "LLGRAPH_CPU_ISA"  # avx512 | avx2 | scalar: the widest instruction set the kernels may use
+
+_why_not: str | None = None
+
+
+class KernelsUnavailable(Exception):
+    """Why llgraph's CPU kernels cannot be built or loaded here; one line."""
+
+
+def library(progress: bool = True) -> Path | None:
+    """The kernel library for this machine, built into the user cache on first use; None (see why_not()) where it
+    cannot be built."""
+    global _why_not
+    try:
+        return _built(progress)
+    except KernelsUnavailable as e:
+        _why_not = str(e)
+        return None
+
+
+def why_not() -> str:
+    return _why_not or "llgraph's CPU kernels were not looked for"
+
+
+def isa(path: Path) -> str:
+    """The instruction set the library runs with in this process (after LLGRAPH_CPU_ISA)."""
+    f = ctypes.CDLL(str(path)).llgraph_cpu_isa
+    f.restype = ctypes.c_char_p
+    return f().decode()
+
+
+def _built(progress: bool) -> Path:
+    if sys.platform != "linux":
+        raise KernelsUnavailable(f"llgraph's CPU kernels are built for Linux; this is {sys.platform}")
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler or not shutil.which(compiler):
+        raise KernelsUnavailable("no C++ compiler (g++) to build llgraph's CPU kernels; install one "
+                                 "(apt-get install g++) or set $CXX")
+    headers = _headers(progress)
+    key = hashlib.sha256()
+    for path in SOURCES:
+        key.update(path.read_bytes())
+    key.update(_version(compiler).encode() + (headers / "onnxruntime_c_api.h").read_bytes())
+    out = user_cache() / "kernels" / key.hexdigest()[:16] / LIBRARY
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if progress:
+        print(f"building llgraph's CPU kernels (once, into {out.parent}) ...", file=sys.stderr, flush=True)
+    with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".partial", delete=False) as tmp:
+        partial = Path(tmp.name)
+    cmd = [compiler, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", f"-I{headers}",
+           f"-I{SOURCE.parent}", str(SOURCE), "-o", str(partial)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:200])
+            raise KernelsUnavailable(f"building llgraph's CPU kernels failed ({first}); report it, or use "
+                                     "--kernels standard")
+        partial.replace(out)
+    finally:
+        partial.unlink(missing_ok=True)
+    return out
+
+
+def _version(compiler: str) -> str:
+    r = subprocess.run([compiler, "--version"], capture_output=True, text=True)
+    return r.stdout.splitlines()[0] if r.returncode == 0 and r.stdout else compiler
+
+
+def _headers(progress: bool) -> Path:
+    """A folder holding onnxruntime_cxx_api.h: $ORT_INCLUDE_DIR, the system's, or fetched once from Debian."""
+    given = os.environ.get("ORT_INCLUDE_DIR")
+    if given:
+        if not (Path(given) / "onnxruntime_cxx_api.h").exists():
+            raise KernelsUnavailable(f"$ORT_INCLUDE_DIR ({given}) holds no onnxruntime_cxx_api.h; point it at ONNX "
+                                     "Runtime's include folder")
+        return Path(given)
+    for system in (Path("/usr/include/onnxruntime"), Path("/usr/local/include/onnxruntime")):
+        if (system / "onnxruntime_cxx_api.h").exists():
+            return system
+    return fetch_headers(progress)
+
+
+def fetch_headers(progress: bool = True, root: Path | None = None) -> Path:
+    """ONNX Runtime's headers from Debian's `libonnxruntime-dev`, fetched once into the user cache with apt-get
+    and a private sources list, lists and cache (the system's apt setup is not read or changed)."""
+    root = root or user_cache() / "ort-headers"
+    include = root / "x" / "usr" / "include" / "onnxruntime"
+    if (include / "onnxruntime_cxx_api.h").exists():
+        return include
+    if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
+        raise KernelsUnavailable("ONNX Runtime's C++ headers are not installed and apt-get is not here to fetch "
+                                 "them; set $ORT_INCLUDE_DIR to ONNX Runtime's include folder")
+    if progress:
+        print(f"fetching ONNX Runtime's C++ headers ({HEADERS_PACKAGE}, Debian) into {root} ...", file=sys.stderr,
+              flush=True)
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as scratch:
+        s = Path(scratch)
+        (s / "lists" / "partial").mkdir(parents=True)
+        (s / "cache" / "archives" / "partial").mkdir(parents=True)
+        (s / "sources.list").write_text(HEADERS_SUITE + "\n")
+        apt = ["apt-get", "-q", f"-o=Dir::Etc::SourceList={s / 'sources.list'}", "-o=Dir::Etc::SourceParts=/dev/null",
+               f"-o=Dir::State::Lists={s / 'lists'}", f"-o=Dir::Cache={s / 'cache'}",
+               "-o=APT::Sandbox::User=root"]
+        for step in (["update"], ["download", HEADERS_PACKAGE]):
+            r = subprocess.run(apt + step, capture_output=True, text=True, cwd=s)
+            if r.returncode != 0:
+                last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+                raise KernelsUnavailable(f"could not fetch {HEADERS_PACKAGE} from Debian ({last}); set "
+                                         "$ORT_INCLUDE_DIR to ONNX Runtime's include folder")
+        deb = next(s.glob(f"{HEADERS_PACKAGE}_*.deb"))
+        unpacked = s / "x"
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True, capture_output=True)
+        if (root / "x").exists():
+            shutil.rmtree(root / "x")
+        unpacked.replace(root / "x")
+    return include

@@ -1,0 +1,286 @@
+// llgraph's ONNX Runtime CPU kernels: custom ops of domain "llgraph", loaded with
+// SessionOptions.register_custom_ops_library (plugins/cpu.py builds this file once per machine).
+//
+// QLinear: y = x @ w^T + bias, w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b], the codes
+// as llgraph stores them (llgraph/ops.py, llgraph/quant.py: [out, in/B, B*bits/8], 4-bit two per byte, low nibble
+// first). Exact mode: fp32 activations, fp32 accumulation, computed as
+//     y[m, o] = sum_b scales[o, b] * (q[o, b, :] . x[m, b, :]) + sum_b (mins[o, b] - scales[o, b] * zp) * xsum[m, b]
+// (xsum: the block sums of x), so the mins cost one multiply-add per block and the weights are read once, as
+// stored. For 4-bit codes each block of x is first split into its even and odd elements, so a byte's low and high
+// nibbles meet their x values without any shuffle.
+//
+// Instruction sets: AVX-512F, AVX2+FMA and a portable scalar loop, each compiled with per-function target
+// attributes (never -march=native) and chosen when the library loads from the CPU's features; the environment
+// variable LLGRAPH_CPU_ISA=avx512|avx2|scalar caps the choice (tests run every path). Output rows are split over
+// ONNX Runtime's own intra-op thread pool (KernelContext::ParallelFor), so session threads are obeyed.
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_cxx_api.h"
+#undef ORT_API_MANUAL_INIT
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+const char* kIsaNames[] = {"scalar", "avx2", "avx512"};
+
+Isa DetectIsa() {
+  __builtin_cpu_init();
+  Isa best = kScalar;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = kAvx2;
+  if (__builtin_cpu_supports("avx512f")) best = kAvx512;
+  const char* cap = std::getenv("LLGRAPH_CPU_ISA");
+  if (cap != nullptr) {
+    for (int i = 0; i < 3; ++i)
+      if (std::strcmp(cap, kIsaNames[i]) == 0) best = std::min(best, static_cast<Isa>(i));
+  }
+  return best;
+}
+
+const Isa g_isa = DetectIsa();
+
+struct Problem {
+  const float* x;         // [M, K]: for 4-bit codes, each block reordered as (even elements, odd elements)
+  const float* xsum;      // [M, nb]: the block sums of x
+  const uint8_t* codes;   // [N, nb, B*bits/8]
+  const float* scales;    // [N, nb]
+  const float* mins;      // [N, nb] or null
+  const float* bias;      // [N] or null
+  float* y;               // [M, N]
+  int64_t M, K, N, nb, B, bits, zero_point, chunk;
+  Isa isa;
+};
+
+// sum_b (mins - scales * zp) * xsum: the zero point and the mins, through the block sums of x
+float OffsetsScalar(const Problem& p, int64_t o, int64_t m) {
+  const float* s = p.scales + o * p.nb;
+  const float* mn = p.mins ? p.mins + o * p.nb : nullptr;
+  const float* xs = p.xsum + m * p.nb;
+  const float zp = static_cast<float>(p.zero_point);
+  float off = 0.f;
+  for (int64_t b = 0; b < p.nb; ++b) off += ((mn ? mn[b] : 0.f) - s[b] * zp) * xs[b];
+  return off;
+}
+
+// -- scalar ---------------------------------------------------------------------------------------------------------
+
+void RowsScalar(const Problem& p, int64_t o0, int64_t o1) {
+  const int64_t bytes = p.B * p.bits / 8, half = p.B / 2;
+  for (int64_t o = o0; o < o1; ++o) {
+    for (int64_t m = 0; m < p.M; ++m) {
+      const uint8_t* c = p.codes + o * p.nb * bytes;
+      const float* x = p.x + m * p.K;
+      float acc = 0.f;
+      for (int64_t b = 0; b < p.nb; ++b, c += bytes, x += p.B) {
+        float dot = 0.f;
+        if (p.bits == 4) {
+          for (int64_t k = 0; k < half; ++k) dot += x[k] * (c[k] & 15) + x[half + k] * (c[k] >> 4);
+        } else {
+          for (int64_t j = 0; j < p.B; ++j) dot += x[j] * c[j];
+        }
+        acc += p.scales[o * p.nb + b] * dot;
+      }
+      p.y[m * p.N + o] = acc + OffsetsScalar(p, o, m) + (p.bias ? p.bias[o] : 0.f);
+    }
+  }
+}
+
+}  // namespace
+
+// -- AVX-512F: 16 lanes (4-bit blocks of 32 or more, 8-bit blocks of 16 or more) -----------------------------------
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace avx512 {
+struct V {
+  using R = __m512;
+  static constexpr int L = 16;
+  static R zero() { return _mm512_setzero_ps(); }
+  static R set1(float v) { return _mm512_set1_ps(v); }
+  static R load(const float* x) { return _mm512_loadu_ps(x); }
+  static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static void codes4(const uint8_t* c, R& lo, R& hi) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+    lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+  }
+  static R codes8(const uint8_t* c) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
+  }
+  static float sum(R r) { return _mm512_reduce_add_ps(r); }
+};
+#include "qlinear_tile.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+
+// -- AVX2 + FMA: 8 lanes ----------------------------------------------------------------------------------------------
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+struct V {
+  using R = __m256;
+  static constexpr int L = 8;
+  static R zero() { return _mm256_setzero_ps(); }
+  static R set1(float v) { return _mm256_set1_ps(v); }
+  static R load(const float* x) { return _mm256_loadu_ps(x); }
+  static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static void codes4(const uint8_t* c, R& lo, R& hi) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+    lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+    hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+  }
+  static R codes8(const uint8_t* c) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))));
+  }
+  static float sum(R r) {
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+  }
+};
+#include "qlinear_tile.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+namespace {
+
+// one chunk of output rows, on the chosen instruction set
+void Chunk(void* data, size_t index) {
+  const Problem& p = *static_cast<const Problem*>(data);
+  const int64_t o0 = static_cast<int64_t>(index) * p.chunk, o1 = std::min(p.N, o0 + p.chunk);
+  if (p.isa == kAvx512) {
+    avx512::Rows(p, o0, o1);
+  } else if (p.isa == kAvx2) {
+    avx2::Rows(p, o0, o1);
+  } else {
+    RowsScalar(p, o0, o1);
+  }
+}
+
+struct QLinearKernel {
+  QLinearKernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo k(info);
+    bits_ = k.GetAttribute<int64_t>("bits");
+    block_ = k.GetAttribute<int64_t>("block_size");
+    zero_point_ = k.GetAttribute<int64_t>("zero_point");
+    if ((bits_ != 4 && bits_ != 8) || block_ < 16 || (block_ & (block_ - 1)) != 0)
+      ORT_CXX_API_THROW("llgraph QLinear: bits must be 4 or 8 and block_size a power of 2 >= 16",
+                        ORT_INVALID_ARGUMENT);
+    // the widest path whose lanes divide this block's segments; narrower blocks take the next one down
+    isa_ = g_isa;
+    if (isa_ == kAvx512 && (bits_ == 4 ? block_ % 32 : block_ % 16) != 0) isa_ = kAvx2;
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const Ort::ConstValue x = ctx.GetInput(0), codes = ctx.GetInput(1), scales = ctx.GetInput(2);
+    const std::vector<int64_t> xs = x.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> cs = codes.GetTensorTypeAndShapeInfo().GetShape();
+    if (xs.empty() || cs.size() != 3 || cs[1] * block_ != xs.back() || cs[2] != block_ * bits_ / 8)
+      ORT_CXX_API_THROW("llgraph QLinear: codes must be [out, in/block, block*bits/8] matching x's last dim",
+                        ORT_INVALID_ARGUMENT);
+    const int64_t K = xs.back(), N = cs[0], nb = cs[1];
+    int64_t M = 1;
+    for (size_t i = 0; i + 1 < xs.size(); ++i) M *= xs[i];
+    std::vector<int64_t> ys(xs);
+    ys.back() = N;
+    float* out = ctx.GetOutput(0, ys).GetTensorMutableData<float>();
+
+    // x as the kernels read it (4-bit: each block's even elements, then its odd ones) and its block sums
+    reordered_.resize(static_cast<size_t>(M * K));
+    sums_.resize(static_cast<size_t>(M * nb));
+    const float* in = x.GetTensorData<float>();
+    const int64_t half = block_ / 2;
+    for (int64_t r = 0; r < M * nb; ++r) {
+      const float* src = in + r * block_;
+      float* dst = reordered_.data() + r * block_;
+      float sum = 0.f;
+      for (int64_t j = 0; j < block_; ++j) sum += src[j];
+      sums_[r] = sum;
+      if (bits_ == 4) {
+        for (int64_t k = 0; k < half; ++k) {
+          dst[k] = src[2 * k];
+          dst[half + k] = src[2 * k + 1];
+        }
+      } else {
+        std::memcpy(dst, src, sizeof(float) * block_);
+      }
+    }
+    Problem p{reordered_.data(), sums_.data(), codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(),
+              Optional(ctx, 3), Optional(ctx, 4), out, M, K, N, nb, block_, bits_, zero_point_, 16, isa_};
+    const size_t chunks = static_cast<size_t>((N + p.chunk - 1) / p.chunk);
+    ctx.ParallelFor(Chunk, chunks, 0, &p);
+  }
+
+  // an optional input's data, or null when the node leaves it out (named "" or past its last input)
+  static const float* Optional(Ort::KernelContext& ctx, size_t index) {
+    if (index >= ctx.GetInputCount()) return nullptr;
+    const Ort::ConstValue v = ctx.GetInput(index);
+    return static_cast<const OrtValue*>(v) != nullptr ? v.GetTensorData<float>() : nullptr;
+  }
+
+  int64_t bits_, block_, zero_point_;
+  Isa isa_;
+  std::vector<float> reordered_, sums_;
+};
+
+struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new QLinearKernel(api, info); }
+  const char* GetName() const { return "QLinear"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 5; }  // x, codes, scales, mins?, bias?
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i >= 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+extern "C" {
+
+// The instruction set the kernels run with here (after LLGRAPH_CPU_ISA): "avx512", "avx2" or "scalar".
+__attribute__((visibility("default"))) const char* llgraph_cpu_isa() { return kIsaNames[g_isa]; }
+
+// The ONNX Runtime API version this library was built against: it runs on that runtime or a newer one.
+__attribute__((visibility("default"))) int llgraph_ort_api_version() { return ORT_API_VERSION; }
+
+__attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
+                                                                     const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) {  // a runtime older than these headers: say so, through the oldest API every runtime has
+    const OrtApi* oldest = api_base->GetApi(1);
+    return oldest->CreateStatus(ORT_FAIL, "llgraph's CPU kernels need ONNX Runtime >= 1.21 (C API 21); upgrade "
+                                          "onnxruntime, or re-export with --kernels standard");
+  }
+  Ort::InitApi(api);
+  static QLinearOp qlinear;
+  static Ort::CustomOpDomain domain{"llgraph"};
+  static bool added = false;
+  if (!added) {
+    domain.Add(&qlinear);
+    added = true;
+  }
+  try {
+    Ort::UnownedSessionOptions(options).Add(domain);
+  } catch (const Ort::Exception& e) {
+    return api->CreateStatus(ORT_FAIL, e.what());
+  }
+  return nullptr;
+}
+
+}  // extern "C"

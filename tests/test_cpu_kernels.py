@@ -1,0 +1,132 @@
+"""llgraph's ONNX Runtime CPU kernels (plugins/cpu): built here from nothing (headers fetched from Debian's
+archive, compiled with g++), each instruction-set path equal to a float64 reference of the op's definition, every
+GGUF block type exported on them equal to the executor on the dequantized blocks, SmolLM2's greedy tokens equal to
+transformers', and one-line errors where they cannot be had."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from reference import OrtStepper, Stepper, tiny
+from test_export import compare_steps
+from test_quant import K_CFG, T, llgraph, tiny_gguf
+from test_smollm2 import gguf_path, greedy_against, hf, hf_greedy, prompt  # noqa: F401 (fixtures)
+
+from llgraph.checkpoint import load_config
+from llgraph.export import export_model
+from llgraph.gguf_source import GGUFSource
+from llgraph.plugins import cpu
+from llgraph.weight_request import Weights
+
+KERNELS = Weights(kernels="llgraph")
+
+# One QLinear node per case, run by ONNX Runtime on the library, against numpy's float64 of its definition
+# w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]. Run in a fresh process per instruction
+# set: the library picks it when it loads.
+PROBE = r'''
+import ctypes, sys
+import numpy as np, onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+lib, rng, worst = sys.argv[1], np.random.default_rng(0), 0.0
+cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
+         (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
+         (8, 128, 0, True, True, 9)]
+for bits, B, zp, with_mins, with_bias, M in cases:
+    N, nb = 37, 5
+    q = rng.integers(0, 2 ** bits, size=(N, nb, B)).astype(np.uint8)
+    codes = q[..., 0::2] | (q[..., 1::2] << 4) if bits == 4 else q
+    scales = (rng.standard_normal((N, nb)) * 0.01).astype(np.float32)
+    mins = (rng.standard_normal((N, nb)) * 0.01).astype(np.float32) if with_mins else None
+    bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
+    x = rng.standard_normal((1, M, nb * B)).astype(np.float32)
+    w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + (0 if mins is None else mins[..., None])
+    want = x.astype(np.float64) @ w.reshape(N, -1).T + (0 if bias is None else bias)
+    given = {"codes": codes, "scales": scales, "mins": mins, "bias": bias}
+    inits = [numpy_helper.from_array(v, k) for k, v in given.items() if v is not None]
+    names = ["x"] + [k if v is not None else "" for k, v in given.items()]
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("QLinear", names, ["y"], domain="llgraph", bits=bits, block_size=B, zero_point=zp)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(lib)
+    got = ort.InferenceSession(model.SerializeToString(), opts).run(None, {"x": x})[0]
+    worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+isa = ctypes.CDLL(lib).llgraph_cpu_isa
+isa.restype = ctypes.c_char_p
+print(isa().decode(), worst)
+'''
+
+
+@pytest.fixture(scope="module")
+def library():
+    path = cpu.library()
+    assert path is not None, cpu.why_not()  # g++ and Debian's archive are there wherever the tests run
+    return path
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+def test_every_instruction_set_path_equals_float64(library, isa, report):
+    """4- and 8-bit codes, blocks of 16 to 128, with and without mins and bias, 1 to 9 rows at once."""
+    r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
+                       env={**os.environ, cpu.ISA_ENV: isa}, check=True)
+    ran, worst = r.stdout.split()
+    if ran != isa:
+        pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
+    report(f"llgraph QLinear on {isa} vs float64, relative to max |y|", float(worst), 2e-6)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K])
+def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, report):
+    """Prefill + 8 decode steps, batch 2, logits and caches: every Linear one llgraph QLinear node on the blocks
+    as stored, vs the executor on the GGUF's dequantization (float64 for the K-quants' wide sums)."""
+    tiny_gguf(tmp_path / "t.gguf", qtype, tiny(**K_CFG) if qtype.name.endswith("_K") else None)
+    cfg = load_config(tmp_path / "t.gguf")
+    folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "ort", max_seq_len=64,
+                          weights=KERNELS)
+    nodes = __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph.node
+    ours = [n for n in nodes if n.domain == cpu.DOMAIN]
+    assert len(ours) == 4 * cfg.num_layers + 1 and {n.op_type for n in ours} == {"QLinear"}  # qkv, o, gate_up, down
+    assert "MatMulNBits" not in [n.op_type for n in nodes]
+    dtype, tol = ("float64", 5e-4) if qtype.name.endswith("_K") else ("float32", None)
+    truth = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64, dtype=dtype)
+    compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"ort llgraph {qtype.name}",
+                  tol=tol)
+
+
+@pytest.mark.slow
+def test_smollm2_on_the_kernels_gives_transformers_greedy_tokens(library, gguf_path, greedy_against,  # noqa: F811
+                                                                  tmp_path):
+    folder = export_model(gguf_path, checkpoint=gguf_path, out=tmp_path / "ort", max_seq_len=128, weights=KERNELS)
+    greedy_against(OrtStepper(folder, load_config(gguf_path), max_seq=128), "ort on llgraph's kernels")
+
+
+def test_without_a_compiler_the_export_says_so_in_one_line(tmp_path):
+    tiny_gguf(tmp_path / "t.gguf", T.Q4_0)
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "LLGRAPH_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "llgraph", "export", "--checkpoint", str(tmp_path / "t.gguf"), "-o",
+                        str(tmp_path / "out"), "--kernels", "llgraph"], capture_output=True, text=True, env=env)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    print(lines)
+    assert r.returncode == 2 and len(lines) == 1 and "--kernels" in lines[0] and "compiler" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_missing_its_kernels_is_one_line(library, tmp_path):
+    tiny_gguf(tmp_path / "t.gguf", T.Q4_1)
+    folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "ort", weights=KERNELS)
+    (folder / cpu.LIBRARY).unlink()
+    r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-new-tokens", "2")
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "--kernels standard" in lines[0], r.stderr
+
+
+def test_kernels_are_an_ort_choice_and_part_of_the_cache_key():
+    assert Weights(kernels="llgraph").mode != Weights().mode == Weights(kernels="standard").mode
+    with pytest.raises(Exception, match="--kernels llgraph is for ONNX Runtime"):
+        Weights(kernels="llgraph").check("trt")
+    with pytest.raises(Exception, match="float32"):
+        Weights("fp16", kernels="llgraph").check("ort", kernels=True)
