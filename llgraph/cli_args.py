@@ -19,6 +19,20 @@ def dtype_name(text: str) -> str:
     return names.get(text, text)
 
 
+class Version(argparse.Action):
+    """--version: llgraph's on stdout (what scripts read), and on stderr whether its CPU kernels are built here."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import sys
+
+        from llgraph import __version__
+        from llgraph.plugins import cpu
+
+        print(f"llgraph {__version__}")
+        print(cpu.status(), file=sys.stderr)
+        parser.exit()
+
+
 def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
     """How weights are run, the same flags for export, generate, eval and serve (weight_request.Weights)."""
     p.add_argument("--dtype", default="fp32", help=f"{whose}dtype: fp32 (default), fp16 or bf16 "
@@ -51,11 +65,10 @@ def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from llgraph import __version__
 
     p = argparse.ArgumentParser(prog="llgraph", description="`llgraph` command line. Every expected failure is one "
                                 "line on stderr and exit status 2.")
-    p.add_argument("--version", action="version", version=f"llgraph {__version__}")
+    p.add_argument("--version", action=Version, nargs=0, help="show llgraph's version, and its CPU kernels' state")
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("inspect", help="summarize the graph a config builds: ops, parameters, KV-cache size")
     i.add_argument("--config", required=True,

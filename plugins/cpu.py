@@ -39,15 +39,23 @@ class KernelsUnavailable(Exception):
     """Why llgraph's CPU kernels cannot be built or loaded here; one line."""
 
 
-def library(progress: bool = True) -> Path | None:
-    """The kernel library for this machine, built into the user cache on first use; None (see why_not()) where it
-    cannot be built."""
+def library(progress: bool = True, build: bool = True) -> Path | None:
+    """The kernel library for this machine, built into the user cache on first use (`build`: else only one built
+    before); None (see why_not()) where there is none."""
     global _why_not
     try:
-        return _built(progress)
+        return _built(progress, build)
     except KernelsUnavailable as e:
         _why_not = str(e)
         return None
+
+
+def status() -> str:
+    """One line for `llgraph --version`: whether the kernels are built here, and the instruction set they run."""
+    path = library(progress=False, build=False)
+    if path is None:
+        return f"CPU kernels: not built ({why_not()})"
+    return f"CPU kernels: {isa(path)} ({path})"
 
 
 def why_not() -> str:
@@ -61,14 +69,14 @@ def isa(path: Path) -> str:
     return f().decode()
 
 
-def _built(progress: bool) -> Path:
+def _built(progress: bool, build: bool = True) -> Path:
     if sys.platform != "linux":
         raise KernelsUnavailable(f"llgraph's CPU kernels are built for Linux; this is {sys.platform}")
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not compiler or not shutil.which(compiler):
         raise KernelsUnavailable("no C++ compiler (g++) to build llgraph's CPU kernels; install one "
                                  "(apt-get install g++) or set $CXX")
-    headers = _headers(progress)
+    headers = _headers(progress, fetch=build)
     key = hashlib.sha256()
     for path in SOURCES:
         key.update(path.read_bytes())
@@ -76,6 +84,8 @@ def _built(progress: bool) -> Path:
     out = user_cache() / "kernels" / key.hexdigest()[:16] / LIBRARY
     if out.exists():
         return out
+    if not build:
+        raise KernelsUnavailable("they build on first use: `llgraph export ... --kernels llgraph`")
     out.parent.mkdir(parents=True, exist_ok=True)
     if progress:
         print(f"building llgraph's CPU kernels (once, into {out.parent}) ...", file=sys.stderr, flush=True)
@@ -100,7 +110,7 @@ def _version(compiler: str) -> str:
     return r.stdout.splitlines()[0] if r.returncode == 0 and r.stdout else compiler
 
 
-def _headers(progress: bool) -> Path:
+def _headers(progress: bool, fetch: bool = True) -> Path:
     """A folder holding onnxruntime_cxx_api.h: $ORT_INCLUDE_DIR, the system's, or fetched once from Debian."""
     given = os.environ.get("ORT_INCLUDE_DIR")
     if given:
@@ -111,7 +121,10 @@ def _headers(progress: bool) -> Path:
     for system in (Path("/usr/include/onnxruntime"), Path("/usr/local/include/onnxruntime")):
         if (system / "onnxruntime_cxx_api.h").exists():
             return system
-    return fetch_headers(progress)
+    fetched = user_cache() / "ort-headers"
+    if not fetch and not (fetched / "x").exists():
+        raise KernelsUnavailable("they build on first use: `llgraph export ... --kernels llgraph`")
+    return fetch_headers(progress, fetched)
 
 
 def fetch_headers(progress: bool = True, root: Path | None = None) -> Path:
