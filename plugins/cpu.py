@@ -91,7 +91,7 @@ def _built(progress: bool, build: bool = True) -> Path:
         print(f"building llgraph's CPU kernels (once, into {out.parent}) ...", file=sys.stderr, flush=True)
     with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".partial", delete=False) as tmp:
         partial = Path(tmp.name)
-    cmd = [compiler, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", f"-I{headers}",
+    cmd = [compiler, "-std=c++17", "-O3", "-fPIC", "-shared", "-fvisibility=hidden", f"-I{headers}",
            f"-I{SOURCE.parent}", str(SOURCE), "-o", str(partial)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True)

@@ -1,5 +1,6 @@
 // llgraph's ONNX Runtime CPU kernels: custom ops of domain "llgraph", loaded with
-// SessionOptions.register_custom_ops_library (plugins/cpu.py builds this file once per machine).
+// SessionOptions.register_custom_ops_library. plugins/cpu.py builds this file once per machine, with -O3: the
+// tiles' accumulator arrays must be unrolled into registers, which -O2 leaves on the stack (half the speed).
 //
 // QLinear: y = x @ w^T + bias, w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b], the codes
 // as llgraph stores them (llgraph/ops.py, llgraph/quant.py: [out, in/B, B*bits/8], 4-bit two per byte, low nibble
@@ -107,6 +108,8 @@ struct V {
   static R zero() { return _mm512_setzero_ps(); }
   static R set1(float v) { return _mm512_set1_ps(v); }
   static R load(const float* x) { return _mm512_loadu_ps(x); }
+  static void store(float* y, R v) { _mm512_storeu_ps(y, v); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
   static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
   static void codes4(const uint8_t* c, R& lo, R& hi) {
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
@@ -133,6 +136,8 @@ struct V {
   static R zero() { return _mm256_setzero_ps(); }
   static R set1(float v) { return _mm256_set1_ps(v); }
   static R load(const float* x) { return _mm256_loadu_ps(x); }
+  static void store(float* y, R v) { _mm256_storeu_ps(y, v); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
   static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
   static void codes4(const uint8_t* c, R& lo, R& hi) {
     const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
