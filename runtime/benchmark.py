@@ -166,7 +166,8 @@ class Isolated:
 
 def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
     """(engines, llgraph's export folders by engine name): llgraph int4 from the bundled GGUF's Q4_1 blocks at
-    accuracy level 4 and 0 (exact fp32 compute, the default), llgraph int4 on genai's scheme (level 4),
+    accuracy level 4 and 0 (exact fp32 compute, the default), the same blocks on llgraph's own CPU kernels (exact),
+    llgraph int4 on genai's scheme (level 4),
     onnxruntime-genai's int4 build of the same model (its builder re-rounds the HF weights; it cannot read a
     quantized GGUF), llama.cpp on the GGUF itself where llama-cpp-python is installed."""
     import subprocess
@@ -177,12 +178,12 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
 
     gguf = bundled_model("smollm2")
     engines, folders = {}, {}
-    for level in (4, 0):
-        folder = export_model(gguf, checkpoint=gguf, out=args.work / f"llgraph-int4-l{level}", target="ort",
-                              force=True, weights=Weights(accuracy_level=level))
-        folders[f"llgraph int4 (level {level})"] = folder
-        engines[f"llgraph int4 (level {level})"] = Isolated(llgraph_engine, folder, prompt, args.new_tokens,
-                                                             args.threads)
+    for name, weights in (("llgraph int4 (level 4)", Weights(accuracy_level=4)),
+                          ("llgraph int4 (level 0)", Weights(accuracy_level=0)),
+                          ("llgraph int4 (llgraph's kernels, exact)", Weights(kernels="llgraph"))):
+        folders[name] = export_model(gguf, checkpoint=gguf, out=args.work / name.replace(" ", "-"), target="ort",
+                                     force=True, weights=weights)
+        engines[name] = Isolated(llgraph_engine, folders[name], prompt, args.new_tokens, args.threads)
     # genai's own scheme (symmetric int4, block 32, the tied lm head and embedding int4 too), rounded by llgraph
     # from the same HF folder genai's builder reads: the same weights' bytes, so the graphs and runtimes compare
     name = "llgraph int4 genai's scheme"
