@@ -187,12 +187,17 @@ class Scheduler:
     def stats(self) -> dict:
         with self._cond:
             now = time.monotonic()
-            while self._recent and self._recent[0][0] < now - 10:
-                self._recent.popleft()
+            self._trim_recent(now)
             span = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
             rate = sum(n for _, n in list(self._recent)[1:]) / span if span > 0 else 0.0
             return {"queue": len(self._queue), "active": len(self._active), "slots": self.slots,
                     "tokens_per_second": rate}
+
+    def _trim_recent(self, now: float) -> None:
+        """Keeps the last 10 s of steps (for tokens/s): trimmed as steps are added, so a server nobody scrapes
+        does not grow a record of every step it ever ran."""
+        while self._recent and self._recent[0][0] < now - 10:
+            self._recent.popleft()
 
     # -- the decode thread ------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -251,7 +256,9 @@ class Scheduler:
             r.position += 1
             self._take(r, logits[slot])
         with self._cond:
-            self._recent.append((time.monotonic(), len(self._active)))
+            now = time.monotonic()
+            self._recent.append((now, len(self._active)))
+            self._trim_recent(now)
 
     def _take(self, r: _Request, logits: torch.Tensor) -> None:
         try:

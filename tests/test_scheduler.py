@@ -85,3 +85,23 @@ def test_stop_with_grace_finishes_running_requests(tiny_runners):
     scheduler.stop(grace=30)  # returns once both finished on their own
     assert [h.decoding.finish_reason for h in handles] == ["length", "length"]
     assert all(len(h.decoding.tokens) == 20 for h in handles)
+
+
+def test_the_tokens_per_second_record_stays_bounded_without_scrapes(tiny_runners, monkeypatch):
+    """The record behind tokens/s keeps 10 s of steps, trimmed as steps are added: before, only /health and
+    /metrics trimmed it, so a server nobody scraped kept a tuple for every step it ever ran. Here each step is 1 s
+    apart on a fake clock, and nothing reads stats() while 40 steps run."""
+    import itertools
+
+    import llgraph.runtime.scheduler as module
+
+    clock = itertools.count()  # next() on it is atomic: the test thread and the decode thread both read the clock
+    monkeypatch.setattr(module.time, "monotonic", lambda: float(next(clock)))
+    scheduler = Scheduler(tiny_runners[2]["ort"], slots=1).start()
+    try:
+        scheduler.submit([1, 2, 3], 40).result(timeout=60)
+        kept = len(scheduler._recent)
+    finally:
+        scheduler.stop()
+    print(f"steps kept after 40 one-second steps: {kept}")
+    assert kept <= 12
