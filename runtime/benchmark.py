@@ -3,7 +3,8 @@ eager, same prompt, same greedy tokens, one invocation, the same thread count.
 
     python -m llgraph.runtime.benchmark [--hf-dir DIR] [--work DIR] [--threads 2] [--new-tokens 64] [--repeats 3]
     python -m llgraph.runtime.benchmark --int4     # 4-bit: llgraph on the GGUF's own Q4_1 blocks (accuracy level 4
-                                                   # and 0) and on genai's scheme vs onnxruntime-genai int4 vs
+                                                   # and 0, and on llgraph's own CPU kernels) and on genai's
+                                                   # scheme vs onnxruntime-genai int4 vs
                                                    # llama.cpp on the same GGUF, then each one's mean KL from the
                                                    # exact computation
     python -m llgraph.runtime.benchmark --quality  # RTN int4/int8: mean KL of next-token distributions vs fp32
