@@ -330,11 +330,12 @@ def report(engines: dict, args, prompt: list[int], title: str, peer: str, refere
     want = results[reference][0]
     print(f"\n{title}, prompt {len(prompt)} tokens, {args.new_tokens} new tokens, {args.threads} threads, best of "
           f"{args.repeats}; each engine in its own process, peak RSS above a bare one's ({bare:.0f} MB: Python, torch)")
-    print(f"{'engine':<28}{'prefill tok/s':>15}{'decode tok/s':>14}{f'x {peer}':>28}{'peak RSS MB':>13}  "
+    width = max(len("engine"), *map(len, results)) + 2
+    print(f"{'engine':<{width}}{'prefill tok/s':>15}{'decode tok/s':>14}{f'x {peer}':>28}{'peak RSS MB':>13}  "
           f"tokens == {reference}")
     for name, (tokens, prefill, decode) in results.items():
-        print(f"{name:<28}{prefill:>15.1f}{decode:>14.1f}{decode / results[peer][2]:>28.2f}{rss[name] - bare:>13.0f}  "
-              f"{tokens == want}")
+        print(f"{name:<{width}}{prefill:>15.1f}{decode:>14.1f}{decode / results[peer][2]:>28.2f}"
+              f"{rss[name] - bare:>13.0f}  {tokens == want}")
 
 
 if __name__ == "__main__":
