@@ -10,8 +10,8 @@
 // stored. For 4-bit codes each block of x is first split into its even and odd elements, so a byte's low and high
 // nibbles meet their x values without any shuffle.
 //
-// Instruction sets: AVX-512F, AVX2+FMA and a portable scalar loop, each compiled with per-function target
-// attributes (never -march=native) and chosen when the library loads from the CPU's features; the environment
+// Instruction sets: AVX-512F, AVX2+FMA and a portable scalar loop, each compiled inside its own target region (no
+// build flag tied to the building CPU) and chosen when the library loads from the CPU's features; the environment
 // variable LLGRAPH_CPU_ISA=avx512|avx2|scalar caps the choice (tests run every path). Output rows are split over
 // ONNX Runtime's own intra-op thread pool (KernelContext::ParallelFor), so session threads are obeyed.
 
