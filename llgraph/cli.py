@@ -72,7 +72,9 @@ def cmd_serve(args) -> int:
             raise LlgraphError(f"{flag} ({value}) must be at least {low}")
     if args.timeout is not None and args.timeout <= 0:
         raise LlgraphError(f"--timeout ({args.timeout}) must be a positive number of seconds")
-    weights = weights_of(args).check(args.backend)
+    from llgraph.runtime.registry import check_weights
+
+    weights = check_weights(args.backend, weights_of(args))
     options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
                            args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes)
     if args.ray:

@@ -65,6 +65,12 @@ def backend(name: str) -> BackendSpec:
     return importlib.import_module(BACKENDS[name][0]).BACKEND
 
 
+def check_weights(name: str, weights: Weights) -> Weights:
+    """The weight request against what backend `name` declares it runs (bf16, accuracy level, llgraph's kernels)."""
+    spec = backend(name)
+    return weights.check(name, spec.bf16, spec.accuracy_level, spec.kernels)
+
+
 def diff_sides() -> dict[str, Callable[[SideRequest], Callable]]:
     """Every diff side of every backend, by name (torch, ort, onnx, trt)."""
     return {side: make for name in BACKENDS for side, make in backend(name).sides.items()}
@@ -80,7 +86,7 @@ def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir
     from llgraph.export_folder import Manifest
 
     spec = backend(name)
-    weights.check(name, spec.bf16, spec.accuracy_level, spec.kernels)
+    check_weights(name, weights)
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")

@@ -63,3 +63,18 @@ def test_output_into_a_closed_pipe_is_quiet():
     p.stdout.close()
     err = p.stderr.read()
     assert p.wait(30) == 0 and "Traceback" not in err, err
+
+
+def test_serve_takes_the_weight_flags_its_backend_runs(tmp_path):
+    """serve checks the weight flags against its backend's registration: the ort backend takes an accuracy level
+    and llgraph's kernels (so a missing model is the error), the trt backend refuses them."""
+    def serve(*args):
+        r = subprocess.run([sys.executable, "-m", "llgraph", "serve", str(tmp_path / "nope"), *args],
+                           capture_output=True, text=True, timeout=120)
+        return r.returncode, r.stderr.strip().splitlines()[-1]
+
+    for flags in (["--accuracy-level", "4"], ["--kernels", "llgraph"]):
+        code, line = serve(*flags)
+        assert code == 2 and "does not exist" in line, (flags, line)
+    code, line = serve("--accuracy-level", "4", "--backend", "trt")
+    assert code == 2 and "--accuracy-level (4)" in line, line
