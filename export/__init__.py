@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llgraph.bundled import resolve
 from llgraph.errors import ExportError
 from llgraph.export.lower import Target
 from llgraph.weight_request import Weights
@@ -32,16 +31,13 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", weight
     manifest.json, and the checkpoint's tokenizer files. `weights` (llgraph.weight_request.Weights) says how:
     a GGUF's Q4_0/Q4_1/Q8_0 decoder-layer Linears are carried block for block (QLinear) unless dequantized, a
     float checkpoint's can be rounded to int4/int8, the lm head too; its accuracy level is MatMulNBits' (ort)."""
-    from llgraph.checkpoint import open_model
+    from llgraph.checkpoint import checkpoint_path, open_model
     from llgraph.export.lower import export
     from llgraph.outdir import check_writable_target
 
     tgt = get_target(target)
     weights.check(target, tgt.bf16, tgt.accuracy_level, tgt.kernels)
-    checkpoint = resolve(checkpoint)
-    if checkpoint is not None and not Path(checkpoint).exists():
-        raise ExportError(f"--checkpoint {checkpoint} does not exist; pass an HF folder, a .safetensors or .gguf "
-                          "file, or 'smollm2'")
+    checkpoint = checkpoint_path(checkpoint)  # before the output folder's check, as before any loading
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing

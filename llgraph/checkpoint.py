@@ -122,16 +122,22 @@ class Model:
     checkpoint: Path | None  # the checkpoint file or folder (None: random weights)
 
 
+def checkpoint_path(checkpoint) -> Path | None:
+    """A checkpoint reference ('smollm2' or a path; None: random weights) as an existing path, or one line."""
+    checkpoint = resolve(checkpoint)
+    if checkpoint is not None and not Path(checkpoint).exists():
+        raise ExportError(f"--checkpoint {checkpoint} does not exist; pass an HF folder, a .safetensors or .gguf "
+                          "file, or 'smollm2'")
+    return None if checkpoint is None else Path(checkpoint)
+
+
 def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int = 0) -> Model:
     """config: a preset, config file, checkpoint or 'smollm2' (None: the checkpoint's own); checkpoint: a folder,
     .safetensors, .gguf or 'smollm2' (None: seeded random weights). The graph is built once."""
     from llgraph.passes import model_graph
     from llgraph.source_views import rtn_view
 
-    checkpoint = resolve(checkpoint)
-    if checkpoint is not None and not Path(checkpoint).exists():
-        raise ExportError(f"--checkpoint {checkpoint} does not exist; pass an HF folder, a .safetensors or .gguf "
-                          "file, or 'smollm2'")
+    checkpoint = checkpoint_path(checkpoint)
     cfg = load_config(resolve(config) if config is not None else checkpoint)
     plain = model_graph(cfg, weights.dtype) if checkpoint is None else None  # random weights draw its shapes
     if checkpoint is None:
