@@ -30,6 +30,7 @@ SOURCE = Path(__file__).parent / "cpu" / "llgraph_ort.cc"
 SOURCES = sorted([*SOURCE.parent.glob("*.cc"), *SOURCE.parent.glob("*.inc")])  # what the build key covers
 HEADERS_PACKAGE = "libonnxruntime-dev"  # Debian 13 (trixie): ONNX Runtime 1.21's headers
 HEADERS_SUITE = "deb http://deb.debian.org/debian trixie main"
+BUILDS, HEADERS = "kernels", "ort-headers"  # under the user cache: one folder per build key, the fetched headers
 ISA_ENV = "LLGRAPH_CPU_ISA"  # avx512 | avx2 | scalar: the widest instruction set the kernels may use
 
 _why_not: str | None = None
@@ -69,6 +70,15 @@ def isa(path: Path) -> str:
     return f().decode()
 
 
+def built_here(root: Path) -> list[Path]:
+    """What this module wrote under cache root `root`: each build's folder (holding the library alone) and the
+    fetched headers; `llgraph cache clean` removes them with the exports. Anything else there is left alone."""
+    builds = [d for d in sorted((root / BUILDS).glob("*")) if d.is_dir() and (d / LIBRARY).exists()
+              and {p.name for p in d.iterdir()} <= {LIBRARY}]
+    headers = root / HEADERS / "x" / "usr" / "include" / "onnxruntime" / "onnxruntime_cxx_api.h"
+    return builds + ([root / HEADERS / "x"] if headers.exists() else [])
+
+
 def _built(progress: bool, build: bool = True) -> Path:
     if sys.platform != "linux":
         raise KernelsUnavailable(f"llgraph's CPU kernels are built for Linux; this is {sys.platform}")
@@ -81,7 +91,7 @@ def _built(progress: bool, build: bool = True) -> Path:
     for path in SOURCES:
         key.update(path.read_bytes())
     key.update(_version(compiler).encode() + (headers / "onnxruntime_c_api.h").read_bytes())
-    out = user_cache() / "kernels" / key.hexdigest()[:16] / LIBRARY
+    out = user_cache() / BUILDS / key.hexdigest()[:16] / LIBRARY
     if out.exists():
         return out
     if not build:
@@ -121,7 +131,7 @@ def _headers(progress: bool, fetch: bool = True) -> Path:
     for system in (Path("/usr/include/onnxruntime"), Path("/usr/local/include/onnxruntime")):
         if (system / "onnxruntime_cxx_api.h").exists():
             return system
-    fetched = user_cache() / "ort-headers"
+    fetched = user_cache() / HEADERS
     if not fetch and not (fetched / "x").exists():
         raise KernelsUnavailable("they build on first use: `llgraph export ... --kernels llgraph`")
     return fetch_headers(progress, fetched)
@@ -130,7 +140,7 @@ def _headers(progress: bool, fetch: bool = True) -> Path:
 def fetch_headers(progress: bool = True, root: Path | None = None) -> Path:
     """ONNX Runtime's headers from Debian's `libonnxruntime-dev`, fetched once into the user cache with apt-get
     and a private sources list, lists and cache (the system's apt setup is not read or changed)."""
-    root = root or user_cache() / "ort-headers"
+    root = root or user_cache() / HEADERS
     include = root / "x" / "usr" / "include" / "onnxruntime"
     if (include / "onnxruntime_cxx_api.h").exists():
         return include

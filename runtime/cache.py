@@ -22,6 +22,7 @@ from llgraph import __version__
 from llgraph.errors import LlgraphError
 from llgraph.export_folder import MANIFEST, Manifest
 from llgraph.outdir import user_cache
+from llgraph.plugins import cpu
 
 HASHES = "hashes.json"
 _CHECKPOINT_SUFFIXES = {".json", ".safetensors", ".gguf", ".jinja", ".model", ".txt"}
@@ -96,8 +97,8 @@ def entries(root: Path) -> list[Entry]:
 
 
 def clean(root: Path, names: list[str] | None = None) -> tuple[list[Entry], int]:
-    """Remove the named entries (all when `names` is empty) and, with all, the hash memo. Only llgraph export
-    folders are ever removed. Returns what was removed and the bytes freed."""
+    """Remove the named entries (all when `names` is empty) and, with all, the hash memo and llgraph's kernel builds
+    (plugins/cpu.py). Only what llgraph wrote is ever removed. Returns the entries removed and the bytes freed."""
     known = {e.name: e for e in entries(root)}
     missing = [n for n in names or () if n not in known]
     if missing:
@@ -105,6 +106,14 @@ def clean(root: Path, names: list[str] | None = None) -> tuple[list[Entry], int]
     chosen = [known[n] for n in names] if names else list(known.values())
     for e in chosen:
         shutil.rmtree(e.path)
-    if not names and (root / HASHES).exists():
-        (root / HASHES).unlink()
-    return chosen, sum(e.bytes for e in chosen)
+    freed = sum(e.bytes for e in chosen)
+    if not names:  # all: the hash memo, and llgraph's CPU kernel builds and the headers fetched for them
+        if (root / HASHES).exists():
+            (root / HASHES).unlink()
+        for folder in cpu.built_here(root):
+            freed += sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            shutil.rmtree(folder)
+            for parent in (folder.parent, folder.parent.parent):  # kernels/, ort-headers/ once empty
+                if parent != root and parent.is_dir() and not any(parent.iterdir()):
+                    parent.rmdir()
+    return chosen, freed

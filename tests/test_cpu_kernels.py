@@ -130,3 +130,22 @@ def test_kernels_are_an_ort_choice_and_part_of_the_cache_key():
         Weights(kernels="llgraph").check("trt")
     with pytest.raises(Exception, match="float32"):
         Weights("fp16", kernels="llgraph").check("ort", kernels=True)
+
+
+def test_cache_clean_takes_llgraph_s_kernel_builds_and_nothing_else(tmp_path):
+    """Each change of the kernels' source builds into a new folder of the cache; `llgraph cache clean` (all) removes
+    those builds and the fetched headers with the exports, and leaves a user's files where it found them."""
+    cache = tmp_path / "cache"
+    for key in ("0123456789abcdef", "fedcba9876543210"):
+        (cache / cpu.BUILDS / key).mkdir(parents=True)
+        (cache / cpu.BUILDS / key / cpu.LIBRARY).write_bytes(b"\0" * 1000)
+    (cache / cpu.BUILDS / "mine").mkdir()
+    (cache / cpu.BUILDS / "mine" / "notes.txt").write_text("a user's")
+    include = cache / cpu.HEADERS / "x" / "usr" / "include" / "onnxruntime"
+    include.mkdir(parents=True)
+    (include / "onnxruntime_cxx_api.h").write_text("//")
+    r = llgraph("cache", "clean", "--cache-dir", str(cache))
+    assert r.returncode == 0, r.stderr
+    left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+    print(r.stdout.strip(), left)
+    assert left == [cpu.BUILDS, f"{cpu.BUILDS}/mine", f"{cpu.BUILDS}/mine/notes.txt"]
