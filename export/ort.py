@@ -231,14 +231,32 @@ def qlinear(em: Emitter, node: Node) -> None:
 
 
 def qlinear_llgraph(em: Emitter, node: Node) -> None:
-    """llgraph::QLinear (plugins/cpu/llgraph_ort.cc): one node on the codes, scales and mins as stored; the
-    schema's inputs and attributes, unchanged."""
+    """llgraph::QLinear (plugins/cpu/llgraph_ort.cc): one node on the codes, scales and mins; the schema's inputs
+    and attributes, and the export's accuracy level. At level 4 (int8 activations) the blocks are written in the
+    kernel's interleaved layout (`_interleave16`: 16 rows' bytes side by side, what its VNNI dots read in one load),
+    unless the codes are shared with a tied embedding's gather, which reads them as stored."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
-    inputs = [x, em.weight(codes), em.weight(scales), em.weight(mins) if mins else "", em.weight(bias) if bias else ""]
+    level = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL)
+    tied = any(n.op == "QEmbedding" and n.inputs[1] == codes for n in em.graph.nodes)
+    layout = {"compute": _interleave16} if level == 4 and not tied else {}
+    attrs = {"interleave": 16, "rows": em.graph.values[codes].shape[0]} if layout else {}
+    inputs = [x, em.weight(codes, **layout), em.weight(scales, **layout), em.weight(mins, **layout) if mins else "",
+              em.weight(bias) if bias else ""]
     while inputs[-1] == "":
         inputs.pop()
     em.node("QLinear", inputs, node.outputs, domain=cpu.DOMAIN, hint=node.name, bits=bits, block_size=block,
-            zero_point=zp)
+            zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
+
+
+def _interleave16(t: torch.Tensor) -> torch.Tensor:
+    """Codes [N, nb, bytes] -> [ceil(N/16), nb, 16 * bytes] (each block's bytes 4 at a time, row by row of 16);
+    scales or mins [N, nb] -> [ceil(N/16), nb, 16]. Rows past N are zeros (the kernel writes only N)."""
+    n = t.shape[0]
+    t = torch.cat([t, t.new_zeros((-n % 16,) + tuple(t.shape[1:]))])
+    groups = t.shape[0] // 16
+    if t.dim() == 3:
+        return t.reshape(groups, 16, t.shape[1], -1, 4).permute(0, 2, 3, 1, 4).reshape(groups, t.shape[1], -1)
+    return t.reshape(groups, 16, -1).permute(0, 2, 1).contiguous()
 
 
 def extras(folder: Path, manifest) -> None:

@@ -38,7 +38,8 @@ class Weights:
     `quantize`d (int4/int8) by round-to-nearest in blocks of `block_size` codes, `symmetric` or with per-block mins;
     the lm head (and an embedding table tied to it) rounded to `lm_head` too; ONNX Runtime's `accuracy_level` (the
     ort target only; None: DEFAULT_ACCURACY_LEVEL); `kernels`: ONNX Runtime's own ops for the quantized Linears
-    ("standard") or llgraph's CPU kernels ("llgraph", exact fp32 compute on the stored blocks)."""
+    ("standard") or llgraph's CPU kernels ("llgraph": the stored blocks at exact fp32 compute, or with int8
+    activations at accuracy level 4)."""
     dtype: str = "float32"
     quantize: str | None = None
     block_size: int = 32

@@ -8,7 +8,8 @@ Headers: ONNX Runtime's C/C++ API headers come from $ORT_INCLUDE_DIR, else the s
 libonnxruntime-dev), else Debian's archive: that package (85 KB, MIT) is fetched once into the user cache with a
 private apt sources list, so nothing of the system's apt setup is touched. Built against API version 21
 (ONNX Runtime 1.21), the library runs on that runtime or a newer one. The compiler: $CXX, else g++ or c++.
-Instruction sets are chosen when the library loads (AVX-512, AVX2+FMA or scalar; LLGRAPH_CPU_ISA caps it).
+Instruction sets are chosen when the library loads (AVX-512 VNNI for level 4's int8 dots, AVX-512, AVX2+FMA or
+scalar; LLGRAPH_CPU_ISA caps it).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ SOURCES = sorted([*SOURCE.parent.glob("*.cc"), *SOURCE.parent.glob("*.inc")])  #
 HEADERS_PACKAGE = "libonnxruntime-dev"  # Debian 13 (trixie): ONNX Runtime 1.21's headers
 HEADERS_SUITE = "deb http://deb.debian.org/debian trixie main"
 BUILDS, HEADERS = "kernels", "ort-headers"  # under the user cache: one folder per build key, the fetched headers
-ISA_ENV = "LLGRAPH_CPU_ISA"  # avx512 | avx2 | scalar: the widest instruction set the kernels may use
+ISA_ENV = "LLGRAPH_CPU_ISA"  # avx512vnni | avx512 | avx2 | scalar: the widest instruction set the kernels may use
 
 _why_not: str | None = None
 

@@ -167,7 +167,8 @@ class Isolated:
 
 def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
     """(engines, llgraph's export folders by engine name): llgraph int4 from the bundled GGUF's Q4_1 blocks at
-    accuracy level 4 and 0 (exact fp32 compute, the default), the same blocks on llgraph's own CPU kernels (exact),
+    accuracy level 4 and 0 (exact fp32 compute, the default), the same blocks on llgraph's own CPU kernels (exact
+    and level 4),
     llgraph int4 on genai's scheme (level 4),
     onnxruntime-genai's int4 build of the same model (its builder re-rounds the HF weights; it cannot read a
     quantized GGUF), llama.cpp on the GGUF itself where llama-cpp-python is installed."""
@@ -181,7 +182,8 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
     engines, folders = {}, {}
     for name, weights in (("llgraph int4 (level 4)", Weights(accuracy_level=4)),
                           ("llgraph int4 (level 0)", Weights(accuracy_level=0)),
-                          ("llgraph int4 (llgraph's kernels, exact)", Weights(kernels="llgraph"))):
+                          ("llgraph int4 (llgraph's kernels, exact)", Weights(kernels="llgraph")),
+                          ("llgraph int4 (llgraph's kernels, level 4)", Weights(kernels="llgraph", accuracy_level=4))):
         folders[name] = export_model(gguf, checkpoint=gguf, out=args.work / name.replace(" ", "-"), target="ort",
                                      force=True, weights=weights)
         engines[name] = Isolated(llgraph_engine, folders[name], prompt, args.new_tokens, args.threads)

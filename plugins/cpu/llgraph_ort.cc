@@ -10,10 +10,14 @@
 // stored. For 4-bit codes each block of x is first split into its even and odd elements, so a byte's low and high
 // nibbles meet their x values without any shuffle.
 //
-// Instruction sets: AVX-512F, AVX2+FMA and a portable scalar loop, each compiled inside its own target region (no
-// build flag tied to the building CPU) and chosen when the library loads from the CPU's features; the environment
-// variable LLGRAPH_CPU_ISA=avx512|avx2|scalar caps the choice (tests run every path). Output rows are split over
-// ONNX Runtime's own intra-op thread pool (KernelContext::ParallelFor), so session threads are obeyed.
+// Accuracy level 4 (the node's accuracy_level attribute, as MatMulNBits'): int8 activations and integer dots
+// (qlinear_int8.inc), AVX-512 VNNI where the CPU has it, else the same arithmetic portably.
+//
+// Instruction sets: AVX-512 VNNI (level 4), AVX-512F, AVX2+FMA and a portable scalar loop, each compiled inside its
+// own target region (no build flag tied to the building CPU) and chosen when the library loads from the CPU's
+// features; the environment variable LLGRAPH_CPU_ISA=avx512vnni|avx512|avx2|scalar caps the choice (tests run every
+// path). Output rows are split over ONNX Runtime's own intra-op thread pool (KernelContext::ParallelFor), so session
+// threads are obeyed.
 
 #define ORT_API_MANUAL_INIT
 #include "onnxruntime_cxx_api.h"
@@ -22,6 +26,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -31,17 +36,20 @@
 
 namespace {
 
-enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
-const char* kIsaNames[] = {"scalar", "avx2", "avx512"};
+enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
+const char* kIsaNames[] = {"scalar", "avx2", "avx512", "avx512vnni"};
 
 Isa DetectIsa() {
   __builtin_cpu_init();
   Isa best = kScalar;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = kAvx2;
   if (__builtin_cpu_supports("avx512f")) best = kAvx512;
+  if (best == kAvx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512vnni"))
+    best = kAvx512Vnni;
   const char* cap = std::getenv("LLGRAPH_CPU_ISA");
   if (cap != nullptr) {
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 4; ++i)
       if (std::strcmp(cap, kIsaNames[i]) == 0) best = std::min(best, static_cast<Isa>(i));
   }
   return best;
@@ -59,6 +67,9 @@ struct Problem {
   float* y;               // [M, N]
   int64_t M, K, N, nb, B, bits, zero_point, chunk;
   Isa isa;
+  const struct Int8X* int8;  // level 4: x quantized (qlinear_int8.inc); null: exact
+  const struct Int8Blocks* int8b;  // level 4 on the interleaved layout: x quantized per block; chunks are groups
+  int64_t centre;  // level 4: the code its integer dots are centred on, 2^(code_bits - 1)
 };
 
 // sum_b (mins - scales * zp) * xsum: the zero point and the mins, through the block sums of x
@@ -159,11 +170,26 @@ struct V {
 
 namespace {
 
+#include "qlinear_int8.inc"
+
 // one chunk of output rows, on the chosen instruction set
 void Chunk(void* data, size_t index) {
   const Problem& p = *static_cast<const Problem*>(data);
   const int64_t o0 = static_cast<int64_t>(index) * p.chunk, o1 = std::min(p.N, o0 + p.chunk);
-  if (p.isa == kAvx512) {
+  if (p.int8b != nullptr) {
+    const int64_t g = static_cast<int64_t>(index);
+    if (p.isa == kAvx512Vnni) {
+      vnni::Groups(p, *p.int8b, g, g + 1);
+    } else {
+      GroupsInt8Scalar(p, *p.int8b, g, g + 1);
+    }
+  } else if (p.int8 != nullptr) {
+    if (p.isa == kAvx512Vnni) {
+      vnni::Rows(p, *p.int8, o0, o1);
+    } else {
+      RowsInt8Scalar(p, *p.int8, o0, o1);
+    }
+  } else if (p.isa >= kAvx512) {
     avx512::Rows(p, o0, o1);
   } else if (p.isa == kAvx2) {
     avx2::Rows(p, o0, o1);
@@ -178,11 +204,31 @@ struct QLinearKernel {
     bits_ = k.GetAttribute<int64_t>("bits");
     block_ = k.GetAttribute<int64_t>("block_size");
     zero_point_ = k.GetAttribute<int64_t>("zero_point");
+    int64_t level = 0;  // optional, as MatMulNBits' accuracy_level: 4 is int8 activations, anything else exact
+    if (OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, "accuracy_level", &level)) {
+      Ort::GetApi().ReleaseStatus(absent);
+      level = 0;
+    }
     if ((bits_ != 4 && bits_ != 8) || block_ < 16 || (block_ & (block_ - 1)) != 0)
       ORT_CXX_API_THROW("llgraph QLinear: bits must be 4 or 8 and block_size a power of 2 >= 16",
                         ORT_INVALID_ARGUMENT);
     // the widest path whose lanes divide this block's segments; narrower blocks take the next one down
     isa_ = g_isa;
+    if (OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, "interleave", &interleave_)) {
+      Ort::GetApi().ReleaseStatus(absent);
+      interleave_ = 0;
+    }
+    if (interleave_ != 0 && interleave_ != 16)
+      ORT_CXX_API_THROW("llgraph QLinear: interleave must be 0 or 16", ORT_INVALID_ARGUMENT);
+    rows_ = interleave_ ? k.GetAttribute<int64_t>("rows") : 0;
+    int64_t code_bits = bits_;  // optional: the bits the codes use (Q5_K's and Q6_K's 5 and 6 in 8)
+    if (OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, "code_bits", &code_bits)) {
+      Ort::GetApi().ReleaseStatus(absent);
+      code_bits = bits_;
+    }
+    centre_ = int64_t{1} << (std::min(std::max<int64_t>(code_bits, 1), bits_) - 1);
+    int8_ = interleave_ != 0 || (level == 4 && Int8Fits(bits_, block_));  // the interleaved layout is level 4's
+    if (!int8_ && isa_ == kAvx512Vnni) isa_ = kAvx512;
     if (isa_ == kAvx512 && (bits_ == 4 ? block_ % 32 : block_ % 16) != 0) isa_ = kAvx2;
   }
 
@@ -191,22 +237,42 @@ struct QLinearKernel {
     const Ort::ConstValue x = ctx.GetInput(0), codes = ctx.GetInput(1), scales = ctx.GetInput(2);
     const std::vector<int64_t> xs = x.GetTensorTypeAndShapeInfo().GetShape();
     const std::vector<int64_t> cs = codes.GetTensorTypeAndShapeInfo().GetShape();
-    if (xs.empty() || cs.size() != 3 || cs[1] * block_ != xs.back() || cs[2] != block_ * bits_ / 8)
-      ORT_CXX_API_THROW("llgraph QLinear: codes must be [out, in/block, block*bits/8] matching x's last dim",
-                        ORT_INVALID_ARGUMENT);
-    const int64_t K = xs.back(), N = cs[0], nb = cs[1];
+    const int64_t lanes = interleave_ ? 16 : 1;
+    if (xs.empty() || cs.size() != 3 || cs[1] * block_ != xs.back() || cs[2] != lanes * block_ * bits_ / 8 ||
+        (interleave_ && (rows_ > cs[0] * 16 || rows_ <= (cs[0] - 1) * 16)))
+      ORT_CXX_API_THROW("llgraph QLinear: codes must be [out, in/block, block*bits/8] (interleaved: [ceil(rows/16), "
+                        "in/block, 16*block*bits/8]) matching x's last dim", ORT_INVALID_ARGUMENT);
+    const int64_t K = xs.back(), N = interleave_ ? rows_ : cs[0], nb = cs[1];
     int64_t M = 1;
     for (size_t i = 0; i + 1 < xs.size(); ++i) M *= xs[i];
     std::vector<int64_t> ys(xs);
     ys.back() = N;
     float* out = ctx.GetOutput(0, ys).GetTensorMutableData<float>();
 
-    // x as the kernels read it (4-bit: each block's even elements, then its odd ones) and its block sums
-    reordered_.resize(static_cast<size_t>(M * K));
-    sums_.resize(static_cast<size_t>(M * nb));
     const float* in = x.GetTensorData<float>();
+    Problem p{nullptr, nullptr, codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(), Optional(ctx, 3),
+              Optional(ctx, 4), out, M, K, N, nb, block_, bits_, zero_point_, 16, isa_, nullptr, nullptr, centre_};
+    if (interleave_) {
+      QuantizeBlocks(in, M, K, block_, bits_, centre_, int8b_);
+      p.int8b = &int8b_;
+    } else if (int8_) {
+      QuantizeX(in, M, K, block_, bits_, centre_, int8x_);
+      p.int8 = &int8x_;
+    } else {
+      Reorder(in, M * nb);
+      p.x = reordered_.data();
+      p.xsum = sums_.data();
+    }
+    const size_t chunks = static_cast<size_t>((N + p.chunk - 1) / p.chunk);
+    ctx.ParallelFor(Chunk, chunks, 0, &p);
+  }
+
+  // x as the exact kernels read it (4-bit: each block's even elements, then its odd ones) and its block sums
+  void Reorder(const float* in, int64_t blocks) {
+    reordered_.resize(static_cast<size_t>(blocks * block_));
+    sums_.resize(static_cast<size_t>(blocks));
     const int64_t half = block_ / 2;
-    for (int64_t r = 0; r < M * nb; ++r) {
+    for (int64_t r = 0; r < blocks; ++r) {
       const float* src = in + r * block_;
       float* dst = reordered_.data() + r * block_;
       float sum = 0.f;
@@ -221,10 +287,6 @@ struct QLinearKernel {
         std::memcpy(dst, src, sizeof(float) * block_);
       }
     }
-    Problem p{reordered_.data(), sums_.data(), codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(),
-              Optional(ctx, 3), Optional(ctx, 4), out, M, K, N, nb, block_, bits_, zero_point_, 16, isa_};
-    const size_t chunks = static_cast<size_t>((N + p.chunk - 1) / p.chunk);
-    ctx.ParallelFor(Chunk, chunks, 0, &p);
   }
 
   // an optional input's data, or null when the node leaves it out (named "" or past its last input)
@@ -236,7 +298,11 @@ struct QLinearKernel {
 
   int64_t bits_, block_, zero_point_;
   Isa isa_;
+  int64_t interleave_, rows_, centre_;
+  bool int8_;
   std::vector<float> reordered_, sums_;
+  Int8X int8x_;
+  Int8Blocks int8b_;
 };
 
 struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
