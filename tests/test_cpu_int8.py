@@ -22,7 +22,8 @@ from llgraph.weight_request import Weights
 
 # One QLinear node at accuracy_level 4 per case, against numpy: x quantized per block as the kernel's definition
 # says (d = max|x| / 127, round half to even), dots of the codes centred on 2^(bits-1) with it in float64, then
-# scales * d, and the mins and the centre's shift through the block sums of x itself. INTERLEAVE=16 writes the codes as export/ort.py's _interleave16 does.
+# scales * d, and the mins and the centre's shift through the block sums of x itself. INTERLEAVE=16 writes the
+# codes as export/ort.py's _interleave16 does.
 PROBE = r'''
 import ctypes, os, sys
 import numpy as np, onnxruntime as ort, torch
