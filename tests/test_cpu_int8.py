@@ -10,7 +10,7 @@ import sys
 import onnx
 import pytest
 from reference import OrtStepper, Stepper, tiny
-from test_cpu_kernels import library  # noqa: F401 (fixture)
+from test_cpu_kernels import QLINEAR_PROBE, library  # noqa: F401 (fixture)
 from test_export import compare_steps
 from test_quant import K_CFG, T, tiny_gguf
 
@@ -24,33 +24,26 @@ from llgraph.weight_request import Weights
 # says (d = max|x| / 127, round half to even), dots of the codes centred on 2^(bits-1) with it in float64, then
 # scales * d, and the mins and the centre's shift through the block sums of x itself. INTERLEAVE=16 writes the
 # codes as export/ort.py's _interleave16 does.
-PROBE = r'''
-import ctypes, os, sys
-import numpy as np, onnxruntime as ort, torch
-from onnx import TensorProto, helper, numpy_helper
+PROBE = QLINEAR_PROBE + r'''
 from llgraph.export.ort import _interleave16
-lib, rng, worst, far = sys.argv[1], np.random.default_rng(0), 0.0, 0.0
+import torch
+worst, far = 0.0, 0.0
 interleave = int(os.environ["INTERLEAVE"])
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
          (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
          (8, 64, 0, True, True, 9), (4, 128, 8, False, False, 2)]
 for bits, B, zp, with_mins, with_bias, M in cases:
     N, nb = 37, 5 if B < 128 else 3
-    q = rng.integers(0, 2 ** bits, size=(N, nb, B)).astype(np.uint8)
-    codes = q[..., 0::2] | (q[..., 1::2] << 4) if bits == 4 else q
-    scales = (rng.standard_normal((N, nb)) * 0.01).astype(np.float32)
-    mins = (rng.standard_normal((N, nb)) * 0.01).astype(np.float32) if with_mins else None
-    bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
-    x = rng.standard_normal((1, M, nb * B)).astype(np.float32)
-    blocks = x.reshape(M, nb, B)
-    amax = np.abs(blocks).max(-1)
+    q, codes, scales, mins, bias, x = blocks(bits, B, with_mins, with_bias, M, N, nb)
+    blocks_x = x.reshape(M, nb, B)
+    amax = np.abs(blocks_x).max(-1)
     inv = np.where(amax > 0, np.float32(127) / amax, 0).astype(np.float32)
-    xq = np.rint(np.clip(blocks * inv[..., None], -127, 127))
+    xq = np.rint(np.clip(blocks_x * inv[..., None], -127, 127))
     centre = 2 ** (bits - 1)
     dots = np.einsum("mbj,obj->mob", xq, q.astype(np.float64) - centre)
     want = (dots * scales[None] * (amax / np.float32(127)).astype(np.float32)[:, None, :]).sum(-1)
     offsets = scales.astype(np.float64) * (centre - zp) + (0 if mins is None else mins)
-    want = want + np.einsum("mb,ob->mo", blocks.astype(np.float64).sum(-1), offsets)
+    want = want + np.einsum("mb,ob->mo", blocks_x.astype(np.float64).sum(-1), offsets)
     w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + (0 if mins is None else mins[..., None])
     exact = x.reshape(M, -1).astype(np.float64) @ w.reshape(N, -1).T
     if bias is not None:
@@ -60,22 +53,9 @@ for bits, B, zp, with_mins, with_bias, M in cases:
     if interleave:
         given = {k: v if v is None else _interleave16(torch.from_numpy(v)).numpy() for k, v in given.items()}
     given["bias"] = bias
-    inits = [numpy_helper.from_array(v, k) for k, v in given.items() if v is not None]
-    names = ["x"] + [k if v is not None else "" for k, v in given.items()]
-    while names[-1] == "":
-        names.pop()
-    node = helper.make_node("QLinear", names, ["y"], domain="llgraph", bits=bits, block_size=B, zero_point=zp,
-                            accuracy_level=4, **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
-    opts = ort.SessionOptions()
-    opts.register_custom_ops_library(lib)
-    got = ort.InferenceSession(model.SerializeToString(), opts).run(None, {"x": x})[0].reshape(M, N)
+    got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, accuracy_level=4, **attrs).reshape(M, N)
     worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
     far = max(far, float(np.abs(got - exact).max() / np.abs(exact).max()))
-isa = ctypes.CDLL(lib).llgraph_cpu_isa
-isa.restype = ctypes.c_char_p
 print(isa().decode(), worst, far)
 '''
 

@@ -21,42 +21,59 @@ from llgraph.weight_request import Weights
 
 KERNELS = Weights(kernels="llgraph")
 
-# One QLinear node per case, run by ONNX Runtime on the library, against numpy's float64 of its definition
-# w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]. Run in a fresh process per instruction
-# set: the library picks it when it loads.
-PROBE = r'''
-import ctypes, sys
+# What the probes of the kernels share (run with `python -c`, the library's path as argv[1]): one case's random
+# blocks, one QLinear node on the library, and the instruction set it ran.
+QLINEAR_PROBE = r'''
+import ctypes, os, sys
 import numpy as np, onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
-lib, rng, worst = sys.argv[1], np.random.default_rng(0), 0.0
-cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
-         (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
-         (8, 128, 0, True, True, 9)]
-for bits, B, zp, with_mins, with_bias, M in cases:
-    N, nb = 37, 5
+lib, rng = sys.argv[1], np.random.default_rng(0)
+
+
+def blocks(bits, B, with_mins, with_bias, M, N, nb):
     q = rng.integers(0, 2 ** bits, size=(N, nb, B)).astype(np.uint8)
     codes = q[..., 0::2] | (q[..., 1::2] << 4) if bits == 4 else q
     scales = (rng.standard_normal((N, nb)) * 0.01).astype(np.float32)
     mins = (rng.standard_normal((N, nb)) * 0.01).astype(np.float32) if with_mins else None
     bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
     x = rng.standard_normal((1, M, nb * B)).astype(np.float32)
-    w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + (0 if mins is None else mins[..., None])
-    want = x.astype(np.float64) @ w.reshape(N, -1).T + (0 if bias is None else bias)
-    given = {"codes": codes, "scales": scales, "mins": mins, "bias": bias}
+    return q, codes, scales, mins, bias, x
+
+
+def qlinear(given, x, **attrs):
     inits = [numpy_helper.from_array(v, k) for k, v in given.items() if v is not None]
     names = ["x"] + [k if v is not None else "" for k, v in given.items()]
     while names[-1] == "":
         names.pop()
-    node = helper.make_node("QLinear", names, ["y"], domain="llgraph", bits=bits, block_size=B, zero_point=zp)
+    node = helper.make_node("QLinear", names, ["y"], domain="llgraph", **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(lib)
-    got = ort.InferenceSession(model.SerializeToString(), opts).run(None, {"x": x})[0]
-    worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+    return ort.InferenceSession(model.SerializeToString(), opts).run(None, {"x": x})[0]
+
+
 isa = ctypes.CDLL(lib).llgraph_cpu_isa
 isa.restype = ctypes.c_char_p
+'''
+
+# One QLinear node per case, run by ONNX Runtime on the library, against numpy's float64 of its definition
+# w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]. Run in a fresh process per instruction
+# set: the library picks it when it loads.
+PROBE = QLINEAR_PROBE + r'''
+worst = 0.0
+cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
+         (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
+         (8, 128, 0, True, True, 9)]
+for bits, B, zp, with_mins, with_bias, M in cases:
+    N, nb = 37, 5
+    q, codes, scales, mins, bias, x = blocks(bits, B, with_mins, with_bias, M, N, nb)
+    w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + (0 if mins is None else mins[..., None])
+    want = x.astype(np.float64) @ w.reshape(N, -1).T + (0 if bias is None else bias)
+    got = qlinear({"codes": codes, "scales": scales, "mins": mins, "bias": bias}, x, bits=bits, block_size=B,
+                  zero_point=zp)
+    worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
 print(isa().decode(), worst)
 '''
 
