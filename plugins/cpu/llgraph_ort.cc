@@ -204,28 +204,17 @@ struct QLinearKernel {
     bits_ = k.GetAttribute<int64_t>("bits");
     block_ = k.GetAttribute<int64_t>("block_size");
     zero_point_ = k.GetAttribute<int64_t>("zero_point");
-    int64_t level = 0;  // optional, as MatMulNBits' accuracy_level: 4 is int8 activations, anything else exact
-    if (OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, "accuracy_level", &level)) {
-      Ort::GetApi().ReleaseStatus(absent);
-      level = 0;
-    }
+    const int64_t level = OptionalAttribute(info, "accuracy_level", 0);  // as MatMulNBits': 4 is int8 activations
     if ((bits_ != 4 && bits_ != 8) || block_ < 16 || (block_ & (block_ - 1)) != 0)
       ORT_CXX_API_THROW("llgraph QLinear: bits must be 4 or 8 and block_size a power of 2 >= 16",
                         ORT_INVALID_ARGUMENT);
     // the widest path whose lanes divide this block's segments; narrower blocks take the next one down
     isa_ = g_isa;
-    if (OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, "interleave", &interleave_)) {
-      Ort::GetApi().ReleaseStatus(absent);
-      interleave_ = 0;
-    }
+    interleave_ = OptionalAttribute(info, "interleave", 0);
     if (interleave_ != 0 && interleave_ != 16)
       ORT_CXX_API_THROW("llgraph QLinear: interleave must be 0 or 16", ORT_INVALID_ARGUMENT);
     rows_ = interleave_ ? k.GetAttribute<int64_t>("rows") : 0;
-    int64_t code_bits = bits_;  // optional: the bits the codes use (Q5_K's and Q6_K's 5 and 6 in 8)
-    if (OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, "code_bits", &code_bits)) {
-      Ort::GetApi().ReleaseStatus(absent);
-      code_bits = bits_;
-    }
+    const int64_t code_bits = OptionalAttribute(info, "code_bits", bits_);  // Q5_K's and Q6_K's 5 and 6 in 8
     centre_ = int64_t{1} << (std::min(std::max<int64_t>(code_bits, 1), bits_) - 1);
     int8_ = interleave_ != 0 || (level == 4 && Int8Fits(bits_, block_));  // the interleaved layout is level 4's
     if (!int8_ && isa_ == kAvx512Vnni) isa_ = kAvx512;
@@ -287,6 +276,16 @@ struct QLinearKernel {
         std::memcpy(dst, src, sizeof(float) * block_);
       }
     }
+  }
+
+  // an integer attribute the node may leave out
+  static int64_t OptionalAttribute(const OrtKernelInfo* info, const char* name, int64_t otherwise) {
+    int64_t value = otherwise;
+    if (OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)) {
+      Ort::GetApi().ReleaseStatus(absent);
+      return otherwise;
+    }
+    return value;
   }
 
   // an optional input's data, or null when the node leaves it out (named "" or past its last input)
