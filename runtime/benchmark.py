@@ -168,10 +168,9 @@ class Isolated:
 def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
     """(engines, llgraph's export folders by engine name): llgraph int4 from the bundled GGUF's Q4_1 blocks at
     accuracy level 4 and 0 (exact fp32 compute, the default), the same blocks on llgraph's own CPU kernels (exact
-    and level 4),
-    llgraph int4 on genai's scheme (level 4),
-    onnxruntime-genai's int4 build of the same model (its builder re-rounds the HF weights; it cannot read a
-    quantized GGUF), llama.cpp on the GGUF itself where llama-cpp-python is installed."""
+    and level 4), llgraph int4 on genai's scheme (level 4), onnxruntime-genai's int4 build of the same model (its
+    builder re-rounds the HF weights; it cannot read a quantized GGUF), llama.cpp on the GGUF itself where
+    llama-cpp-python is installed."""
     import subprocess
     import sys
 
