@@ -232,13 +232,14 @@ def qlinear(em: Emitter, node: Node) -> None:
 
 def qlinear_llgraph(em: Emitter, node: Node) -> None:
     """llgraph::QLinear (plugins/cpu/llgraph_ort.cc): one node on the codes, scales and mins; the schema's inputs
-    and attributes, and the export's accuracy level. At level 4 (int8 activations) the blocks are written in the
-    kernel's interleaved layout (`_interleave16`: 16 rows' bytes side by side, what its VNNI dots read in one load),
-    unless the codes are shared with a tied embedding's gather, which reads them as stored."""
+    and attributes, and the export's accuracy level. The blocks are written in the kernel's interleaved layout
+    (`_interleave16`: 16 rows' bytes side by side, so one load feeds 16 output rows: its VNNI dots at level 4, its
+    fp32 FMAs in exact mode), unless the codes are shared with a tied embedding's gather, which reads them as
+    stored."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
     level = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL)
     tied = any(n.op == "QEmbedding" and n.inputs[1] == codes for n in em.graph.nodes)
-    layout = {"compute": _interleave16} if level == 4 and not tied else {}
+    layout = {} if tied else {"compute": _interleave16}
     attrs = {"interleave": 16, "rows": em.graph.values[codes].shape[0]} if layout else {}
     inputs = [x, em.weight(codes, **layout), em.weight(scales, **layout), em.weight(mins, **layout) if mins else "",
               em.weight(bias) if bias else ""]

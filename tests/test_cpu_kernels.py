@@ -58,11 +58,14 @@ isa = ctypes.CDLL(lib).llgraph_cpu_isa
 isa.restype = ctypes.c_char_p
 '''
 
-# One QLinear node per case, run by ONNX Runtime on the library, against numpy's float64 of its definition
+# One QLinear node per case and layout (the blocks as stored, and interleaved 16 rows at a time as export/ort.py's
+# _interleave16 writes them), run by ONNX Runtime on the library, against numpy's float64 of its definition
 # w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]. Run in a fresh process per instruction
 # set: the library picks it when it loads.
 PROBE = QLINEAR_PROBE + r'''
-worst = 0.0
+import torch
+from llgraph.export.ort import _interleave16
+worst = {"stored": 0.0, "interleaved": 0.0}
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
          (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
          (8, 128, 0, True, True, 9)]
@@ -71,10 +74,16 @@ for bits, B, zp, with_mins, with_bias, M in cases:
     q, codes, scales, mins, bias, x = blocks(bits, B, with_mins, with_bias, M, N, nb)
     w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + (0 if mins is None else mins[..., None])
     want = x.astype(np.float64) @ w.reshape(N, -1).T + (0 if bias is None else bias)
-    got = qlinear({"codes": codes, "scales": scales, "mins": mins, "bias": bias}, x, bits=bits, block_size=B,
-                  zero_point=zp)
-    worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
-print(isa().decode(), worst)
+    given = {"codes": codes, "scales": scales, "mins": mins, "bias": bias}
+    for layout in worst:
+        attrs = {}
+        if layout == "interleaved":
+            given = {k: v if v is None or k == "bias" else _interleave16(torch.from_numpy(v)).numpy()
+                     for k, v in given.items()}
+            attrs = {"interleave": 16, "rows": N}
+        got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, **attrs)
+        worst[layout] = max(worst[layout], float(np.abs(got - want).max() / np.abs(want).max()))
+print(isa().decode(), worst["stored"], worst["interleaved"])
 '''
 
 
@@ -87,13 +96,15 @@ def library():
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
 def test_every_instruction_set_path_equals_float64(library, isa, report):
-    """4- and 8-bit codes, blocks of 16 to 128, with and without mins and bias, 1 to 9 rows at once."""
+    """4- and 8-bit codes, blocks of 16 to 128, with and without mins and bias, 1 to 9 rows at once, both layouts
+    (37 output rows: the interleaved layout's last group is partial)."""
     r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa}, check=True)
-    ran, worst = r.stdout.split()
+    ran, stored, interleaved = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
-    report(f"llgraph QLinear on {isa} vs float64, relative to max |y|", float(worst), 2e-6)
+    report(f"llgraph QLinear on {isa}, blocks as stored, vs float64, relative to max |y|", float(stored), 2e-6)
+    report(f"llgraph QLinear on {isa}, interleaved, vs float64, relative to max |y|", float(interleaved), 2e-6)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K])

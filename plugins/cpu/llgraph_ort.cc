@@ -69,7 +69,9 @@ struct Problem {
   Isa isa;
   const struct Int8X* int8;  // level 4: x quantized (qlinear_int8.inc); null: exact
   const struct Int8Blocks* int8b;  // level 4 on the interleaved layout: x quantized per block; chunks are groups
-  int64_t centre;  // level 4: the code its integer dots are centred on, 2^(code_bits - 1)
+  int64_t centre;  // the code the dots are centred on, 2^(code_bits - 1) (level 4, and exact on the interleaved
+                   // layout)
+  bool groups;     // exact on the interleaved layout (qlinear_groups.inc): x as given, chunks are groups of 16 rows
 };
 
 // sum_b (mins - scales * zp) * xsum: the zero point and the mins, through the block sums of x
@@ -106,6 +108,33 @@ void RowsScalar(const Problem& p, int64_t o0, int64_t o1) {
   }
 }
 
+// the interleaved layout in exact mode (qlinear_groups.inc's arithmetic), rows [16 * g0, 16 * g1), lane by lane
+void GroupsExactScalar(const Problem& p, int64_t g0, int64_t g1) {
+  const int64_t bytes = p.B * p.bits / 8;
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t l = 0; l < 16 && g * 16 + l < p.N; ++l) {
+      for (int64_t m = 0; m < p.M; ++m) {
+        float acc = 0.f;
+        for (int64_t b = 0; b < p.nb; ++b) {
+          const uint8_t* c = p.codes + (g * p.nb + b) * 16 * bytes;
+          const float* x = p.x + m * p.K + b * p.B;
+          float dot = 0.f;
+          for (int64_t j = 0; j < p.B; ++j) {  // weight j: byte j * bits / 8 of the block, bit (j * bits) % 8
+            const int64_t k = j * p.bits / 8;
+            const int code = (c[(k / 4) * 64 + l * 4 + k % 4] >> ((j * p.bits) % 8)) & ((1 << p.bits) - 1);
+            dot += static_cast<float>(code - p.centre) * x[j];
+          }
+          const int64_t at = (g * p.nb + b) * 16 + l;
+          acc += p.scales[at] * dot;
+          acc += ((p.mins ? p.mins[at] : 0.f) + p.scales[at] * static_cast<float>(p.centre - p.zero_point)) *
+                 p.xsum[m * p.nb + b];
+        }
+        p.y[m * p.N + g * 16 + l] = acc + (p.bias ? p.bias[g * 16 + l] : 0.f);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // -- AVX-512F: 16 lanes (4-bit blocks of 32 or more, 8-bit blocks of 16 or more) -----------------------------------
@@ -131,8 +160,23 @@ struct V {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
   }
   static float sum(R r) { return _mm512_reduce_add_ps(r); }
+  // the interleaved layout's (qlinear_groups.inc): a 16-entry table of the centred 4-bit codes, read by vpermps
+  // (which looks only at each lane's low 4 bits, so a shift alone selects the nibble)
+  using I = __m512i;
+  static R add(R a, R b) { return _mm512_add_ps(a, b); }
+  static I loadi(const uint8_t* c) { return _mm512_loadu_si512(c); }
+  static R nibbles(int64_t centre) {
+    return _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_ps(static_cast<float>(centre)));
+  }
+  static R nibble(I v, int k, R table) { return _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * k), table); }
+  static R byte(I v, int j, int64_t centre) {
+    const I b = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), _mm512_set1_epi32(255));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(b, _mm512_set1_epi32(static_cast<int32_t>(centre))));
+  }
 };
 #include "qlinear_tile.inc"
+#include "qlinear_groups.inc"
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -163,8 +207,22 @@ struct V {
     const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
   }
+  // the interleaved layout's (qlinear_groups.inc): "table" is the centre, subtracted after the conversion
+  using I = __m256i;
+  static R add(R a, R b) { return _mm256_add_ps(a, b); }
+  static I loadi(const uint8_t* c) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)); }
+  static R nibbles(int64_t centre) { return _mm256_set1_ps(static_cast<float>(centre)); }
+  static R nibble(I v, int k, R centre) {
+    return _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4 * k), _mm256_set1_epi32(15))),
+                         centre);
+  }
+  static R byte(I v, int j, int64_t centre) {
+    const I b = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), _mm256_set1_epi32(255));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(static_cast<int32_t>(centre))));
+  }
 };
 #include "qlinear_tile.inc"
+#include "qlinear_groups.inc"
 }  // namespace avx2
 #pragma GCC pop_options
 
@@ -182,6 +240,15 @@ void Chunk(void* data, size_t index) {
       vnni::Groups(p, *p.int8b, g, g + 1);
     } else {
       GroupsInt8Scalar(p, *p.int8b, g, g + 1);
+    }
+  } else if (p.groups) {
+    const int64_t g = static_cast<int64_t>(index);
+    if (p.isa >= kAvx512) {
+      avx512::GroupsExact<4>(p, g, g + 1);
+    } else if (p.isa == kAvx2) {
+      avx2::GroupsExact<2>(p, g, g + 1);
+    } else {
+      GroupsExactScalar(p, g, g + 1);
     }
   } else if (p.int8 != nullptr) {
     if (p.isa == kAvx512Vnni) {
@@ -216,9 +283,9 @@ struct QLinearKernel {
     rows_ = interleave_ ? k.GetAttribute<int64_t>("rows") : 0;
     const int64_t code_bits = OptionalAttribute(info, "code_bits", bits_);  // Q5_K's and Q6_K's 5 and 6 in 8
     centre_ = int64_t{1} << (std::min(std::max<int64_t>(code_bits, 1), bits_) - 1);
-    int8_ = interleave_ != 0 || (level == 4 && Int8Fits(bits_, block_));  // the interleaved layout is level 4's
+    int8_ = level == 4 && (interleave_ != 0 || Int8Fits(bits_, block_));
     if (!int8_ && isa_ == kAvx512Vnni) isa_ = kAvx512;
-    if (isa_ == kAvx512 && (bits_ == 4 ? block_ % 32 : block_ % 16) != 0) isa_ = kAvx2;
+    if (!interleave_ && isa_ == kAvx512 && (bits_ == 4 ? block_ % 32 : block_ % 16) != 0) isa_ = kAvx2;
   }
 
   void Compute(OrtKernelContext* context) {
@@ -240,8 +307,13 @@ struct QLinearKernel {
 
     const float* in = x.GetTensorData<float>();
     Problem p{nullptr, nullptr, codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(), Optional(ctx, 3),
-              Optional(ctx, 4), out, M, K, N, nb, block_, bits_, zero_point_, 16, isa_, nullptr, nullptr, centre_};
-    if (interleave_) {
+              Optional(ctx, 4), out, M, K, N, nb, block_, bits_, zero_point_, 16, isa_, nullptr, nullptr, centre_,
+              interleave_ != 0 && !int8_};
+    if (p.groups) {
+      Sums(in, M * nb);
+      p.x = in;
+      p.xsum = sums_.data();
+    } else if (interleave_) {
       QuantizeBlocks(in, M, K, block_, bits_, centre_, int8b_);
       p.int8b = &int8b_;
     } else if (int8_) {
@@ -254,6 +326,16 @@ struct QLinearKernel {
     }
     const size_t chunks = static_cast<size_t>((N + p.chunk - 1) / p.chunk);
     ctx.ParallelFor(Chunk, chunks, 0, &p);
+  }
+
+  // the block sums of x (the interleaved exact kernels read x itself)
+  void Sums(const float* in, int64_t blocks) {
+    sums_.resize(static_cast<size_t>(blocks));
+    for (int64_t r = 0; r < blocks; ++r) {
+      float sum = 0.f;
+      for (int64_t j = 0; j < block_; ++j) sum += in[r * block_ + j];
+      sums_[r] = sum;
+    }
   }
 
   // x as the exact kernels read it (4-bit: each block's even elements, then its odd ones) and its block sums
