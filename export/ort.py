@@ -239,14 +239,22 @@ def qlinear_llgraph(em: Emitter, node: Node) -> None:
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
     level = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL)
     tied = any(n.op == "QEmbedding" and n.inputs[1] == codes for n in em.graph.nodes)
-    layout = {} if tied else {"compute": _interleave16}
+    layout, per_block = ({}, {}) if tied else ({"compute": _interleave16}, {"compute": _interleave16_half})
     attrs = {"interleave": 16, "rows": em.graph.values[codes].shape[0]} if layout else {}
-    inputs = [x, em.weight(codes, **layout), em.weight(scales, **layout), em.weight(mins, **layout) if mins else "",
-              em.weight(bias) if bias else ""]
+    inputs = [x, em.weight(codes, **layout), em.weight(scales, **per_block),
+              em.weight(mins, **per_block) if mins else "", em.weight(bias) if bias else ""]
     while inputs[-1] == "":
         inputs.pop()
     em.node("QLinear", inputs, node.outputs, domain=cpu.DOMAIN, hint=node.name, bits=bits, block_size=block,
             zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
+
+
+def _interleave16_half(t: torch.Tensor) -> torch.Tensor:
+    """Scales or mins interleaved, as half floats where that is lossless (a GGUF's are half floats widened): a
+    block's bytes drop from 24 to 20 (Q4_1), and the kernels widen them back exactly."""
+    t = _interleave16(t)
+    half = t.to(torch.float16)
+    return half if torch.equal(half.to(t.dtype), t) else t
 
 
 def _interleave16(t: torch.Tensor) -> torch.Tensor:

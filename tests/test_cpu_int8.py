@@ -23,18 +23,21 @@ from llgraph.weight_request import Weights
 # One QLinear node at accuracy_level 4 per case, against numpy: x quantized per block as the kernel's definition
 # says (d = max|x| / 127, round half to even), dots of the codes centred on 2^(bits-1) with it in float64, then
 # scales * d, and the mins and the centre's shift through the block sums of x itself. INTERLEAVE=16 writes the
-# codes as export/ort.py's _interleave16 does.
+# codes as export/ort.py's _interleave16 does; HALF=1 then passes the scales and mins as half floats (every case's are
+# rounded to half first, as GGUF stores them).
 PROBE = QLINEAR_PROBE + r'''
 from llgraph.export.ort import _interleave16
 import torch
 worst, far = 0.0, 0.0
-interleave = int(os.environ["INTERLEAVE"])
+interleave, half = int(os.environ["INTERLEAVE"]), os.environ["HALF"] == "1"
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
          (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
          (8, 64, 0, True, True, 9), (4, 128, 8, False, False, 2)]
 for bits, B, zp, with_mins, with_bias, M in cases:
     N, nb = 37, 5 if B < 128 else 3
     q, codes, scales, mins, bias, x = blocks(bits, B, with_mins, with_bias, M, N, nb)
+    scales = scales.astype(np.float16).astype(np.float32)
+    mins = None if mins is None else mins.astype(np.float16).astype(np.float32)
     blocks_x = x.reshape(M, nb, B)
     amax = np.abs(blocks_x).max(-1)
     inv = np.where(amax > 0, np.float32(127) / amax, 0).astype(np.float32)
@@ -52,6 +55,8 @@ for bits, B, zp, with_mins, with_bias, M in cases:
     given = {"codes": codes, "scales": scales, "mins": mins}
     if interleave:
         given = {k: v if v is None else _interleave16(torch.from_numpy(v)).numpy() for k, v in given.items()}
+    if half:
+        given = {k: v if v is None or k == "codes" else v.astype(np.float16) for k, v in given.items()}
     given["bias"] = bias
     got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, accuracy_level=4, **attrs).reshape(M, N)
     worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
@@ -60,17 +65,17 @@ print(isa().decode(), worst, far)
 '''
 
 
-@pytest.mark.parametrize("interleave", [0, 16])
+@pytest.mark.parametrize("interleave, half", [(0, 0), (16, 0), (16, 1)])
 @pytest.mark.parametrize("isa", ["avx512vnni", "scalar"])
-def test_level_4_paths_equal_float64_of_the_int8_arithmetic(library, isa, interleave, report):  # noqa: F811
+def test_level_4_paths_equal_float64_of_the_int8_arithmetic(library, isa, interleave, half, report):  # noqa: F811
     r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
-                       env={**os.environ, cpu.ISA_ENV: isa, "INTERLEAVE": str(interleave)})
+                       env={**os.environ, cpu.ISA_ENV: isa, "INTERLEAVE": str(interleave), "HALF": str(half)})
     assert r.returncode == 0, r.stderr
     ran, worst, far = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
-    report(f"level 4 on {isa}, interleave {interleave}, vs float64 of its int8 arithmetic (relative)", float(worst),
-           2e-6)
+    report(f"level 4 on {isa}, interleave {interleave}{', half scales' if half else ''}, vs float64 of its int8 "
+           "arithmetic (relative)", float(worst), 2e-6)
     print(f"(and {float(far):.2e} from the exact product: the int8 rounding of x, not an error)")
     assert 1e-4 < float(far) < 0.05  # it does round x (else level 4 would not be running), and only that much
 

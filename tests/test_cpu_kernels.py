@@ -65,13 +65,15 @@ isa.restype = ctypes.c_char_p
 PROBE = QLINEAR_PROBE + r'''
 import torch
 from llgraph.export.ort import _interleave16
-worst = {"stored": 0.0, "interleaved": 0.0}
+worst = {"stored": 0.0, "interleaved": 0.0, "interleaved, half": 0.0}
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
          (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
          (8, 128, 0, True, True, 9)]
 for bits, B, zp, with_mins, with_bias, M in cases:
     N, nb = 37, 5
     q, codes, scales, mins, bias, x = blocks(bits, B, with_mins, with_bias, M, N, nb)
+    scales = scales.astype(np.float16).astype(np.float32)  # as GGUF stores them: the half layout is lossless
+    mins = None if mins is None else mins.astype(np.float16).astype(np.float32)
     w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + (0 if mins is None else mins[..., None])
     want = x.astype(np.float64) @ w.reshape(N, -1).T + (0 if bias is None else bias)
     given = {"codes": codes, "scales": scales, "mins": mins, "bias": bias}
@@ -80,10 +82,14 @@ for bits, B, zp, with_mins, with_bias, M in cases:
         if layout == "interleaved":
             given = {k: v if v is None or k == "bias" else _interleave16(torch.from_numpy(v)).numpy()
                      for k, v in given.items()}
+        if layout == "interleaved, half":
+            given = {k: v.astype(np.float16) if k in ("scales", "mins") and v is not None else v
+                     for k, v in given.items()}
+        if layout != "stored":
             attrs = {"interleave": 16, "rows": N}
         got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, **attrs)
         worst[layout] = max(worst[layout], float(np.abs(got - want).max() / np.abs(want).max()))
-print(isa().decode(), worst["stored"], worst["interleaved"])
+print(isa().decode(), *worst.values())
 '''
 
 
@@ -96,15 +102,15 @@ def library():
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
 def test_every_instruction_set_path_equals_float64(library, isa, report):
-    """4- and 8-bit codes, blocks of 16 to 128, with and without mins and bias, 1 to 9 rows at once, both layouts
-    (37 output rows: the interleaved layout's last group is partial)."""
+    """4- and 8-bit codes, blocks of 16 to 128, with and without mins and bias, 1 to 9 rows at once, both layouts,
+    the interleaved one with float and half-float scales and mins (37 output rows: its last group is partial)."""
     r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa}, check=True)
-    ran, stored, interleaved = r.stdout.split()
+    ran, *worst = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
-    report(f"llgraph QLinear on {isa}, blocks as stored, vs float64, relative to max |y|", float(stored), 2e-6)
-    report(f"llgraph QLinear on {isa}, interleaved, vs float64, relative to max |y|", float(interleaved), 2e-6)
+    for layout, diff in zip(("blocks as stored", "interleaved", "interleaved, half-float scales and mins"), worst):
+        report(f"llgraph QLinear on {isa}, {layout}, vs float64, relative to max |y|", float(diff), 2e-6)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K])
@@ -115,10 +121,16 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     cfg = load_config(tmp_path / "t.gguf")
     folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "ort", max_seq_len=64,
                           weights=KERNELS)
-    nodes = __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph.node
-    ours = [n for n in nodes if n.domain == cpu.DOMAIN]
+    graph = __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph
+    ours = [n for n in graph.node if n.domain == cpu.DOMAIN]
     assert len(ours) == 4 * cfg.num_layers + 1 and {n.op_type for n in ours} == {"QLinear"}  # qkv, o, gate_up, down
-    assert "MatMulNBits" not in [n.op_type for n in nodes]
+    assert "MatMulNBits" not in [n.op_type for n in graph.node]
+    # the blocks interleaved (all but a tied head's); their scales half floats where GGUF stores them so (the K-quants'
+    # are products)
+    layers = [n for n in ours if any(a.name == "interleave" for a in n.attribute)]
+    assert len(layers) >= 4 * cfg.num_layers
+    scale_types = {i.data_type for i in graph.initializer if i.name in {n.input[2] for n in layers}}
+    assert scale_types == {10 if qtype.name in ("Q4_0", "Q4_1", "Q8_0") else 1}  # FLOAT16 / FLOAT
     dtype, tol = ("float64", 5e-4) if qtype.name.endswith("_K") else ("float32", None)
     truth = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64, dtype=dtype)
     compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"ort llgraph {qtype.name}",

@@ -42,7 +42,8 @@ const char* kIsaNames[] = {"scalar", "avx2", "avx512", "avx512vnni"};
 Isa DetectIsa() {
   __builtin_cpu_init();
   Isa best = kScalar;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = kAvx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    best = kAvx2;
   if (__builtin_cpu_supports("avx512f")) best = kAvx512;
   if (best == kAvx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512vnni"))
@@ -63,6 +64,8 @@ struct Problem {
   const uint8_t* codes;   // [N, nb, B*bits/8]
   const float* scales;    // [N, nb]
   const float* mins;      // [N, nb] or null
+  const uint16_t* hscales;  // the interleaved layout's scales as half floats (GGUF's own, widened losslessly), else
+  const uint16_t* hmins;    // null; its mins the same
   const float* bias;      // [N] or null
   float* y;               // [M, N]
   int64_t M, K, N, nb, B, bits, zero_point, chunk;
@@ -73,6 +76,22 @@ struct Problem {
                    // layout)
   bool groups;     // exact on the interleaved layout (qlinear_groups.inc): x as given, chunks are groups of 16 rows
 };
+
+// IEEE half -> float, exactly (normals, subnormals, infinities)
+float HalfToFloat(uint16_t h) {
+  const int exponent = (h >> 10) & 31, mantissa = h & 1023;
+  float v = exponent == 0    ? std::ldexp(static_cast<float>(mantissa), -24)
+            : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                             : std::ldexp(static_cast<float>(mantissa | 1024), exponent - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+// block `at`'s scale and min, whichever precision they are stored in
+float ScaleAt(const Problem& p, int64_t at) { return p.hscales ? HalfToFloat(p.hscales[at]) : p.scales[at]; }
+float MinAt(const Problem& p, int64_t at) {
+  return p.hmins ? HalfToFloat(p.hmins[at]) : p.mins ? p.mins[at] : 0.f;
+}
+bool HasMins(const Problem& p) { return p.mins || p.hmins; }
 
 // sum_b (mins - scales * zp) * xsum: the zero point and the mins, through the block sums of x
 float OffsetsScalar(const Problem& p, int64_t o, int64_t m) {
@@ -125,9 +144,8 @@ void GroupsExactScalar(const Problem& p, int64_t g0, int64_t g1) {
             dot += static_cast<float>(code - p.centre) * x[j];
           }
           const int64_t at = (g * p.nb + b) * 16 + l;
-          acc += p.scales[at] * dot;
-          acc += ((p.mins ? p.mins[at] : 0.f) + p.scales[at] * static_cast<float>(p.centre - p.zero_point)) *
-                 p.xsum[m * p.nb + b];
+          acc += ScaleAt(p, at) * dot;
+          acc += (MinAt(p, at) + ScaleAt(p, at) * static_cast<float>(p.centre - p.zero_point)) * p.xsum[m * p.nb + b];
         }
         p.y[m * p.N + g * 16 + l] = acc + (p.bias ? p.bias[g * 16 + l] : 0.f);
       }
@@ -170,6 +188,7 @@ struct V {
                          _mm512_set1_ps(static_cast<float>(centre)));
   }
   static R nibble(I v, int k, R table) { return _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * k), table); }
+  static R loadh(const uint16_t* h) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h))); }
   static R byte(I v, int j, int64_t centre) {
     const I b = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), _mm512_set1_epi32(255));
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(b, _mm512_set1_epi32(static_cast<int32_t>(centre))));
@@ -183,7 +202,7 @@ struct V {
 // -- AVX2 + FMA: 8 lanes ----------------------------------------------------------------------------------------------
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 struct V {
   using R = __m256;
@@ -212,6 +231,7 @@ struct V {
   static R add(R a, R b) { return _mm256_add_ps(a, b); }
   static I loadi(const uint8_t* c) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)); }
   static R nibbles(int64_t centre) { return _mm256_set1_ps(static_cast<float>(centre)); }
+  static R loadh(const uint16_t* h) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))); }
   static R nibble(I v, int k, R centre) {
     return _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4 * k), _mm256_set1_epi32(15))),
                          centre);
@@ -306,9 +326,15 @@ struct QLinearKernel {
     float* out = ctx.GetOutput(0, ys).GetTensorMutableData<float>();
 
     const float* in = x.GetTensorData<float>();
-    Problem p{nullptr, nullptr, codes.GetTensorData<uint8_t>(), scales.GetTensorData<float>(), Optional(ctx, 3),
-              Optional(ctx, 4), out, M, K, N, nb, block_, bits_, zero_point_, 16, isa_, nullptr, nullptr, centre_,
-              interleave_ != 0 && !int8_};
+    const bool half = Half(scales);
+    const Ort::ConstValue mins = ctx.GetInputCount() > 3 ? ctx.GetInput(3) : Ort::ConstValue{nullptr};
+    if ((half || Half(mins)) && !interleave_)
+      ORT_CXX_API_THROW("llgraph QLinear: half-float scales and mins are for the interleaved layout only",
+                        ORT_INVALID_ARGUMENT);
+    Problem p{nullptr, nullptr, codes.GetTensorData<uint8_t>(), half ? nullptr : scales.GetTensorData<float>(),
+              Half(mins) ? nullptr : Optional(ctx, 3), half ? scales.GetTensorData<uint16_t>() : nullptr,
+              Half(mins) ? mins.GetTensorData<uint16_t>() : nullptr, Optional(ctx, 4), out, M, K, N, nb, block_,
+              bits_, zero_point_, 16, isa_, nullptr, nullptr, centre_, interleave_ != 0 && !int8_};
     if (p.groups) {
       Sums(in, M * nb);
       p.x = in;
@@ -370,6 +396,12 @@ struct QLinearKernel {
     return value;
   }
 
+  // whether an input (present) holds half floats
+  static bool Half(const Ort::ConstValue& v) {
+    return static_cast<const OrtValue*>(v) != nullptr &&
+           v.GetTensorTypeAndShapeInfo().GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  }
+
   // an optional input's data, or null when the node leaves it out (named "" or past its last input)
   static const float* Optional(Ort::KernelContext& ctx, size_t index) {
     if (index >= ctx.GetInputCount()) return nullptr;
@@ -391,8 +423,9 @@ struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
   const char* GetName() const { return "QLinear"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 5; }  // x, codes, scales, mins?, bias?
-  ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  ONNXTensorElementDataType GetInputType(size_t i) const {  // scales and mins: float, or half (interleaved)
+    return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
+                  : i == 2 || i == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return i >= 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
