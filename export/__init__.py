@@ -4,6 +4,7 @@ with their reference decompositions as model-local functions)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from llgraph.errors import ExportError
@@ -38,6 +39,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", weight
     tgt = get_target(target)
     weights.check(target, tgt.bf16, tgt.accuracy_level, tgt.kernels)
     checkpoint = checkpoint_path(checkpoint)  # before the output folder's check, as before any loading
+    weights = resolve_kernels(weights, target, checkpoint, progress)
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
@@ -54,6 +56,24 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", weight
                   extra_files=model.source.tokenizer_files(),
                   write_extras=_gguf_tokenizer(checkpoint) if str(checkpoint).endswith(".gguf") else None,
                   options=options)
+
+
+def resolve_kernels(weights: Weights, target: str, checkpoint, progress: bool = True) -> Weights:
+    """--kernels auto made concrete: llgraph's CPU kernels where the target runs them (ort, float32) on quantized
+    blocks (a GGUF's, or --quantize/--lm-head rounding) and they build here (once, with a progress line), else ONNX
+    Runtime's own ops; when the kernels would serve but cannot be had, one line says why and how to get them."""
+    if weights.kernels != "auto":
+        return weights
+    quantized = weights.rounds or (str(checkpoint).endswith(".gguf") and not weights.dequantize)
+    if not (quantized and get_target(target).kernels and weights.dtype == "float32"):
+        return weights.replace(kernels="standard")
+    from llgraph.plugins import cpu
+
+    if cpu.library(progress) is None:
+        print(f"llgraph: running the quantized Linears on ONNX Runtime's own ops, not llgraph's faster CPU kernels: "
+              f"{cpu.why_not()}", file=sys.stderr)
+        return weights.replace(kernels="standard")
+    return weights.replace(kernels="llgraph")
 
 
 def _gguf_tokenizer(gguf_path):

@@ -6,7 +6,7 @@ import argparse
 
 from llgraph.checkpoint import presets
 from llgraph.runtime.registry import BACKENDS
-from llgraph.weight_request import DTYPE_ALIASES
+from llgraph.weight_request import DTYPE_ALIASES, KERNELS
 
 CACHE_HELP = "where checkpoints are exported for ONNX Runtime (default $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph)"
 
@@ -47,9 +47,9 @@ def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
                    "Q4_1) in float instead of as stored")
     p.add_argument("--accuracy-level", type=int, help="ONNX Runtime's MatMulNBits accuracy_level for quantized "
                    "weights: 0 (default) = exact fp32 compute; 4 = int8 activations, 1.6x faster, approximate")
-    p.add_argument("--kernels", choices=("standard", "llgraph"), default="standard", help="ONNX Runtime's own ops "
-                   "for quantized Linears (default), or llgraph's CPU kernels (exact fp32 on the stored blocks; "
-                   "built once per machine)")
+    p.add_argument("--kernels", choices=KERNELS, default="auto", help="quantized Linears on ONNX Runtime: "
+                   "llgraph's CPU kernels (the stored blocks, exact fp32 or level 4's int8; built once per machine) "
+                   "where they build, else ONNX Runtime's own ops (auto, the default), or either by name")
 
 
 def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_help: str) -> None:

@@ -16,7 +16,9 @@ from llgraph.errors import ExportError
 DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 BITS = ("int4", "int8")
-KERNELS = ("standard", "llgraph")  # how ONNX Runtime runs QLinear: its own ops, or llgraph's (plugins/cpu.py)
+# How ONNX Runtime runs QLinear: llgraph's CPU kernels (plugins/cpu.py) where they build, else its own ops ("auto",
+# resolved by export.resolve_kernels before anything is keyed on it), or either one by name
+KERNELS = ("auto", "standard", "llgraph")
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # ONNX Runtime MatMulNBits': 0 exact (fp32) ... 4 int8 activations
 # MatMulNBits' accuracy_level by default: 0, exact fp32 compute on the stored blocks. Level 4 (int8 activations per
 # block of 32, as llama.cpp quantizes them to Q8 for its Q4_1 dot products) decodes SmolLM2's Q4_1 GGUF 1.6x faster
@@ -38,8 +40,8 @@ class Weights:
     `quantize`d (int4/int8) by round-to-nearest in blocks of `block_size` codes, `symmetric` or with per-block mins;
     the lm head (and an embedding table tied to it) rounded to `lm_head` too; ONNX Runtime's `accuracy_level` (the
     ort target only; None: DEFAULT_ACCURACY_LEVEL); `kernels`: ONNX Runtime's own ops for the quantized Linears
-    ("standard") or llgraph's CPU kernels ("llgraph": the stored blocks at exact fp32 compute, or with int8
-    activations at accuracy level 4)."""
+    ("standard"), llgraph's CPU kernels ("llgraph": the stored blocks at exact fp32 compute, or with int8
+    activations at accuracy level 4), or llgraph's where they can be had ("auto")."""
     dtype: str = "float32"
     quantize: str | None = None
     block_size: int = 32
@@ -47,7 +49,7 @@ class Weights:
     dequantize: bool = False
     accuracy_level: int | None = None
     lm_head: str | None = None
-    kernels: str = "standard"
+    kernels: str = "auto"
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
@@ -61,7 +63,7 @@ class Weights:
         if not isinstance(self.block_size, int) or self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise WeightRequestError(f"--block-size ({self.block_size}) must be a power of 2 >= 16 (32, 64 or 128)")
         if self.kernels not in KERNELS:
-            raise WeightRequestError(f"unknown --kernels '{self.kernels}'; use standard or llgraph")
+            raise WeightRequestError(f"unknown --kernels '{self.kernels}'; use auto, standard or llgraph")
         if self.accuracy_level not in (None, *ACCURACY_LEVELS):
             raise WeightRequestError(f"--accuracy-level ({self.accuracy_level}) is MatMulNBits' (0..4) and only for "
                                      "--target ort")
@@ -97,6 +99,8 @@ class Weights:
             return f"{self.dtype}-dequantized"
         head = f"-head{self.lm_head}" if self.lm_head else ""
         rounding = f"-b{self.block_size}-{'sym' if self.symmetric else 'asym'}" if self.rounds else ""
+        if self.kernels == "auto":
+            raise ValueError("--kernels auto is resolved (export.resolve_kernels) before it keys anything")
         kernels = "" if self.kernels == "standard" else f"-k{self.kernels}"  # standard: the keys made before it
         return f"{self.dtype}-{self.quantize or 'stored'}{head}{rounding}{level}{kernels}"
 

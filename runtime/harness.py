@@ -50,7 +50,7 @@ def _flag(value) -> bool:
 class LlgraphLM(TemplateLM):
     def __init__(self, model: str = "smollm2", backend: str = "ort", max_seq_len: int | None = None,
                  dtype: str = "fp32", quantize: str | None = None, block_size: int = 32, symmetric=False,
-                 dequantize=False, accuracy_level=None, lm_head=None, kernels="standard", cache_dir: str | None = None,
+                 dequantize=False, accuracy_level=None, lm_head=None, kernels="auto", cache_dir: str | None = None,
                  tensorrt: str = "auto", max_gen_toks: int = 256,
                  batch_size=8, max_batch_size=None, device=None, **unused):
         super().__init__()

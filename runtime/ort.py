@@ -162,15 +162,15 @@ def _open(path: Path, options: RunOptions) -> ORTRunner:
     """An export folder as it is; a checkpoint exported once into the cache (runtime/cache.py), then run."""
     if Manifest.find(path) is not None:
         return ORTRunner(path, options.max_seq_len)
-    from llgraph.export import export_model
+    from llgraph.export import export_model, resolve_kernels
     from llgraph.runtime.cache import cache_dir, entry_for
 
-    folder = entry_for(path, cache_dir(options.cache_dir), "ort", options.weights.mode)
+    weights = resolve_kernels(options.weights, "ort", path)  # its kernels are part of the cache key
+    folder = entry_for(path, cache_dir(options.cache_dir), "ort", weights.mode)
     if Manifest.find(folder) is None:
         print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
               file=sys.stderr)
-        export_model(path, checkpoint=path, out=folder, target="ort", weights=options.weights, force=True,
-                     progress=True)
+        export_model(path, checkpoint=path, out=folder, target="ort", weights=weights, force=True, progress=True)
     return ORTRunner(folder, options.max_seq_len)
 
 

@@ -25,15 +25,16 @@ def smollm2_export(tmp_path_factory):
 
     made = {}
 
-    def get(target: str, dtype: str = "float32", max_seq_len: int = 256, quantized: bool = False):
+    def get(target: str, dtype: str = "float32", max_seq_len: int = 256, quantized: bool = False,
+            kernels: str = "auto"):
         """quantized: the GGUF's blocks as stored (Q4_1 layers, Q8_0 lm head; ort with the exact-compute accuracy
-        level 0); else dequantized to `dtype`."""
-        key = (target, dtype, max_seq_len, quantized)
+        level 0, on `kernels`); else dequantized to `dtype`."""
+        key = (target, dtype, max_seq_len, quantized, kernels)
         if key not in made:
             path = bundled_model("smollm2")
             out = tmp_path_factory.mktemp("smollm2") / f"{target}-{dtype}-{max_seq_len}-{'q' if quantized else 'f'}"
             weights = Weights(dtype, dequantize=not quantized,
-                              accuracy_level=0 if quantized and target == "ort" else None)
+                              accuracy_level=0 if quantized and target == "ort" else None, kernels=kernels)
             made[key] = export_model(path, checkpoint=path, out=out, target=target, weights=weights,
                                      max_seq_len=max_seq_len)
         return made[key]

@@ -164,8 +164,41 @@ def test_a_folder_missing_its_kernels_is_one_line(library, tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "--kernels standard" in lines[0], r.stderr
 
 
+def test_the_default_is_the_kernels_where_they_serve(library, tmp_path):
+    """--kernels auto: llgraph's kernels for quantized blocks on ort in float32; ONNX Runtime's ops elsewhere."""
+    from llgraph.export import resolve_kernels
+
+    gguf = tmp_path / "m.gguf"
+    assert resolve_kernels(Weights(), "ort", gguf).kernels == "llgraph"
+    assert resolve_kernels(Weights(quantize="int4"), "ort", tmp_path / "hf").kernels == "llgraph"
+    for weights, target, checkpoint in ((Weights(), "onnx", gguf), (Weights(), "trt", gguf),
+                                        (Weights("fp16"), "ort", gguf), (Weights(dequantize=True), "ort", gguf),
+                                        (Weights(), "ort", tmp_path / "hf")):  # float weights: no QLinear to run
+        assert resolve_kernels(weights, target, checkpoint).kernels == "standard", (weights, target)
+    assert resolve_kernels(Weights(kernels="standard"), "ort", gguf).kernels == "standard"
+    with pytest.raises(ValueError, match="resolved"):
+        Weights().mode  # noqa: B018 (an unresolved request keys nothing)
+
+
+@pytest.mark.slow
+def test_without_a_compiler_generate_answers_on_onnx_runtime_s_ops_and_says_so(tmp_path):
+    """The README's main job on a machine where the kernels cannot be built: it still answers, on MatMulNBits, and
+    one line says why and how to get the kernels."""
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "LLGRAPH_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "llgraph", "generate", "smollm2", "--chat", "--prompt",
+                        "What is the capital of France?", "--max-new-tokens", "12"], capture_output=True, text=True,
+                       env=env)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0 and "Paris" in r.stdout, r.stderr
+    said = [line for line in r.stderr.splitlines() if "kernels" in line]
+    assert len(said) == 1 and "ONNX Runtime's own ops" in said[0] and "compiler" in said[0], r.stderr
+    (model,) = (tmp_path / "cache").glob("*/model.onnx")
+    ops = {n.op_type for n in __import__("onnx").load(str(model), load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops and "QLinear" not in ops
+
+
 def test_kernels_are_an_ort_choice_and_part_of_the_cache_key():
-    assert Weights(kernels="llgraph").mode != Weights().mode == Weights(kernels="standard").mode
+    assert Weights(kernels="llgraph").mode != Weights(kernels="standard").mode
     with pytest.raises(Exception, match="--kernels llgraph is for ONNX Runtime"):
         Weights(kernels="llgraph").check("trt")
     with pytest.raises(Exception, match="float32"):

@@ -69,7 +69,8 @@ def test_quantized_export_matches_executor_on_dequantized_weights(qtype, target,
     tiny_gguf(tmp_path / "t.gguf", qtype, tiny(**K_CFG) if qtype.name.endswith("_K") else None)
     cfg = load_config(tmp_path / "t.gguf")  # the GGUF's own: interleaved RoPE rows
     folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / target,
-                          target=target, max_seq_len=64, weights=Weights(accuracy_level=EXACT.get(target)))
+                          target=target, max_seq_len=64,
+                          weights=Weights(accuracy_level=EXACT.get(target), kernels="standard"))
     nodes = __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph.node
     ops = [n.op_type for n in nodes]
     if target != "ort":
@@ -116,7 +117,7 @@ def test_rtn_export_matches_executor(target, case, tmp_path, report):
     cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16, tie_word_embeddings=tied)
     ckpt = write_hf_checkpoint(tmp_path / "ckpt", cfg, random_weights(cfg, seed=3, std=0.25))
     folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path / target, target=target, max_seq_len=64,
-                          weights=Weights(block_size=32, accuracy_level=EXACT.get(target), **flags))
+                          weights=Weights(block_size=32, accuracy_level=EXACT.get(target), kernels="standard", **flags))
     from llgraph.source_views import rtn_view
     from llgraph.weights import SafetensorsSource
     truth = Stepper(cfg, rtn_view(SafetensorsSource(ckpt), cfg, block_size=32, **flags), batch=2, max_seq=64)
@@ -147,8 +148,9 @@ def test_rtn_by_rows_is_rtn_of_the_whole(monkeypatch):
 def test_smollm2_int4_from_its_q4_1_gguf(target, smollm2_export, smollm2_truth, report):
     """The bundled Q4_1 GGUF exported as it is stored: == the float64 executor on the dequantized weights (itself
     == transformers loading the same GGUF, tests/test_smollm2.py); prefill + 8 decode steps. Tolerance 1e-4 as for
-    the float exports, except ort: MatMulNBits (fp32 compute) sums x*q*s per block and the mins term separately, a
-    different rounding order than one fp32 dot product, measured 2.4e-4 on logits of size ~30 (5e-4 allowed)."""
+    the float exports, except ort (on llgraph's CPU kernels, the default): its Linears sum x*q*s per block and the
+    mins term separately, a different rounding order than one fp32 dot product, measured 2.4e-4 on logits of size
+    ~30 on MatMulNBits (5e-4 allowed)."""
     from llgraph.bundled import bundled_model
 
     path = bundled_model("smollm2")
@@ -172,12 +174,12 @@ def test_smollm2_int4_greedy_equals_the_executor(smollm2_export, tmp_path, repor
 
     prompt = "The capital of France is"
     want = TorchRunner("smollm2", max_seq_len=128).generate(prompt, max_new_tokens=32)
-    exact = smollm2_export("ort", quantized=True)
+    exact = smollm2_export("ort", quantized=True, kernels="standard")
     got = ORTRunner(exact, max_seq_len=128).generate(prompt, max_new_tokens=32)
     print(f"executor: {want.text!r}\nint4 ort: {got.text!r}")
     assert got.token_ids == want.token_ids
     fast = export_model("smollm2", checkpoint="smollm2", out=tmp_path / "fast", max_seq_len=256,
-                         weights=Weights(accuracy_level=4))
+                         weights=Weights(accuracy_level=4, kernels="standard"))
     gguf = bundled_model("smollm2").stat().st_size
     for folder, level, gathers, bound in ((exact, 0, 2, 1.35), (fast, 4, 1, 1.25)):
         # the tied Q8_0 table is stored once: the embedding's GatherBlockQuantized reads the lm head's MatMulNBits
@@ -245,8 +247,9 @@ def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
     from llgraph.runtime.registry import open_runner
     from llgraph.weight_request import Weights
 
-    assert Weights(accuracy_level=4).mode != Weights().mode == Weights(accuracy_level=0).mode
-    open_runner("smollm2", "ort", 64, str(tmp_path), weights=Weights(accuracy_level=4))
+    standard = Weights(kernels="standard")
+    assert standard.replace(accuracy_level=4).mode != standard.mode == standard.replace(accuracy_level=0).mode
+    open_runner("smollm2", "ort", 64, str(tmp_path), weights=standard.replace(accuracy_level=4))
     (model,) = tmp_path.glob("*/model.onnx")
     levels = {a.i for n in onnx.load(str(model), load_external_data=False).graph.node if n.op_type == "MatMulNBits"
               for a in n.attribute if a.name == "accuracy_level"}
