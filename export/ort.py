@@ -41,6 +41,8 @@ def plan(em: Emitter) -> None:
     for node in g.nodes:
         if node.op == "GroupedAttention" and node.attrs["causal"]:
             _plan_attention(em, node, producer, only_read_by)
+        if node.op == "SwiGLU" and em.options.get("kernels") == "llgraph":
+            _plan_swiglu(em, node, producer, only_read_by)
     for node in g.nodes:  # a RotaryCosSin whose every Rotary was fused away is not needed
         if node.op == "RotaryCosSin" and all(c.name in em.absorbed for c in consumers.get(node.outputs[0], [])):
             em.absorbed.add(node.name)
@@ -67,6 +69,23 @@ def _plan_attention(em: Emitter, node: Node, producer, only_read_by) -> None:
     qkv = (split.inputs[0], "", "") if packed else (q, k, v)
     rotary = (qr, producer[qr.inputs[1]]) if fuse_rotary else None  # (a Rotary, its RotaryCosSin)
     em.fused[node.name] = lambda em, n: group_query_attention(em, n, qkv, rotary)
+
+
+def _plan_swiglu(em: Emitter, node: Node, producer, only_read_by) -> None:
+    """The packed gate/up QLinear, its Split and the SwiGLU become one llgraph QLinear with activation=swiglu: its
+    rows interleaved gate group, up group (`_glu_groups`), silu(gate) * up written directly (two nodes and a
+    [tokens, 2 * intermediate] round trip fewer per layer). Taken for an untied, bias-free QLinear read only so."""
+    split = producer.get(node.inputs[0])
+    if split is None or split.op != "Split" or list(split.outputs) != list(node.inputs):
+        return
+    linear = producer.get(split.inputs[0])
+    if (linear is None or linear.op != "QLinear" or len(split.outputs) != 2 or split.attrs["sizes"][0] * 2 !=
+            em.graph.values[split.inputs[0]].shape[-1] or std.qlinear_inputs(linear)[4] is not None
+            or not only_read_by(split.inputs[0], {split.name})
+            or not all(only_read_by(o, {node.name}) for o in split.outputs)):
+        return
+    em.absorbed.update((split.name, node.name))
+    em.fused[linear.name] = lambda em, n: qlinear_llgraph(em, n, swiglu=node.outputs[0])
 
 
 def _seqlens(em: Emitter, pos: str) -> tuple[str, str]:
@@ -230,31 +249,51 @@ def qlinear(em: Emitter, node: Node) -> None:
     (qlinear_llgraph if em.options.get("kernels") == "llgraph" else qlinear_nbits)(em, node)
 
 
-def qlinear_llgraph(em: Emitter, node: Node) -> None:
+def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None) -> None:
     """llgraph::QLinear (plugins/cpu/llgraph_ort.cc): one node on the codes, scales and mins; the schema's inputs
     and attributes, and the export's accuracy level. The blocks are written in the kernel's interleaved layout
     (`_interleave16`: 16 rows' bytes side by side, so one load feeds 16 output rows: its VNNI dots at level 4, its
     fp32 FMAs in exact mode), unless the codes are shared with a tied embedding's gather, which reads them as
-    stored."""
+    stored. `swiglu`: the output of a SwiGLU over its two halves, computed in the node (plan's _plan_swiglu)."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
     level = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL)
     tied = any(n.op == "QEmbedding" and n.inputs[1] == codes for n in em.graph.nodes)
-    layout, per_block = ({}, {}) if tied else ({"compute": _interleave16}, {"compute": _interleave16_half})
-    attrs = {"interleave": 16, "rows": em.graph.values[codes].shape[0]} if layout else {}
+    if swiglu:
+        layout, per_block = {"compute": _glu_groups}, {"compute": _glu_groups_half}
+    else:
+        layout, per_block = ({}, {}) if tied else ({"compute": _interleave16}, {"compute": _interleave16_half})
+    rows = em.graph.values[codes].shape[0] // (2 if swiglu else 1)
+    attrs = {"interleave": 16, "rows": rows, **({"activation": 1} if swiglu else {})} if layout else {}
     inputs = [x, em.weight(codes, **layout), em.weight(scales, **per_block),
               em.weight(mins, **per_block) if mins else "", em.weight(bias) if bias else ""]
     while inputs[-1] == "":
         inputs.pop()
-    em.node("QLinear", inputs, node.outputs, domain=cpu.DOMAIN, hint=node.name, bits=bits, block_size=block,
-            zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
+    em.node("QLinear", inputs, [swiglu] if swiglu else node.outputs, domain=cpu.DOMAIN, hint=node.name, bits=bits,
+            block_size=block, zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
+
+
+def _glu_groups(t: torch.Tensor) -> torch.Tensor:
+    """A packed [gate; up] tensor (rows first) in the interleaved layout with its row groups alternating: 16 gate
+    rows, the same 16 rows of up, ... (each half padded to whole groups), so one group pair makes 16 outputs."""
+    gate, up = t.chunk(2)
+    pad = -gate.shape[0] % 16
+    gate, up = (torch.cat([h, h.new_zeros((pad,) + tuple(h.shape[1:]))]).unflatten(0, (-1, 16)) for h in (gate, up))
+    return _interleave16(torch.stack([gate, up], 1).flatten(0, 2))
+
+
+def _glu_groups_half(t: torch.Tensor) -> torch.Tensor:
+    return _halved(_glu_groups(t))
+
+
+def _halved(t: torch.Tensor) -> torch.Tensor:
+    half = t.to(torch.float16)
+    return half if torch.equal(half.to(t.dtype), t) else t
 
 
 def _interleave16_half(t: torch.Tensor) -> torch.Tensor:
     """Scales or mins interleaved, as half floats where that is lossless (a GGUF's are half floats widened): a
     block's bytes drop from 24 to 20 (Q4_1), and the kernels widen them back exactly."""
-    t = _interleave16(t)
-    half = t.to(torch.float16)
-    return half if torch.equal(half.to(t.dtype), t) else t
+    return _halved(_interleave16(t))
 
 
 def _interleave16(t: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,23 @@ for bits, B, zp, with_mins, with_bias, M in cases:
             attrs = {"interleave": 16, "rows": N}
         got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, **attrs)
         worst[layout] = max(worst[layout], float(np.abs(got - want).max() / np.abs(want).max()))
+# activation=swiglu: one node on [gate; up] (21 outputs: the last group partial), silu(gate) * up
+from llgraph.export.ort import _glu_groups, _glu_groups_half
+worst["swiglu"] = 0.0
+for bits, B, zp, M in [(4, 32, 0, 1), (8, 32, 128, 3), (4, 16, 8, 5)]:
+    I, nb = 21, 4
+    q, codes, scales, mins, _, x = blocks(bits, B, True, False, M, 2 * I, nb)
+    scales = scales.astype(np.float16).astype(np.float32)
+    mins = mins.astype(np.float16).astype(np.float32)
+    w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + mins[..., None]
+    y = x.reshape(M, -1).astype(np.float64) @ w.reshape(2 * I, -1).T
+    want = y[:, :I] / (1 + np.exp(-y[:, :I])) * y[:, I:]
+    for per_block in (_glu_groups, _glu_groups_half):
+        given = {"codes": _glu_groups(torch.from_numpy(codes)).numpy(),
+                 "scales": per_block(torch.from_numpy(scales)).numpy(),
+                 "mins": per_block(torch.from_numpy(mins)).numpy()}
+        got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, interleave=16, rows=I, activation=1)
+        worst["swiglu"] = max(worst["swiglu"], float(np.abs(got.reshape(M, I) - want).max() / np.abs(want).max()))
 print(isa().decode(), *worst.values())
 '''
 
@@ -103,13 +120,15 @@ def library():
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
 def test_every_instruction_set_path_equals_float64(library, isa, report):
     """4- and 8-bit codes, blocks of 16 to 128, with and without mins and bias, 1 to 9 rows at once, both layouts,
-    the interleaved one with float and half-float scales and mins (37 output rows: its last group is partial)."""
+    the interleaved one with float and half-float scales and mins (37 output rows: its last group is partial), and
+    with the SwiGLU epilogue."""
     r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa}, check=True)
     ran, *worst = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
-    for layout, diff in zip(("blocks as stored", "interleaved", "interleaved, half-float scales and mins"), worst):
+    for layout, diff in zip(("blocks as stored", "interleaved", "interleaved, half-float scales and mins",
+                             "interleaved with activation=swiglu"), worst, strict=True):
         report(f"llgraph QLinear on {isa}, {layout}, vs float64, relative to max |y|", float(diff), 2e-6)
 
 
@@ -131,6 +150,9 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     assert len(layers) >= 4 * cfg.num_layers
     scale_types = {i.data_type for i in graph.initializer if i.name in {n.input[2] for n in layers}}
     assert scale_types == {10 if qtype.name in ("Q4_0", "Q4_1", "Q8_0") else 1}  # FLOAT16 / FLOAT
+    # each MLP's gate/up QLinear computes the SwiGLU itself: no Split, no separate activation
+    fused = [n for n in layers if any(a.name == "activation" and a.i == 1 for a in n.attribute)]
+    assert len(fused) == cfg.num_layers and not {"Split", "QuickGelu", "Sigmoid"} & {n.op_type for n in graph.node}
     dtype, tol = ("float64", 5e-4) if qtype.name.endswith("_K") else ("float32", None)
     truth = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64, dtype=dtype)
     compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"ort llgraph {qtype.name}",

@@ -75,6 +75,8 @@ struct Problem {
   int64_t centre;  // the code the dots are centred on, 2^(code_bits - 1) (level 4, and exact on the interleaved
                    // layout)
   bool groups;     // exact on the interleaved layout (qlinear_groups.inc): x as given, chunks are groups of 16 rows
+  float* glu;      // activation=swiglu: the output [M, glu_rows], silu(gate) * up of y's row pairs (y: scratch whose
+  int64_t glu_rows;  // groups alternate 16 gate rows, 16 up rows); null: y is the output
 };
 
 // IEEE half -> float, exactly (normals, subnormals, infinities)
@@ -250,26 +252,39 @@ namespace {
 
 #include "qlinear_int8.inc"
 
-// one chunk of output rows, on the chosen instruction set
+// groups [g0, g1) of the interleaved layout, on the chosen instruction set
+void InterleavedGroups(const Problem& p, int64_t g0, int64_t g1) {
+  if (p.int8b != nullptr) {
+    if (p.isa == kAvx512Vnni) {
+      vnni::Groups(p, *p.int8b, g0, g1);
+    } else {
+      GroupsInt8Scalar(p, *p.int8b, g0, g1);
+    }
+  } else if (p.isa >= kAvx512) {
+    avx512::GroupsExact<4>(p, g0, g1);
+  } else if (p.isa == kAvx2) {
+    avx2::GroupsExact<2>(p, g0, g1);
+  } else {
+    GroupsExactScalar(p, g0, g1);
+  }
+}
+
+// one chunk of output rows, on the chosen instruction set: the interleaved layout a group of 16 at a time (with
+// activation=swiglu, the gate group and the up group of 16 outputs, then silu(gate) * up from the scratch rows)
 void Chunk(void* data, size_t index) {
   const Problem& p = *static_cast<const Problem*>(data);
   const int64_t o0 = static_cast<int64_t>(index) * p.chunk, o1 = std::min(p.N, o0 + p.chunk);
-  if (p.int8b != nullptr) {
-    const int64_t g = static_cast<int64_t>(index);
-    if (p.isa == kAvx512Vnni) {
-      vnni::Groups(p, *p.int8b, g, g + 1);
-    } else {
-      GroupsInt8Scalar(p, *p.int8b, g, g + 1);
+  const int64_t g = static_cast<int64_t>(index);
+  if (p.glu != nullptr) {
+    InterleavedGroups(p, 2 * g, 2 * g + 2);
+    const int64_t rows = std::min<int64_t>(16, p.glu_rows - 16 * g);
+    for (int64_t m = 0; m < p.M; ++m) {
+      const float* gate = p.y + m * p.N + 32 * g;
+      float* out = p.glu + m * p.glu_rows + 16 * g;
+      for (int64_t r = 0; r < rows; ++r) out[r] = gate[r] / (1.f + std::exp(-gate[r])) * gate[16 + r];
     }
-  } else if (p.groups) {
-    const int64_t g = static_cast<int64_t>(index);
-    if (p.isa >= kAvx512) {
-      avx512::GroupsExact<4>(p, g, g + 1);
-    } else if (p.isa == kAvx2) {
-      avx2::GroupsExact<2>(p, g, g + 1);
-    } else {
-      GroupsExactScalar(p, g, g + 1);
-    }
+  } else if (p.int8b != nullptr || p.groups) {
+    InterleavedGroups(p, g, g + 1);
   } else if (p.int8 != nullptr) {
     if (p.isa == kAvx512Vnni) {
       vnni::Rows(p, *p.int8, o0, o1);
@@ -301,6 +316,10 @@ struct QLinearKernel {
     if (interleave_ != 0 && interleave_ != 16)
       ORT_CXX_API_THROW("llgraph QLinear: interleave must be 0 or 16", ORT_INVALID_ARGUMENT);
     rows_ = interleave_ ? k.GetAttribute<int64_t>("rows") : 0;
+    glu_ = OptionalAttribute(info, "activation", 0);  // 1: swiglu over the interleaved gate/up row groups
+    if (glu_ != 0 && (glu_ != 1 || !interleave_))
+      ORT_CXX_API_THROW("llgraph QLinear: activation must be 0, or 1 (swiglu) on the interleaved layout",
+                        ORT_INVALID_ARGUMENT);
     const int64_t code_bits = OptionalAttribute(info, "code_bits", bits_);  // Q5_K's and Q6_K's 5 and 6 in 8
     centre_ = int64_t{1} << (std::min(std::max<int64_t>(code_bits, 1), bits_) - 1);
     int8_ = level == 4 && (interleave_ != 0 || Int8Fits(bits_, block_));
@@ -313,17 +332,26 @@ struct QLinearKernel {
     const Ort::ConstValue x = ctx.GetInput(0), codes = ctx.GetInput(1), scales = ctx.GetInput(2);
     const std::vector<int64_t> xs = x.GetTensorTypeAndShapeInfo().GetShape();
     const std::vector<int64_t> cs = codes.GetTensorTypeAndShapeInfo().GetShape();
-    const int64_t lanes = interleave_ ? 16 : 1;
+    const int64_t lanes = interleave_ ? 16 : 1, groups = glu_ ? cs[0] / 2 : cs[0];  // swiglu: gate and up groups
     if (xs.empty() || cs.size() != 3 || cs[1] * block_ != xs.back() || cs[2] != lanes * block_ * bits_ / 8 ||
-        (interleave_ && (rows_ > cs[0] * 16 || rows_ <= (cs[0] - 1) * 16)))
+        (interleave_ && (rows_ > groups * 16 || rows_ <= (groups - 1) * 16 || (glu_ && cs[0] % 2))))
       ORT_CXX_API_THROW("llgraph QLinear: codes must be [out, in/block, block*bits/8] (interleaved: [ceil(rows/16), "
-                        "in/block, 16*block*bits/8]) matching x's last dim", ORT_INVALID_ARGUMENT);
-    const int64_t K = xs.back(), N = interleave_ ? rows_ : cs[0], nb = cs[1];
+                        "in/block, 16*block*bits/8], swiglu twice the groups) matching x's last dim",
+                        ORT_INVALID_ARGUMENT);
+    if (glu_ && ctx.GetInputCount() > 4 && static_cast<const OrtValue*>(ctx.GetInput(4)) != nullptr)
+      ORT_CXX_API_THROW("llgraph QLinear: activation=swiglu takes no bias", ORT_INVALID_ARGUMENT);
+    const int64_t K = xs.back(), N = glu_ ? cs[0] * 16 : interleave_ ? rows_ : cs[0], nb = cs[1];
     int64_t M = 1;
     for (size_t i = 0; i + 1 < xs.size(); ++i) M *= xs[i];
     std::vector<int64_t> ys(xs);
-    ys.back() = N;
+    ys.back() = glu_ ? rows_ : N;
     float* out = ctx.GetOutput(0, ys).GetTensorMutableData<float>();
+    float* glu = nullptr;
+    if (glu_) {  // the gate and up rows land in scratch; the output is their silu(gate) * up
+      glu = out;
+      scratch_.resize(static_cast<size_t>(M * N));
+      out = scratch_.data();
+    }
 
     const float* in = x.GetTensorData<float>();
     const bool half = Half(scales);
@@ -334,7 +362,7 @@ struct QLinearKernel {
     Problem p{nullptr, nullptr, codes.GetTensorData<uint8_t>(), half ? nullptr : scales.GetTensorData<float>(),
               Half(mins) ? nullptr : Optional(ctx, 3), half ? scales.GetTensorData<uint16_t>() : nullptr,
               Half(mins) ? mins.GetTensorData<uint16_t>() : nullptr, Optional(ctx, 4), out, M, K, N, nb, block_,
-              bits_, zero_point_, 16, isa_, nullptr, nullptr, centre_, interleave_ != 0 && !int8_};
+              bits_, zero_point_, 16, isa_, nullptr, nullptr, centre_, interleave_ != 0 && !int8_, glu, rows_};
     if (p.groups) {
       Sums(in, M * nb);
       p.x = in;
@@ -350,7 +378,7 @@ struct QLinearKernel {
       p.x = reordered_.data();
       p.xsum = sums_.data();
     }
-    const size_t chunks = static_cast<size_t>((N + p.chunk - 1) / p.chunk);
+    const size_t chunks = static_cast<size_t>(glu_ ? N / 32 : (N + p.chunk - 1) / p.chunk);
     ctx.ParallelFor(Chunk, chunks, 0, &p);
   }
 
@@ -411,9 +439,9 @@ struct QLinearKernel {
 
   int64_t bits_, block_, zero_point_;
   Isa isa_;
-  int64_t interleave_, rows_, centre_;
+  int64_t interleave_, rows_, centre_, glu_;
   bool int8_;
-  std::vector<float> reordered_, sums_;
+  std::vector<float> reordered_, sums_, scratch_;
   Int8X int8x_;
   Int8Blocks int8b_;
 };
