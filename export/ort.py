@@ -194,13 +194,21 @@ def _nibbles(shift: int):
 
 
 def qembedding_gather(em: Emitter, node: Node) -> None:
-    """com.microsoft GatherBlockQuantized on the codes the (tied) lm head's MatMulNBits reads, so the export holds
-    the table once: the codes as they are, or at exact compute the 8-bit codes' two nibble tables (`_split_bytes`),
-    gathered and added. Mins (which GatherBlockQuantized has no input for) are gathered and added, as the executor
-    adds them."""
+    """On llgraph's kernels, their QEmbedding over the interleaved layout the (tied) lm head's QLinear reads. Else
+    com.microsoft GatherBlockQuantized on the codes the (tied) lm head's MatMulNBits reads. Either way the export
+    holds the table once. GatherBlockQuantized reads the codes as they are, or at exact compute the 8-bit codes' two
+    nibble tables (`_split_bytes`), gathered and added. Mins (which GatherBlockQuantized has no input for) are
+    gathered and added, as the executor adds them."""
     ids, codes, scales, mins = (list(node.inputs) + [None])[:4]
     bits, zp = node.attrs["bits"], node.attrs["zero_point"]
-    split = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL) < 4 and em.options.get("kernels") != "llgraph"
+    if em.options.get("kernels") == "llgraph":
+        inputs = [ids, em.weight(codes, compute=_interleave16), em.weight(scales, compute=_interleave16_half)]
+        inputs += [em.weight(mins, compute=_interleave16_half)] if mins else []
+        rows = em.node("QEmbedding", inputs, hint=node.name, domain=cpu.DOMAIN, bits=bits,
+                       block_size=node.attrs["block_size"], zero_point=zp, rows=em.graph.values[codes].shape[0])[0]
+        std.scaled_rows(em, node, rows)
+        return
+    split = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL) < 4
     if bits == 8 and split:  # the head's MatMulNBits reads the two nibble tables: gather from them too
         halves = [_gather(em, node, c, s, 4, z) for _, c, s, z in _nibble_tables(em, codes, scales, zp, _per_block)]
         rows = em.node("Add", halves, hint=node.name)[0]
@@ -253,17 +261,16 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None) -> None:
     """llgraph::QLinear (plugins/cpu/llgraph_ort.cc): one node on the codes, scales and mins; the schema's inputs
     and attributes, and the export's accuracy level. The blocks are written in the kernel's interleaved layout
     (`_interleave16`: 16 rows' bytes side by side, so one load feeds 16 output rows: its VNNI dots at level 4, its
-    fp32 FMAs in exact mode), unless the codes are shared with a tied embedding's gather, which reads them as
-    stored. `swiglu`: the output of a SwiGLU over its two halves, computed in the node (plan's _plan_swiglu)."""
+    fp32 FMAs in exact mode); a tied embedding reads the same initializers (qembedding_gather). `swiglu`: the
+    output of a SwiGLU over its two halves, computed in the node (plan's _plan_swiglu)."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
     level = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL)
-    tied = any(n.op == "QEmbedding" and n.inputs[1] == codes for n in em.graph.nodes)
     if swiglu:
         layout, per_block = {"compute": _glu_groups}, {"compute": _glu_groups_half}
     else:
-        layout, per_block = ({}, {}) if tied else ({"compute": _interleave16}, {"compute": _interleave16_half})
+        layout, per_block = {"compute": _interleave16}, {"compute": _interleave16_half}
     rows = em.graph.values[codes].shape[0] // (2 if swiglu else 1)
-    attrs = {"interleave": 16, "rows": rows, **({"activation": 1} if swiglu else {})} if layout else {}
+    attrs = {"interleave": 16, "rows": rows, **({"activation": 1} if swiglu else {})}
     inputs = [x, em.weight(codes, **layout), em.weight(scales, **per_block),
               em.weight(mins, **per_block) if mins else "", em.weight(bias) if bias else ""]
     while inputs[-1] == "":

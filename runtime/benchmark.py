@@ -179,16 +179,16 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
 
     gguf = bundled_model("smollm2")
     engines, folders = {}, {}
-    for name, weights in (("llgraph int4 (level 4)", Weights(accuracy_level=4)),
-                          ("llgraph int4 (level 0)", Weights(accuracy_level=0)),
-                          ("llgraph int4 (llgraph's kernels, exact)", Weights(kernels="llgraph")),
+    for name, weights in (("llgraph int4 (MatMulNBits, level 4)", Weights(accuracy_level=4, kernels="standard")),
+                          ("llgraph int4 (MatMulNBits, exact)", Weights(accuracy_level=0, kernels="standard")),
+                          ("llgraph int4 (llgraph's kernels, exact: default)", Weights(kernels="llgraph")),
                           ("llgraph int4 (llgraph's kernels, level 4)", Weights(kernels="llgraph", accuracy_level=4))):
         folders[name] = export_model(gguf, checkpoint=gguf, out=args.work / name.replace(" ", "-"), target="ort",
                                      force=True, weights=weights)
         engines[name] = Isolated(llgraph_engine, folders[name], prompt, args.new_tokens, args.threads)
     # genai's own scheme (symmetric int4, block 32, the tied lm head and embedding int4 too), rounded by llgraph
     # from the same HF folder genai's builder reads: the same weights' bytes, so the graphs and runtimes compare
-    name = "llgraph int4 genai's scheme"
+    name = "llgraph int4 genai's scheme (kernels, level 4)"
     folders[name] = export_model(hf_dir, checkpoint=hf_dir, out=args.work / "llgraph-int4-rtn", target="ort",
                                  force=True, weights=Weights(quantize="int4", symmetric=True, lm_head="int4",
                                                              accuracy_level=4))
@@ -220,8 +220,8 @@ def int4_fidelity(args, folders: dict, gguf: Path) -> None:
         model = Llama(str(gguf), n_ctx=len(ids), n_threads=args.threads, n_batch=1, logits_all=True, verbose=False)
         model.eval(ids)
         logp["llama.cpp Q4_1"] = torch.from_numpy(np.array(model.scores[:len(ids)])).double().log_softmax(-1)
-    print(f"\nvs the exact computation (llgraph level 0) over {len(ids)} tokens of A Tale of Two Cities:")
-    kl_table(logp.pop("llgraph int4 (level 0)"), logp, "engine")
+    print(f"\nvs the exact computation (llgraph, MatMulNBits exact) over {len(ids)} tokens of A Tale of Two Cities:")
+    kl_table(logp.pop("llgraph int4 (MatMulNBits, exact)"), logp, "engine")
 
 
 # the opening of A Tale of Two Cities (Dickens, 1859; public domain): the fixed text of --quality
@@ -298,7 +298,7 @@ def main(argv=None) -> None:
         from llgraph.bundled import bundled_model
 
         engines, folders = int4_engines(args, hf_dir, prompt)
-        report(engines, args, prompt, "SmolLM2-135M 4-bit", "onnxruntime-genai int4", "llgraph int4 (level 0)")
+        report(engines, args, prompt, "SmolLM2-135M 4-bit", "onnxruntime-genai int4", "llgraph int4 (MatMulNBits, exact)")
         return int4_fidelity(args, folders, bundled_model("smollm2"))
     ours = export_model(hf_dir, checkpoint=hf_dir, out=args.work / "llgraph-ort", target="ort", force=True)
     genai_dir = args.work / "genai"

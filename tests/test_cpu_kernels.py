@@ -141,8 +141,10 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "ort", max_seq_len=64,
                           weights=KERNELS)
     graph = __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph
-    ours = [n for n in graph.node if n.domain == cpu.DOMAIN]
-    assert len(ours) == 4 * cfg.num_layers + 1 and {n.op_type for n in ours} == {"QLinear"}  # qkv, o, gate_up, down
+    ours = [n for n in graph.node if n.domain == cpu.DOMAIN and n.op_type == "QLinear"]
+    assert len(ours) == 4 * cfg.num_layers + 1  # qkv, o, gate_up, down; the head
+    tables = [n for n in graph.node if n.op_type in ("Gather", "GatherBlockQuantized", "QEmbedding")]
+    assert [(n.domain, n.op_type) for n in tables] == [(cpu.DOMAIN, "QEmbedding")]  # the table in the head's layout
     assert "MatMulNBits" not in [n.op_type for n in graph.node]
     # the blocks interleaved (all but a tied head's); their scales half floats where GGUF stores them so (the K-quants'
     # are products)

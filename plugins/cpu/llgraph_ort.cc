@@ -13,6 +13,11 @@
 // Accuracy level 4 (the node's accuracy_level attribute, as MatMulNBits'): int8 activations and integer dots
 // (qlinear_int8.inc), AVX-512 VNNI where the CPU has it, else the same arithmetic portably.
 //
+// Layouts: the blocks as stored, or interleaved 16 rows at a time (interleave=16, what the ort export writes:
+// qlinear_groups.inc exact, qlinear_int8.inc level 4), whose scales and mins may be half floats; on it,
+// activation=swiglu computes silu(gate) * up of a packed [gate; up] projection, and QEmbedding gathers a (tied)
+// table's rows from the same bytes.
+//
 // Instruction sets: AVX-512 VNNI (level 4), AVX-512F, AVX2+FMA and a portable scalar loop, each compiled inside its
 // own target region (no build flag tied to the building CPU) and chosen when the library loads from the CPU's
 // features; the environment variable LLGRAPH_CPU_ISA=avx512vnni|avx512|avx2|scalar caps the choice (tests run every
@@ -462,6 +467,79 @@ struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 
+// QEmbedding over the interleaved layout (the ort export's, when the table is a tied lm head's on these kernels, so
+// the table is held once): out[..., b*B + j] = scales[id, b] * (q[id, b, j] - zero_point) + mins[id, b]
+struct QEmbeddingKernel {
+  QEmbeddingKernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo k(info);
+    bits_ = k.GetAttribute<int64_t>("bits");
+    block_ = k.GetAttribute<int64_t>("block_size");
+    zero_point_ = k.GetAttribute<int64_t>("zero_point");
+    rows_ = k.GetAttribute<int64_t>("rows");
+    if ((bits_ != 4 && bits_ != 8) || block_ * bits_ / 8 % 4 != 0)
+      ORT_CXX_API_THROW("llgraph QEmbedding: bits must be 4 or 8 and a block whole 4-byte chunks",
+                        ORT_INVALID_ARGUMENT);
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const Ort::ConstValue ids = ctx.GetInput(0), codes = ctx.GetInput(1), scales = ctx.GetInput(2);
+    const Ort::ConstValue mins = ctx.GetInputCount() > 3 ? ctx.GetInput(3) : Ort::ConstValue{nullptr};
+    const std::vector<int64_t> is = ids.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> cs = codes.GetTensorTypeAndShapeInfo().GetShape();
+    const int64_t bytes = block_ * bits_ / 8;
+    if (cs.size() != 3 || cs[2] != 16 * bytes || rows_ > cs[0] * 16)
+      ORT_CXX_API_THROW("llgraph QEmbedding: codes must be [ceil(rows/16), in/block, 16*block*bits/8]",
+                        ORT_INVALID_ARGUMENT);
+    const int64_t nb = cs[1], K = nb * block_;
+    std::vector<int64_t> os(is);
+    os.push_back(K);
+    float* out = ctx.GetOutput(0, os).GetTensorMutableData<float>();
+    Problem p{};  // for ScaleAt / MinAt: the scales and mins in whichever precision they are stored
+    p.scales = QLinearKernel::Half(scales) ? nullptr : scales.GetTensorData<float>();
+    p.hscales = QLinearKernel::Half(scales) ? scales.GetTensorData<uint16_t>() : nullptr;
+    const bool has_mins = static_cast<const OrtValue*>(mins) != nullptr;
+    p.mins = has_mins && !QLinearKernel::Half(mins) ? mins.GetTensorData<float>() : nullptr;
+    p.hmins = has_mins && QLinearKernel::Half(mins) ? mins.GetTensorData<uint16_t>() : nullptr;
+    const int64_t* id = ids.GetTensorData<int64_t>();
+    const uint8_t* c = codes.GetTensorData<uint8_t>();
+    const int64_t count = ids.GetTensorTypeAndShapeInfo().GetElementCount();
+    for (int64_t t = 0; t < count; ++t) {
+      if (id[t] < 0 || id[t] >= rows_)
+        ORT_CXX_API_THROW("llgraph QEmbedding: a token id is outside the table", ORT_INVALID_ARGUMENT);
+      const int64_t g = id[t] / 16, l = id[t] % 16;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = c + (g * nb + b) * 16 * bytes;
+        const int64_t at = (g * nb + b) * 16 + l;
+        const float s = ScaleAt(p, at), m = MinAt(p, at);
+        for (int64_t j = 0; j < block_; ++j) {  // weight j: byte j * bits / 8 of the block, bit (j * bits) % 8
+          const int64_t k = j * bits_ / 8;
+          const int code = (blk[(k / 4) * 64 + l * 4 + k % 4] >> ((j * bits_) % 8)) & ((1 << bits_) - 1);
+          out[t * K + b * block_ + j] = s * static_cast<float>(code - zero_point_) + m;
+        }
+      }
+    }
+  }
+
+  int64_t bits_, block_, zero_point_, rows_;
+};
+
+struct QEmbeddingOp : Ort::CustomOpBase<QEmbeddingOp, QEmbeddingKernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new QEmbeddingKernel(api, info); }
+  const char* GetName() const { return "QEmbedding"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 4; }  // ids, codes, scales, mins?
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+                  : i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i >= 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
 }  // namespace
 
 extern "C" {
@@ -482,10 +560,12 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
   }
   Ort::InitApi(api);
   static QLinearOp qlinear;
+  static QEmbeddingOp qembedding;
   static Ort::CustomOpDomain domain{"llgraph"};
   static bool added = false;
   if (!added) {
     domain.Add(&qlinear);
+    domain.Add(&qembedding);
     added = true;
   }
   try {
