@@ -298,7 +298,8 @@ def main(argv=None) -> None:
         from llgraph.bundled import bundled_model
 
         engines, folders = int4_engines(args, hf_dir, prompt)
-        report(engines, args, prompt, "SmolLM2-135M 4-bit", "onnxruntime-genai int4", "llgraph int4 (MatMulNBits, exact)")
+        report(engines, args, prompt, "SmolLM2-135M 4-bit", "onnxruntime-genai int4",
+               "llgraph int4 (MatMulNBits, exact)")
         return int4_fidelity(args, folders, bundled_model("smollm2"))
     ours = export_model(hf_dir, checkpoint=hf_dir, out=args.work / "llgraph-ort", target="ort", force=True)
     genai_dir = args.work / "genai"
