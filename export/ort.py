@@ -38,11 +38,15 @@ def plan(em: Emitter) -> None:
     def only_read_by(value, allowed):
         return all(c.name in allowed for c in consumers.get(value, []))
 
+    fusions: dict[str, dict] = {}  # a QLinear's name -> what qlinear_llgraph fuses into it
+    order = {n.name: i for i, n in enumerate(g.nodes)}
     for node in g.nodes:
         if node.op == "GroupedAttention" and node.attrs["causal"]:
             _plan_attention(em, node, producer, only_read_by)
-        if node.op == "SwiGLU" and em.options.get("kernels") == "llgraph":
-            _plan_swiglu(em, node, producer, only_read_by)
+        if em.options.get("kernels") == "llgraph":
+            _plan_qlinear_fusions(em, node, producer, consumers, only_read_by, fusions, order)
+    for name, fused in fusions.items():
+        em.fused[name] = lambda em, n, fused=fused: qlinear_llgraph(em, n, **fused)
     for node in g.nodes:  # a RotaryCosSin whose every Rotary was fused away is not needed
         if node.op == "RotaryCosSin" and all(c.name in em.absorbed for c in consumers.get(node.outputs[0], [])):
             em.absorbed.add(node.name)
@@ -71,21 +75,44 @@ def _plan_attention(em: Emitter, node: Node, producer, only_read_by) -> None:
     em.fused[node.name] = lambda em, n: group_query_attention(em, n, qkv, rotary)
 
 
-def _plan_swiglu(em: Emitter, node: Node, producer, only_read_by) -> None:
-    """The packed gate/up QLinear, its Split and the SwiGLU become one llgraph QLinear with activation=swiglu: its
-    rows interleaved gate group, up group (`_glu_groups`), silu(gate) * up written directly (two nodes and a
-    [tokens, 2 * intermediate] round trip fewer per layer). Taken for an untied, bias-free QLinear read only so."""
-    split = producer.get(node.inputs[0])
-    if split is None or split.op != "Split" or list(split.outputs) != list(node.inputs):
-        return
-    linear = producer.get(split.inputs[0])
-    if (linear is None or linear.op != "QLinear" or len(split.outputs) != 2 or split.attrs["sizes"][0] * 2 !=
-            em.graph.values[split.inputs[0]].shape[-1] or std.qlinear_inputs(linear)[4] is not None
-            or not only_read_by(split.inputs[0], {split.name})
-            or not all(only_read_by(o, {node.name}) for o in split.outputs)):
-        return
-    em.absorbed.update((split.name, node.name))
-    em.fused[linear.name] = lambda em, n: qlinear_llgraph(em, n, swiglu=node.outputs[0])
+def _plan_qlinear_fusions(em: Emitter, node: Node, producer, consumers, only_read_by, fusions, order) -> None:
+    """What llgraph's QLinear computes in the node itself, each a pattern of the IR around a QLinear whose
+    output (or input) nothing else reads:
+    - SwiGLU over a packed gate/up QLinear's Split: `swiglu`, the rows interleaved gate group, up group
+      (`_glu_groups`), silu(gate) * up written directly (two nodes and a [tokens, 2 * intermediate] round trip
+      fewer per layer; bias-free only);
+    - the residual Add after a QLinear (o_proj, down_proj): `residual`, added to its output;
+    - the whole-row RMSNorm before a QLinear (the attention's and the MLP's input norms, the final one): `norm`,
+      computed on x in float32 as the RMSNormalization it replaces."""
+    def fuse(linear: Node, **what):
+        fusions.setdefault(linear.name, {}).update(what)
+
+    if node.op == "SwiGLU":
+        split = producer.get(node.inputs[0])
+        if split is None or split.op != "Split" or list(split.outputs) != list(node.inputs):
+            return
+        linear = producer.get(split.inputs[0])
+        if (linear is not None and linear.op == "QLinear" and len(split.outputs) == 2
+                and split.attrs["sizes"][0] * 2 == em.graph.values[split.inputs[0]].shape[-1]
+                and std.qlinear_inputs(linear)[4] is None and only_read_by(split.inputs[0], {split.name})
+                and all(only_read_by(o, {node.name}) for o in split.outputs)):
+            em.absorbed.update((split.name, node.name))
+            fuse(linear, swiglu=node.outputs[0])
+    elif node.op == "Add":
+        for mine, other in ((0, 1), (1, 0)):
+            linear, before = producer.get(node.inputs[mine]), producer.get(node.inputs[other])
+            if (linear is not None and linear.op == "QLinear" and only_read_by(node.inputs[mine], {node.name})
+                    and (before is None or order[before.name] < order[linear.name])  # emitted before it
+                    and "swiglu" not in fusions.get(linear.name, {})
+                    and em.graph.values[node.inputs[other]].shape == em.graph.values[node.outputs[0]].shape):
+                em.absorbed.add(node.name)
+                fuse(linear, residual=(node.inputs[other], node.outputs[0]))
+                return
+    elif node.op == "RMSNorm" and node.attrs["group"] == em.graph.values[node.inputs[0]].shape[-1]:
+        readers = consumers.get(node.outputs[0], [])
+        if len(readers) == 1 and readers[0].op == "QLinear" and readers[0].inputs[0] == node.outputs[0]:
+            em.absorbed.add(node.name)
+            fuse(readers[0], norm=node)
 
 
 def _seqlens(em: Emitter, pos: str) -> tuple[str, str]:
@@ -257,12 +284,14 @@ def qlinear(em: Emitter, node: Node) -> None:
     (qlinear_llgraph if em.options.get("kernels") == "llgraph" else qlinear_nbits)(em, node)
 
 
-def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None) -> None:
+def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual: tuple[str, str] | None = None,
+                    norm: Node | None = None) -> None:
     """llgraph::QLinear (plugins/cpu/llgraph_ort.cc): one node on the codes, scales and mins; the schema's inputs
     and attributes, and the export's accuracy level. The blocks are written in the kernel's interleaved layout
     (`_interleave16`: 16 rows' bytes side by side, so one load feeds 16 output rows: its VNNI dots at level 4, its
     fp32 FMAs in exact mode); a tied embedding reads the same initializers (qembedding_gather). `swiglu`: the
-    output of a SwiGLU over its two halves, computed in the node (plan's _plan_swiglu)."""
+    output of a SwiGLU over its two halves; `residual`: (the stream, the Add's output) it adds to its own; `norm`:
+    the RMSNorm its x passes first (all computed in the node: _plan_qlinear_fusions)."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
     level = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL)
     if swiglu:
@@ -271,11 +300,15 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None) -> None:
         layout, per_block = {"compute": _interleave16}, {"compute": _interleave16_half}
     rows = em.graph.values[codes].shape[0] // (2 if swiglu else 1)
     attrs = {"interleave": 16, "rows": rows, **({"activation": 1} if swiglu else {})}
-    inputs = [x, em.weight(codes, **layout), em.weight(scales, **per_block),
-              em.weight(mins, **per_block) if mins else "", em.weight(bias) if bias else ""]
+    inputs = [norm.inputs[0] if norm else x, em.weight(codes, **layout), em.weight(scales, **per_block),
+              em.weight(mins, **per_block) if mins else "", em.weight(bias) if bias else "",
+              residual[0] if residual else "", em.weight(norm.inputs[1]) if norm else ""]
     while inputs[-1] == "":
         inputs.pop()
-    em.node("QLinear", inputs, [swiglu] if swiglu else node.outputs, domain=cpu.DOMAIN, hint=node.name, bits=bits,
+    if norm:
+        attrs["epsilon"] = float(norm.attrs["eps"])
+    outputs = [swiglu] if swiglu else [residual[1]] if residual else node.outputs
+    em.node("QLinear", inputs, outputs, domain=cpu.DOMAIN, hint=node.name, bits=bits,
             block_size=block, zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
 
 

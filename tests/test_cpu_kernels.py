@@ -106,6 +106,22 @@ for bits, B, zp, M in [(4, 32, 0, 1), (8, 32, 128, 3), (4, 16, 8, 5)]:
                  "mins": per_block(torch.from_numpy(mins)).numpy()}
         got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, interleave=16, rows=I, activation=1)
         worst["swiglu"] = max(worst["swiglu"], float(np.abs(got.reshape(M, I) - want).max() / np.abs(want).max()))
+# a norm weight (x's RMSNorm first, epsilon as the attribute) and a residual (added to y): one node
+worst["norm, residual"] = 0.0
+for bits, B, zp, M in [(4, 32, 0, 1), (8, 32, 128, 3), (4, 64, 8, 6)]:
+    N, nb = 37, 6
+    q, codes, scales, mins, bias, x = blocks(bits, B, True, True, M, N, nb)
+    norm = rng.standard_normal(nb * B).astype(np.float32)
+    residual = rng.standard_normal((1, M, N)).astype(np.float32)
+    w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + mins[..., None]
+    x64 = x.astype(np.float64)
+    xn = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * norm
+    want = xn @ w.reshape(N, -1).T + bias + residual
+    given = {"codes": _interleave16(torch.from_numpy(codes)).numpy(),
+             "scales": _interleave16(torch.from_numpy(scales)).numpy(),
+             "mins": _interleave16(torch.from_numpy(mins)).numpy(), "bias": bias, "residual": residual, "norm": norm}
+    got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, interleave=16, rows=N, epsilon=1e-5)
+    worst["norm, residual"] = max(worst["norm, residual"], float(np.abs(got - want).max() / np.abs(want).max()))
 print(isa().decode(), *worst.values())
 '''
 
@@ -121,14 +137,15 @@ def library():
 def test_every_instruction_set_path_equals_float64(library, isa, report):
     """4- and 8-bit codes, blocks of 16 to 128, with and without mins and bias, 1 to 9 rows at once, both layouts,
     the interleaved one with float and half-float scales and mins (37 output rows: its last group is partial), and
-    with the SwiGLU epilogue."""
+    with what the export fuses into it: the SwiGLU epilogue, the RMSNorm before, the residual Add after."""
     r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa}, check=True)
     ran, *worst = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
     for layout, diff in zip(("blocks as stored", "interleaved", "interleaved, half-float scales and mins",
-                             "interleaved with activation=swiglu"), worst, strict=True):
+                             "interleaved with activation=swiglu", "interleaved with a norm and a residual"), worst,
+                            strict=True):
         report(f"llgraph QLinear on {isa}, {layout}, vs float64, relative to max |y|", float(diff), 2e-6)
 
 
@@ -152,9 +169,12 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     assert len(layers) >= 4 * cfg.num_layers
     scale_types = {i.data_type for i in graph.initializer if i.name in {n.input[2] for n in layers}}
     assert scale_types == {10 if qtype.name in ("Q4_0", "Q4_1", "Q8_0") else 1}  # FLOAT16 / FLOAT
-    # each MLP's gate/up QLinear computes the SwiGLU itself: no Split, no separate activation
+    # each MLP's gate/up QLinear computes the SwiGLU itself, the norms and the residual Adds are the QLinears' too:
+    # no Split, no separate activation, no norm, and one Add (GroupQueryAttention's sequence length)
     fused = [n for n in layers if any(a.name == "activation" and a.i == 1 for a in n.attribute)]
-    assert len(fused) == cfg.num_layers and not {"Split", "QuickGelu", "Sigmoid"} & {n.op_type for n in graph.node}
+    ops = [n.op_type for n in graph.node]
+    assert len(fused) == cfg.num_layers and not {"Split", "QuickGelu", "Sigmoid", "RMSNormalization"} & set(ops)
+    assert ops.count("Add") == 1, ops
     dtype, tol = ("float64", 5e-4) if qtype.name.endswith("_K") else ("float32", None)
     truth = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64, dtype=dtype)
     compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"ort llgraph {qtype.name}",

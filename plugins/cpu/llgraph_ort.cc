@@ -322,6 +322,10 @@ struct QLinearKernel {
       ORT_CXX_API_THROW("llgraph QLinear: interleave must be 0 or 16", ORT_INVALID_ARGUMENT);
     rows_ = interleave_ ? k.GetAttribute<int64_t>("rows") : 0;
     glu_ = OptionalAttribute(info, "activation", 0);  // 1: swiglu over the interleaved gate/up row groups
+    float eps = 0.f;  // with a norm weight input: x's RMSNorm first, with this epsilon
+    if (OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_float(info, "epsilon", &eps))
+      Ort::GetApi().ReleaseStatus(absent);
+    eps_ = eps;
     if (glu_ != 0 && (glu_ != 1 || !interleave_))
       ORT_CXX_API_THROW("llgraph QLinear: activation must be 0, or 1 (swiglu) on the interleaved layout",
                         ORT_INVALID_ARGUMENT);
@@ -359,6 +363,16 @@ struct QLinearKernel {
     }
 
     const float* in = x.GetTensorData<float>();
+    if (const float* norm = Optional(ctx, 6)) {  // RMSNorm(x) * weight, in float32, as the graph's would
+      normed_.resize(static_cast<size_t>(M * K));
+      for (int64_t m = 0; m < M; ++m) {
+        float ss = 0.f;
+        for (int64_t k = 0; k < K; ++k) ss += in[m * K + k] * in[m * K + k];
+        const float inv = 1.f / std::sqrt(ss / static_cast<float>(K) + eps_);
+        for (int64_t k = 0; k < K; ++k) normed_[m * K + k] = in[m * K + k] * inv * norm[k];
+      }
+      in = normed_.data();
+    }
     const bool half = Half(scales);
     const Ort::ConstValue mins = ctx.GetInputCount() > 3 ? ctx.GetInput(3) : Ort::ConstValue{nullptr};
     if ((half || Half(mins)) && !interleave_)
@@ -385,6 +399,11 @@ struct QLinearKernel {
     }
     const size_t chunks = static_cast<size_t>(glu_ ? N / 32 : (N + p.chunk - 1) / p.chunk);
     ctx.ParallelFor(Chunk, chunks, 0, &p);
+    if (const float* residual = Optional(ctx, 5)) {  // y + residual: the residual stream's Add
+      const int64_t count = M * (glu_ ? rows_ : N);
+      float* y = glu_ ? glu : out;
+      for (int64_t i = 0; i < count; ++i) y[i] += residual[i];
+    }
   }
 
   // the block sums of x (the interleaved exact kernels read x itself)
@@ -445,8 +464,9 @@ struct QLinearKernel {
   int64_t bits_, block_, zero_point_;
   Isa isa_;
   int64_t interleave_, rows_, centre_, glu_;
+  float eps_;
   bool int8_;
-  std::vector<float> reordered_, sums_, scratch_;
+  std::vector<float> reordered_, sums_, scratch_, normed_;
   Int8X int8x_;
   Int8Blocks int8b_;
 };
@@ -455,7 +475,7 @@ struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new QLinearKernel(api, info); }
   const char* GetName() const { return "QLinear"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 5; }  // x, codes, scales, mins?, bias?
+  size_t GetInputTypeCount() const { return 7; }  // x, codes, scales, mins?, bias?, residual?, norm weight?
   ONNXTensorElementDataType GetInputType(size_t i) const {  // scales and mins: float, or half (interleaved)
     return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
                   : i == 2 || i == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
