@@ -134,6 +134,13 @@ void RowsScalar(const Problem& p, int64_t o0, int64_t o1) {
   }
 }
 
+// the interleaved layout: weight j of row `l` (of 16) in a block's 16 * B * bits / 8 bytes (byte j * bits / 8 of the
+// row's block, dealt out 4 bytes at a time; bit (j * bits) % 8 of it)
+int InterleavedCode(const uint8_t* block, int64_t l, int64_t j, int64_t bits) {
+  const int64_t k = j * bits / 8;
+  return (block[(k / 4) * 64 + l * 4 + k % 4] >> ((j * bits) % 8)) & ((1 << bits) - 1);
+}
+
 // the interleaved layout in exact mode (qlinear_groups.inc's arithmetic), rows [16 * g0, 16 * g1), lane by lane
 void GroupsExactScalar(const Problem& p, int64_t g0, int64_t g1) {
   const int64_t bytes = p.B * p.bits / 8;
@@ -145,11 +152,8 @@ void GroupsExactScalar(const Problem& p, int64_t g0, int64_t g1) {
           const uint8_t* c = p.codes + (g * p.nb + b) * 16 * bytes;
           const float* x = p.x + m * p.K + b * p.B;
           float dot = 0.f;
-          for (int64_t j = 0; j < p.B; ++j) {  // weight j: byte j * bits / 8 of the block, bit (j * bits) % 8
-            const int64_t k = j * p.bits / 8;
-            const int code = (c[(k / 4) * 64 + l * 4 + k % 4] >> ((j * p.bits) % 8)) & ((1 << p.bits) - 1);
-            dot += static_cast<float>(code - p.centre) * x[j];
-          }
+          for (int64_t j = 0; j < p.B; ++j)
+            dot += static_cast<float>(InterleavedCode(c, l, j, p.bits) - p.centre) * x[j];
           const int64_t at = (g * p.nb + b) * 16 + l;
           acc += ScaleAt(p, at) * dot;
           acc += (MinAt(p, at) + ScaleAt(p, at) * static_cast<float>(p.centre - p.zero_point)) * p.xsum[m * p.nb + b];
@@ -305,12 +309,20 @@ void Chunk(void* data, size_t index) {
   }
 }
 
-struct QLinearKernel {
-  QLinearKernel(const OrtApi&, const OrtKernelInfo* info) {
+// the blocked format's attributes (llgraph/ops.py QUANT_ATTRS), which QLinear and QEmbedding share
+struct BlockFormat {
+  explicit BlockFormat(const OrtKernelInfo* info) {
     Ort::ConstKernelInfo k(info);
     bits_ = k.GetAttribute<int64_t>("bits");
     block_ = k.GetAttribute<int64_t>("block_size");
     zero_point_ = k.GetAttribute<int64_t>("zero_point");
+  }
+  int64_t bits_, block_, zero_point_;
+};
+
+struct QLinearKernel : BlockFormat {
+  QLinearKernel(const OrtApi&, const OrtKernelInfo* info) : BlockFormat(info) {
+    Ort::ConstKernelInfo k(info);
     const int64_t level = OptionalAttribute(info, "accuracy_level", 0);  // as MatMulNBits': 4 is int8 activations
     if ((bits_ != 4 && bits_ != 8) || block_ < 16 || (block_ & (block_ - 1)) != 0)
       ORT_CXX_API_THROW("llgraph QLinear: bits must be 4 or 8 and block_size a power of 2 >= 16",
@@ -461,7 +473,6 @@ struct QLinearKernel {
     return static_cast<const OrtValue*>(v) != nullptr ? v.GetTensorData<float>() : nullptr;
   }
 
-  int64_t bits_, block_, zero_point_;
   Isa isa_;
   int64_t interleave_, rows_, centre_, glu_;
   float eps_;
@@ -489,13 +500,9 @@ struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
 
 // QEmbedding over the interleaved layout (the ort export's, when the table is a tied lm head's on these kernels, so
 // the table is held once): out[..., b*B + j] = scales[id, b] * (q[id, b, j] - zero_point) + mins[id, b]
-struct QEmbeddingKernel {
-  QEmbeddingKernel(const OrtApi&, const OrtKernelInfo* info) {
-    Ort::ConstKernelInfo k(info);
-    bits_ = k.GetAttribute<int64_t>("bits");
-    block_ = k.GetAttribute<int64_t>("block_size");
-    zero_point_ = k.GetAttribute<int64_t>("zero_point");
-    rows_ = k.GetAttribute<int64_t>("rows");
+struct QEmbeddingKernel : BlockFormat {
+  QEmbeddingKernel(const OrtApi&, const OrtKernelInfo* info) : BlockFormat(info) {
+    rows_ = Ort::ConstKernelInfo(info).GetAttribute<int64_t>("rows");
     if ((bits_ != 4 && bits_ != 8) || block_ * bits_ / 8 % 4 != 0)
       ORT_CXX_API_THROW("llgraph QEmbedding: bits must be 4 or 8 and a block whole 4-byte chunks",
                         ORT_INVALID_ARGUMENT);
@@ -532,16 +539,13 @@ struct QEmbeddingKernel {
         const uint8_t* blk = c + (g * nb + b) * 16 * bytes;
         const int64_t at = (g * nb + b) * 16 + l;
         const float s = ScaleAt(p, at), m = MinAt(p, at);
-        for (int64_t j = 0; j < block_; ++j) {  // weight j: byte j * bits / 8 of the block, bit (j * bits) % 8
-          const int64_t k = j * bits_ / 8;
-          const int code = (blk[(k / 4) * 64 + l * 4 + k % 4] >> ((j * bits_) % 8)) & ((1 << bits_) - 1);
-          out[t * K + b * block_ + j] = s * static_cast<float>(code - zero_point_) + m;
-        }
+        for (int64_t j = 0; j < block_; ++j)
+          out[t * K + b * block_ + j] = s * static_cast<float>(InterleavedCode(blk, l, j, bits_) - zero_point_) + m;
       }
     }
   }
 
-  int64_t bits_, block_, zero_point_, rows_;
+  int64_t rows_;
 };
 
 struct QEmbeddingOp : Ort::CustomOpBase<QEmbeddingOp, QEmbeddingKernel> {
