@@ -109,6 +109,9 @@ def _register_kernels(opts, folder: Path) -> None:
         opts.register_custom_ops_library(str(library))
     except Exception as e:  # onnxruntime raises its own error types for a library it cannot load
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first.split(" : ")[-1] if first.startswith("[ONNXRuntimeError]") else first
+        if first.startswith("llgraph's CPU kernels"):  # the library's own word on why (an older runtime)
+            raise LlgraphError(f"{library}: {first}") from None
         raise LlgraphError(f"cannot load {library}: {first}; re-export with --kernels standard to run on ONNX "
                            "Runtime's own ops") from None
 

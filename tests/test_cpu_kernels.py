@@ -208,6 +208,22 @@ def test_a_folder_missing_its_kernels_is_one_line(library, tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "--kernels standard" in lines[0], r.stderr
 
 
+def test_a_library_for_a_newer_onnxruntime_is_one_line(library, tmp_path):
+    """The library asks the runtime for the C API of the headers it was built with; built for one newer than this
+    onnxruntime (here: API 999), opening the folder says so in one line of llgraph's (ONNX Runtime adds its own)."""
+    tiny_gguf(tmp_path / "t.gguf", T.Q4_1)
+    folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "ort", weights=KERNELS)
+    headers = cpu._headers(progress=False)
+    subprocess.run([os.environ.get("CXX") or "g++", "-std=c++17", "-O0", "-fPIC", "-shared", "-fvisibility=hidden",
+                    "-DLLGRAPH_ORT_API=999", f"-I{headers}", f"-I{cpu.SOURCE.parent}", str(cpu.SOURCE), "-o",
+                    str(folder / cpu.LIBRARY)], check=True, capture_output=True)
+    r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-new-tokens", "2")
+    ours = [line for line in r.stderr.splitlines() if "llgraph" in line]
+    print(r.stderr)
+    assert r.returncode == 2 and len(ours) == 1 and "C API 999" in ours[0] and "--kernels standard" in ours[0]
+    assert "Traceback" not in r.stderr
+
+
 def test_the_default_is_the_kernels_where_they_serve(library, tmp_path):
     """--kernels auto: llgraph's kernels for quantized blocks on ort in float32; ONNX Runtime's ops elsewhere."""
     from llgraph.export import resolve_kernels

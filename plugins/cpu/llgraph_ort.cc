@@ -566,21 +566,28 @@ struct QEmbeddingOp : Ort::CustomOpBase<QEmbeddingOp, QEmbeddingKernel> {
 
 }  // namespace
 
+// The C API version asked of the runtime: the headers' own (a test builds one newer than any runtime)
+#ifndef LLGRAPH_ORT_API
+#define LLGRAPH_ORT_API ORT_API_VERSION
+#endif
+
 extern "C" {
 
 // The instruction set the kernels run with here (after LLGRAPH_CPU_ISA): "avx512", "avx2" or "scalar".
 __attribute__((visibility("default"))) const char* llgraph_cpu_isa() { return kIsaNames[g_isa]; }
 
 // The ONNX Runtime API version this library was built against: it runs on that runtime or a newer one.
-__attribute__((visibility("default"))) int llgraph_ort_api_version() { return ORT_API_VERSION; }
+__attribute__((visibility("default"))) int llgraph_ort_api_version() { return LLGRAPH_ORT_API; }
 
 __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
                                                                      const OrtApiBase* api_base) {
-  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  const OrtApi* api = api_base->GetApi(LLGRAPH_ORT_API);
   if (api == nullptr) {  // a runtime older than these headers: say so, through the oldest API every runtime has
-    const OrtApi* oldest = api_base->GetApi(1);
-    return oldest->CreateStatus(ORT_FAIL, "llgraph's CPU kernels need ONNX Runtime >= 1.21 (C API 21); upgrade "
-                                          "onnxruntime, or re-export with --kernels standard");
+    const std::string why = "llgraph's CPU kernels were built for ONNX Runtime's C API " +
+                            std::to_string(LLGRAPH_ORT_API) + " (ONNX Runtime 1." + std::to_string(LLGRAPH_ORT_API) +
+                            "), newer than this onnxruntime (" + api_base->GetVersionString() +
+                            "); upgrade onnxruntime, or re-export with --kernels standard";
+    return api_base->GetApi(1)->CreateStatus(ORT_FAIL, why.c_str());
   }
   Ort::InitApi(api);
   static QLinearOp qlinear;
