@@ -1,5 +1,5 @@
-"""llgraph's CPU kernels at accuracy level 4 (int8 activations, integer dots): each path (AVX-512 VNNI and the
-portable one) and each layout (the blocks as stored; the interleaved one the ort export writes at level 4) equal
+"""llgraph's CPU kernels at accuracy level 4 (int8 activations, integer dots): each path (AVX-512 VNNI, AVX2 for
+4-bit codes, the portable one) and each layout (the blocks as stored; the interleaved one the ort export writes at level 4) equal
 to numpy's float64 of the same arithmetic — x rounded to int8 per block, integer dots, the scales after — and an
 export on them no farther from the executor's exact computation than ONNX Runtime's own level 4."""
 
@@ -66,7 +66,7 @@ print(isa().decode(), worst, far)
 
 
 @pytest.mark.parametrize("interleave, half", [(0, 0), (16, 0), (16, 1)])
-@pytest.mark.parametrize("isa", ["avx512vnni", "scalar"])
+@pytest.mark.parametrize("isa", ["avx512vnni", "avx2", "scalar"])
 def test_level_4_paths_equal_float64_of_the_int8_arithmetic(library, isa, interleave, half, report):  # noqa: F811
     r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa, "INTERLEAVE": str(interleave), "HALF": str(half)})

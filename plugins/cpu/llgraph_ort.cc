@@ -11,7 +11,7 @@
 // nibbles meet their x values without any shuffle.
 //
 // Accuracy level 4 (the node's accuracy_level attribute, as MatMulNBits'): int8 activations and integer dots
-// (qlinear_int8.inc), AVX-512 VNNI where the CPU has it, else the same arithmetic portably.
+// (qlinear_int8.inc), AVX-512 VNNI where the CPU has it, AVX2 for 4-bit codes, else the same arithmetic portably.
 //
 // Layouts: the blocks as stored, or interleaved 16 rows at a time (interleave=16, what the ort export writes:
 // qlinear_groups.inc exact, qlinear_int8.inc level 4), whose scales and mins may be half floats; on it,
@@ -266,6 +266,8 @@ void InterleavedGroups(const Problem& p, int64_t g0, int64_t g1) {
   if (p.int8b != nullptr) {
     if (p.isa == kAvx512Vnni) {
       vnni::Groups(p, *p.int8b, g0, g1);
+    } else if (p.isa >= kAvx2 && p.bits == 4) {
+      avx2i8::Groups(p, *p.int8b, g0, g1);
     } else {
       GroupsInt8Scalar(p, *p.int8b, g0, g1);
     }
