@@ -1,7 +1,7 @@
 """llgraph's CPU kernels at accuracy level 4 (int8 activations, integer dots): each path (AVX-512 VNNI, AVX2 for
-4-bit codes, the portable one) and each layout (the blocks as stored; the interleaved one the ort export writes at level 4) equal
-to numpy's float64 of the same arithmetic — x rounded to int8 per block, integer dots, the scales after — and an
-export on them no farther from the executor's exact computation than ONNX Runtime's own level 4."""
+4-bit codes, the portable one) and each layout (the blocks as stored; the interleaved one the ort export writes)
+equal to numpy's float64 of the same arithmetic — x rounded to int8 per block, integer dots, the scales after — and
+an export on them no farther from the executor's exact computation than ONNX Runtime's own level 4."""
 
 import os
 import subprocess
