@@ -76,7 +76,7 @@ def cmd_serve(args) -> int:
 
     weights = check_weights(args.backend, weights_of(args))
     options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
-                           args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes)
+                           args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes, args.threads)
     if args.ray:
         serve_on_ray(options, args.replicas, args.host, args.port, args.ray_address)
     else:
@@ -138,7 +138,8 @@ def cmd_generate(args) -> None:
         raise LlgraphError("--chat wraps a text prompt; drop it with --tokens")
     from llgraph.runtime.registry import open_runner
 
-    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args))
+    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
+                         args.threads)
     if args.chat:
         if runner.tokenizer is None:
             raise LlgraphError("--chat needs a tokenizer; this model has none")
@@ -148,13 +149,25 @@ def cmd_generate(args) -> None:
                                  top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed)[0]
         print(",".join(str(t) for t in result.token_ids))
         return
+    stats = {}
     pieces = runner.stream(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
-                           stop=args.stop or ())
+                           stop=args.stop or (), stats=stats)
     for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    if args.stats:
+        print(format_stats(stats), file=sys.stderr)
+
+
+def format_stats(s: dict) -> str:
+    """generate --stats: the prompt's and the generation's token counts and speeds (llama.cpp's timing summary)."""
+    decode = s["new_tokens"] - 1  # the first new token comes with the prefill
+    speed = f"{decode / s['decode_s']:.1f} tok/s" if decode > 0 and s["decode_s"] > 0 else "-"
+    return (f"prompt: {s['prompt_tokens']} tokens in {s['prefill_s'] * 1e3:.0f} ms "
+            f"({s['prompt_tokens'] / s['prefill_s']:.1f} tok/s); generated: {s['new_tokens']} tokens, decode "
+            f"{speed}")
 
 
 def cmd_eval(args) -> int:
@@ -167,7 +180,8 @@ def cmd_eval(args) -> int:
     backends = [args.backend] + ([args.compare] if args.compare else [])
     results = {}
     for backend in backends:
-        runner = open_runner(args.model, backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args))
+        runner = open_runner(args.model, backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
+                             args.threads)
         if args.task == "mc":
             results[backend] = evaluate.evaluate_mc(runner, data, args.batch_size, progress=True)
         else:

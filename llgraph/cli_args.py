@@ -61,6 +61,8 @@ def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_
     p.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
                    help="for --backend trt: the TensorRT to run with (default: the one the engine was built with)")
     p.add_argument("--cache-dir", help=CACHE_HELP)
+    p.add_argument("--threads", type=int, help="CPU threads: ONNX Runtime's intra-op threads, which llgraph's "
+                   "kernels run on (default: every core), or torch's for --backend torch")
     add_weight_flags(p, "a checkpoint's ")
 
 
@@ -108,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", help="the prompt text")
     g.add_argument("--tokens", help="the prompt as comma-separated token ids (e.g. for a random-weight export)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--stats", action="store_true", help="after the answer, one line on stderr: the prompt's tokens "
+                   "and prefill speed, the generated tokens and decode speed")
     g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
     g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")

@@ -12,6 +12,7 @@ slot p >= len(b), and row b's decode token at position p overwrites slot p befor
 from __future__ import annotations
 
 import numbers
+import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -78,13 +79,22 @@ class Runner:
 
     def stream(self, prompt, max_new_tokens: int = 64, **kwargs) -> Iterator[str]:
         """New text pieces as they are decoded; pieces never split a multi-byte character, and they concatenate to
-        generate()'s text. Stopping early (or a KeyboardInterrupt) leaves the runner usable."""
+        generate()'s text. Stopping early (or a KeyboardInterrupt) leaves the runner usable. `stats` (a dict) is
+        filled once the stream ends: prompt_tokens, prefill_s (to the first token), new_tokens, decode_s."""
         stop = kwargs.pop("stop", ())
         eos = kwargs.pop("eos_token_ids", None)
+        stats = kwargs.pop("stats", None)  # a dict to fill: prompt_tokens, prefill_s, new_tokens, decode_s
+        start = first = time.perf_counter()
+        seq = None
         for (seq,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos):
+            if seq.steps <= 1:
+                first = time.perf_counter()  # prefill done and its token sampled
             piece = seq.new_text()
             if piece:
                 yield piece
+        if stats is not None and seq is not None:
+            stats.update(prompt_tokens=len(self.encode(prompt)), prefill_s=first - start,
+                         new_tokens=seq.steps, decode_s=time.perf_counter() - first)
 
     # -- scoring (runtime/score.py) ---------------------------------------------------------------------------------
     def score(self, context, continuation):

@@ -164,7 +164,7 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
 def _open(path: Path, options: RunOptions) -> ORTRunner:
     """An export folder as it is; a checkpoint exported once into the cache (runtime/cache.py), then run."""
     if Manifest.find(path) is not None:
-        return ORTRunner(path, options.max_seq_len)
+        return ORTRunner(path, options.max_seq_len, options.threads)
     from llgraph.export import export_model, resolve_kernels
     from llgraph.runtime.cache import cache_dir, entry_for
 
@@ -174,7 +174,7 @@ def _open(path: Path, options: RunOptions) -> ORTRunner:
         print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
               file=sys.stderr)
         export_model(path, checkpoint=path, out=folder, target="ort", weights=weights, force=True, progress=True)
-    return ORTRunner(folder, options.max_seq_len)
+    return ORTRunner(folder, options.max_seq_len, options.threads)
 
 
 def _side(target: str):

@@ -96,6 +96,8 @@ def _open(path: Path, options: RunOptions) -> TorchRunner:
     if Manifest.find(path) is not None:
         raise LlgraphError(f"{options.model} is an ONNX export folder; it runs with --backend ort (or trt once "
                            "built)")
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
     return TorchRunner(path, max_seq_len=options.max_seq_len, dtype=options.weights.dtype, progress=True,
                        weights=options.weights)
 

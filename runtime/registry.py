@@ -35,6 +35,7 @@ class RunOptions:
     tensorrt: str = "auto"
     weights: Weights = Weights()
     model: str = ""  # the reference the user gave ('smollm2', a path), for messages
+    threads: int | None = None  # CPU threads: ONNX Runtime's intra-op pool (llgraph's kernels obey it), torch's
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def diff_sides() -> dict[str, Callable[[SideRequest], Callable]]:
 
 
 def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir: str | None = None,
-                tensorrt: str = "auto", weights: Weights = Weights()):
+                tensorrt: str = "auto", weights: Weights = Weights(), threads: int | None = None):
     """MODEL is an export folder (has manifest.json) or a checkpoint (or 'smollm2'); the backend opens it. A
     checkpoint for the ort backend is exported once into the cache (keyed on the checkpoint's content and
     `weights.mode`, see runtime/cache.py) and reused."""
@@ -87,6 +88,10 @@ def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir
 
     spec = backend(name)
     check_weights(name, weights)
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise LlgraphError(f"--threads ({threads}) must be a positive number of CPU threads")
+    if threads is not None and name == "trt":
+        raise LlgraphError("--threads sets CPU threads (--backend ort or torch); a TensorRT engine runs on the GPU")
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
@@ -94,4 +99,4 @@ def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir
         raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --lm-head, "
                            "--dequantize and --accuracy-level apply to a checkpoint (or pass them to "
                            "`llgraph export`)")
-    return spec.open(path, RunOptions(max_seq_len, cache_dir, tensorrt, weights, str(model)))
+    return spec.open(path, RunOptions(max_seq_len, cache_dir, tensorrt, weights, str(model), threads))

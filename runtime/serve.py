@@ -60,6 +60,7 @@ class ServeOptions:
     tensorrt: str = "auto"
     weights: Weights = Weights()
     max_request_bytes: int = 8 << 20  # a larger body is a 413 before it is read
+    threads: int | None = None  # CPU threads of the runner (registry.RunOptions.threads)
 
     @property
     def served_name(self) -> str:
@@ -94,7 +95,7 @@ def load_runner(options: ServeOptions):
     from llgraph.runtime.registry import open_runner
 
     return open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir, options.tensorrt,
-                       options.weights)
+                       options.weights, options.threads)
 
 
 def create_app(options: ServeOptions, runner=None) -> FastAPI:

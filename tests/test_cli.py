@@ -78,3 +78,14 @@ def test_serve_takes_the_weight_flags_its_backend_runs(tmp_path):
         assert code == 2 and "does not exist" in line, (flags, line)
     code, line = serve("--accuracy-level", "4", "--backend", "trt")
     assert code == 2 and "--accuracy-level (4)" in line, line
+
+
+def test_threads_are_checked_before_anything_loads(tmp_path):
+    """--threads (generate, eval, serve; all through registry.open_runner): a positive count, for the CPU backends;
+    one line, exit 2."""
+    for command in (["generate", "--prompt", "hi"], ["serve"]):
+        for flags, message in ((["--threads", "0"], "--threads (0) must be a positive number"),
+                               (["--threads", "2", "--backend", "trt"], "a TensorRT engine runs on the GPU")):
+            r = llgraph(command[0], str(tmp_path / "nope"), *command[1:], *flags, cwd=tmp_path)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1 and message in lines[0], (command, flags, r.stderr)

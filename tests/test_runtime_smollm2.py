@@ -57,8 +57,12 @@ def test_64_greedy_tokens_agree_across_ort_torch_and_transformers(gguf, hf, smol
 def test_generate_cli_streams_a_chat_answer():
     # the export lands in the test session's private cache (conftest), where `llgraph eval smollm2` finds it too
     r = subprocess.run([sys.executable, "-m", "llgraph", "generate", "smollm2", "--prompt",
-                        "What is the capital of France?", "--chat", "--max-new-tokens", "24"],
-                       capture_output=True, text=True)
-    print(r.stdout)
+                        "What is the capital of France?", "--chat", "--max-new-tokens", "24", "--threads", "1",
+                        "--stats"], capture_output=True, text=True)
+    print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
+    # --stats: one last line on stderr, the prompt's tokens and speed, the answer's tokens and decode speed
+    import re
+    assert re.fullmatch(r"prompt: \d+ tokens in \d+ ms \([\d.]+ tok/s\); generated: \d+ tokens, decode [\d.]+ tok/s",
+                        r.stderr.strip().splitlines()[-1]), r.stderr
