@@ -209,6 +209,9 @@ def cmd_diff(args) -> int:
     from llgraph.runtime.registry import SideRequest, diff_sides
     from llgraph.weight_request import DTYPE_ALIASES
 
+    if args.b is None and not args.save:  # else it would run side a and report nothing
+        raise LlgraphError("diff compares two sides: give --b (torch, ort, onnx or trt), or --save FILE to record "
+                           "side a for a later --load")
     model = resolve(args.model)
     is_checkpoint = Path(model).exists() and not str(model).endswith(".json")
     # every side computes in float from the same tensors (a GGUF's blocks dequantized)

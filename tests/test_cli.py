@@ -89,3 +89,9 @@ def test_threads_are_checked_before_anything_loads(tmp_path):
             r = llgraph(command[0], str(tmp_path / "nope"), *command[1:], *flags, cwd=tmp_path)
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 2 and len(lines) == 1 and message in lines[0], (command, flags, r.stderr)
+
+
+def test_diff_without_a_side_to_compare_says_so():
+    """`llgraph diff MODEL` with neither --b nor --save would run side a and report nothing: one line, exit 2."""
+    r = llgraph("diff", "tiny")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--b" in r.stderr and "--save" in r.stderr, r.stderr
