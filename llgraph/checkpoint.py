@@ -29,15 +29,21 @@ PRESET_DIR = Path(__file__).parent / "configs"
 # -- configs ---------------------------------------------------------------------------------------------------------
 
 def load_config(ref: str | Path | dict | LlamaConfig) -> LlamaConfig:
-    """A LlamaConfig from a dict, a JSON path, a GGUF path, a checkpoint folder, or a bundled preset name."""
+    """A LlamaConfig from a dict, a JSON path, a GGUF path, a checkpoint folder, an llgraph export folder, a bundled
+    model's name ('smollm2': its checkpoint's) or a bundled preset name."""
     if isinstance(ref, LlamaConfig):
         return ref
     if isinstance(ref, dict):
         return from_dict(ref)
-    path = Path(ref)
+    path = Path(resolve(str(ref)))
     if not path.exists():
         path = _preset_path(str(ref))
     if path.is_dir():
+        from llgraph.export_folder import Manifest
+
+        manifest = Manifest.find(path)
+        if manifest is not None:  # an export folder: the config it was exported with
+            return manifest.config
         path = path / "config.json"
         if not path.exists():
             raise ConfigError(f"{ref} is a folder without config.json; pass a config file or a GGUF file")
@@ -50,6 +56,9 @@ def load_config(ref: str | Path | dict | LlamaConfig) -> LlamaConfig:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror if isinstance(e, OSError) else e}") from None
     except json.JSONDecodeError as e:
+        if path.suffix != ".json":  # not meant as a config at all (`--checkpoint README.md`)
+            raise ConfigError(f"{ref} is neither a config (JSON) nor a checkpoint; give an HF folder, a .safetensors "
+                              "or .gguf file, or 'smollm2'") from None
         raise ConfigError(f"config {path} is not valid JSON (line {e.lineno}: {e.msg}); fix the file") from None
     return from_dict(data)
 

@@ -20,7 +20,10 @@ def cmd_inspect(args) -> None:
     from llgraph.builder import build_graph
     from llgraph.passes import DEFAULT_PASSES, run_passes
 
-    cfg = load_config(args.config)
+    if (args.model is None) == (args.config is None):
+        raise LlgraphError("give the model to inspect once: `llgraph inspect MODEL` or `llgraph inspect --config "
+                           "CONFIG`")
+    cfg = load_config(args.model or args.config)
     graph = build_graph(cfg, args.dtype)
     if args.passes:
         graph = run_passes(graph, DEFAULT_PASSES)
@@ -213,6 +216,12 @@ def cmd_diff(args) -> int:
         raise LlgraphError("diff compares two sides: give --b (torch, ort, onnx or trt), or --save FILE to record "
                            "side a for a later --load")
     model = resolve(args.model)
+    from llgraph.export_folder import Manifest
+
+    exported = Manifest.find(Path(model))
+    if exported is not None:
+        raise LlgraphError(f"{args.model} is an export folder; diff builds every side from the checkpoint or config "
+                           f"it came from ({exported.weights}): pass that, with --b {exported.target}")
     is_checkpoint = Path(model).exists() and not str(model).endswith(".json")
     # every side computes in float from the same tensors (a GGUF's blocks dequantized)
     opened = open_model(model, model if is_checkpoint else None, Weights(dequantize=True))

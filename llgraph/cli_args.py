@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=Version, nargs=0, help="show llgraph's version, and its CPU kernels' state")
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("inspect", help="summarize the graph a config builds: ops, parameters, KV-cache size")
-    i.add_argument("--config", required=True,
-                   help=f"a config file (llgraph JSON, HF config.json, .gguf) or a preset: {', '.join(presets())}")
+    i.add_argument("model", nargs="?", help="a checkpoint, an export folder or 'smollm2' (or give --config)")
+    i.add_argument("--config", help=f"a config file (llgraph JSON, HF config.json, .gguf), a checkpoint or export "
+                   f"folder, 'smollm2', or a preset: {', '.join(presets())}")
     i.add_argument("--dtype", default="fp32", type=dtype_name, help="fp32, fp16 or bf16 (as for export)")
     i.add_argument("--passes", action="store_true", help="show the graph after QKV and gate/up packing")
     i.set_defaults(func="inspect")

@@ -95,3 +95,21 @@ def test_diff_without_a_side_to_compare_says_so():
     """`llgraph diff MODEL` with neither --b nor --save would run side a and report nothing: one line, exit 2."""
     r = llgraph("diff", "tiny")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--b" in r.stderr and "--save" in r.stderr, r.stderr
+
+
+def test_one_name_for_a_model_in_every_command(tmp_path):
+    """'smollm2' and an export folder name a model wherever a config is read (inspect MODEL or --config, diff's
+    refusal of a folder says what to pass instead); a file that is no config is not called bad JSON."""
+    for args in (["inspect", "smollm2"], ["inspect", "--config", "smollm2"]):
+        r = llgraph(*args, cwd=tmp_path)
+        assert r.returncode == 0 and "30 layers, hidden 576" in r.stdout, (args, r.stderr)
+    assert llgraph("export", "--config", "tiny", "-o", "tiny-ort", cwd=tmp_path).returncode == 0
+    r = llgraph("inspect", "tiny-ort", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("model: tiny"), r.stderr
+    r = llgraph("diff", "tiny-ort", "--b", "ort", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is an export folder" in r.stderr, r.stderr
+    (tmp_path / "notes.md").write_text("# not a model\n")
+    r = llgraph("export", "--checkpoint", "notes.md", "-o", "out", cwd=tmp_path)
+    assert r.returncode == 2 and "neither a config (JSON) nor a checkpoint" in r.stderr, r.stderr
+    r = llgraph("inspect", cwd=tmp_path)
+    assert r.returncode == 2 and "llgraph inspect MODEL" in r.stderr, r.stderr
