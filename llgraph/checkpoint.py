@@ -46,7 +46,8 @@ def load_config(ref: str | Path | dict | LlamaConfig) -> LlamaConfig:
             return manifest.config
         path = path / "config.json"
         if not path.exists():
-            raise ConfigError(f"{ref} is a folder without config.json; pass a config file or a GGUF file")
+            raise ConfigError(f"{ref} is a folder with neither config.json nor an llgraph export's manifest.json; "
+                              "give a checkpoint (an HF folder, a .gguf file), an export folder or 'smollm2'")
     if path.suffix == ".gguf":
         from llgraph.gguf_source import gguf_config
 

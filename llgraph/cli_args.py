@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "holding anything llgraph did not write)")
     e.add_argument("-o", "--output", required=True, help="output folder")
     e.set_defaults(func="export")
-    b = sub.add_parser("build", help="build a TensorRT engine from a --target trt export folder (needs a GPU)")
+    b = sub.add_parser("build", help="build a TensorRT engine from a --target trt export folder (TensorRT-RTX builds "
+                       "without a GPU; standard TensorRT needs one; the engine runs on a GPU)")
     b.add_argument("folder", help="an export folder made with --target trt")
     b.add_argument("-o", "--output", help="engine path (default FOLDER/model.engine)")
     b.add_argument("--max-batch", type=int, default=8, help="most prompts in one batch (default 8)")

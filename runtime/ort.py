@@ -165,9 +165,11 @@ def _open(path: Path, options: RunOptions) -> ORTRunner:
     """An export folder as it is; a checkpoint exported once into the cache (runtime/cache.py), then run."""
     if Manifest.find(path) is not None:
         return ORTRunner(path, options.max_seq_len, options.threads)
+    from llgraph.checkpoint import load_config
     from llgraph.export import export_model, resolve_kernels
     from llgraph.runtime.cache import cache_dir, entry_for
 
+    load_config(path)  # a folder or file that is no checkpoint fails here, before "exporting ..." is said
     weights = resolve_kernels(options.weights, "ort", path)  # its kernels are part of the cache key
     folder = entry_for(path, cache_dir(options.cache_dir), "ort", weights.mode)
     if Manifest.find(folder) is None:

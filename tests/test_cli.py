@@ -113,3 +113,12 @@ def test_one_name_for_a_model_in_every_command(tmp_path):
     assert r.returncode == 2 and "neither a config (JSON) nor a checkpoint" in r.stderr, r.stderr
     r = llgraph("inspect", cwd=tmp_path)
     assert r.returncode == 2 and "llgraph inspect MODEL" in r.stderr, r.stderr
+
+
+def test_generate_on_a_folder_that_is_no_model_says_only_that(tmp_path):
+    """No "exporting ..." line first, no hint at a --config that generate does not have."""
+    (tmp_path / "empty").mkdir()
+    r = llgraph("generate", "empty", "--prompt", "hi", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "neither config.json nor" in lines[0], r.stderr
+    assert "--config" not in lines[0] and "exporting" not in r.stderr
