@@ -66,9 +66,37 @@ def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_
     add_weight_flags(p, "a checkpoint's ")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, as every other failure of the command line is, naming the nearest flag
+    when one is mistyped (instead of the whole usage text)."""
+
+    def error(self, message: str):
+        import difflib
+        import sys
+
+        command = self._command(sys.argv[1:])
+        hint = ""
+        if "unrecognized arguments" in message:
+            flags = [f for a in (command or self)._actions for f in a.option_strings]
+            wrong = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("-")]
+            near = [m[0] for w in wrong if (m := difflib.get_close_matches(w, flags, n=1, cutoff=0.6))]
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        where = command.prog if command is not None else self.prog
+        self.exit(2, f"llgraph: error: {message}{hint} (`{where} --help` lists every flag)\n")
+
+    def _command(self, argv):
+        """The subcommand's parser named on the command line, if any."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for word in argv:
+                    if word in action.choices:
+                        return action.choices[word]
+        return None
+
+
 def build_parser() -> argparse.ArgumentParser:
 
-    p = argparse.ArgumentParser(prog="llgraph", description="`llgraph` command line. Every expected failure is one "
+    p = Parser(prog="llgraph", description="`llgraph` command line. Every expected failure is one "
                                 "line on stderr and exit status 2.")
     p.add_argument("--version", action=Version, nargs=0, help="show llgraph's version, and its CPU kernels' state")
     sub = p.add_subparsers(dest="command", required=True)

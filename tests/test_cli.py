@@ -122,3 +122,13 @@ def test_generate_on_a_folder_that_is_no_model_says_only_that(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "neither config.json nor" in lines[0], r.stderr
     assert "--config" not in lines[0] and "exporting" not in r.stderr
+
+
+def test_a_mistyped_flag_is_one_line_naming_the_right_one(tmp_path):
+    r = llgraph("generate", "smollm2", "--max-new-tokns", "5", "--prompt", "hi", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "--max-new-tokns" in lines[0] and "did you mean --max-new-tokens?" in lines[0], lines
+    for args in (["expor", "--config", "tiny"], ["export", "--config", "tiny", "--quantize", "int3", "-o", "x"]):
+        r = llgraph(*args, cwd=tmp_path)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--help" in r.stderr, r.stderr
