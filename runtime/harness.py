@@ -31,8 +31,10 @@ try:
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
     from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
-except ImportError as e:  # pragma: no cover - the message is the point
-    raise ImportError(f"the lm-eval adapter needs lm-evaluation-harness: pip install 'llgraph[eval]' ({e})") from None
+except ImportError as e:
+    from llgraph.errors import MissingExtra
+
+    raise MissingExtra("llgraph lm-eval", "lm-eval", "eval", e) from None
 
 from tqdm import tqdm
 

@@ -25,8 +25,10 @@ try:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.exceptions import HTTPException
-except ImportError as e:  # pragma: no cover - the message is the point
-    raise ImportError(f"llgraph serve needs its extra: pip install 'llgraph[serve]' ({e})") from None
+except ImportError as e:
+    from llgraph.errors import MissingExtra
+
+    raise MissingExtra("llgraph serve", "fastapi uvicorn prometheus-client", "serve", e) from None
 
 from llgraph.runtime.sampling import RequestError, Sampling
 from llgraph.runtime.scheduler import Metrics, QueueFull, Scheduler, ShuttingDown

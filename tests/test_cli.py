@@ -132,3 +132,16 @@ def test_a_mistyped_flag_is_one_line_naming_the_right_one(tmp_path):
     for args in (["expor", "--config", "tiny"], ["export", "--config", "tiny", "--quantize", "int3", "-o", "x"]):
         r = llgraph(*args, cwd=tmp_path)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--help" in r.stderr, r.stderr
+
+
+def test_a_missing_extra_is_one_line_with_a_working_install_command():
+    """serve without fastapi, lm-eval without the harness: one line naming packages pip can find (llgraph itself
+    is not on PyPI, so `pip install 'llgraph[serve]'` would fail)."""
+    for blocked, args, packages in (("fastapi", ["serve", "smollm2"], "pip install fastapi uvicorn prometheus-client"),
+                                    ("lm_eval", ["lm-eval", "--tasks", "x"], "pip install lm-eval")):
+        code = (f"import sys; sys.modules[{blocked!r}] = None; sys.argv = ['llgraph', *{args!r}]; "
+                "from llgraph.cli import main; sys.exit(main())")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and packages in lines[0], (blocked, r.stderr)
+        assert "llgraph[" not in lines[0]
