@@ -121,7 +121,15 @@ class ORTRunner(Runner):
 
     def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None):
         backend = OrtBackend(folder, max_seq_len, threads)
+        target = Manifest.read(Path(folder)).target
+        if target != "ort" and target not in _SAID:  # it runs, but a user comparing speeds should know
+            _SAID.add(target)
+            print(f"llgraph: {folder} is a --target {target} export; ONNX Runtime runs a --target ort export of the "
+                  "same checkpoint several times faster, in less memory", file=sys.stderr)
         super().__init__(backend, Tokenizer.find(Path(folder)), backend.config.eos_token_ids)
+
+
+_SAID: set[str] = set()  # the targets ORTRunner has said this of, once a process
 
 
 def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype: str = "float32",

@@ -145,3 +145,10 @@ def test_a_missing_extra_is_one_line_with_a_working_install_command():
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and packages in lines[0], (blocked, r.stderr)
         assert "llgraph[" not in lines[0]
+
+
+def test_an_onnx_export_run_on_onnx_runtime_says_the_ort_target_is_faster(tmp_path):
+    assert llgraph("export", "--config", "tiny", "--target", "onnx", "-o", "tiny-onnx", cwd=tmp_path).returncode == 0
+    r = llgraph("generate", "tiny-onnx", "--tokens", "1,2,3", "--max-new-tokens", "2", cwd=tmp_path)
+    said = [line for line in r.stderr.splitlines() if "--target ort" in line]
+    assert r.returncode == 0 and len(said) == 1 and "--target onnx export" in said[0], r.stderr
