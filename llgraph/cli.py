@@ -134,19 +134,21 @@ def cmd_generate(args) -> None:
     if args.max_seq_len is not None and args.max_new_tokens >= args.max_seq_len:
         raise LlgraphError(f"--max-new-tokens ({args.max_new_tokens}) leaves no room for the prompt in "
                            f"--max-seq-len ({args.max_seq_len}); raise --max-seq-len or lower --max-new-tokens")
-    if (args.prompt is None) == (args.tokens is None):
-        raise LlgraphError("give exactly one of --prompt TEXT or --tokens 1,2,3")
-    prompt = parse_tokens(args.tokens) if args.tokens is not None else args.prompt
-    if args.chat and args.tokens is not None:
-        raise LlgraphError("--chat wraps a text prompt; drop it with --tokens")
+    if [args.prompt, args.prompt_file, args.tokens].count(None) != 2:
+        raise LlgraphError("give exactly one of --prompt TEXT (- for stdin), --prompt-file FILE or --tokens 1,2,3")
+    chat = args.chat or args.system is not None
+    if chat and args.tokens is not None:
+        raise LlgraphError("--chat and --system wrap a text prompt; drop them with --tokens")
+    prompt = parse_tokens(args.tokens) if args.tokens is not None else read_prompt(args.prompt, args.prompt_file)
     from llgraph.runtime.registry import open_runner
 
     runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
                          args.threads)
-    if args.chat:
+    if chat:
         if runner.tokenizer is None:
             raise LlgraphError("--chat needs a tokenizer; this model has none")
-        prompt = runner.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        system = [{"role": "system", "content": args.system}] if args.system is not None else []
+        prompt = runner.render_chat([*system, {"role": "user", "content": prompt}])
     if runner.tokenizer is None:  # token ids in, token ids out
         result = runner.generate([prompt], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                  top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed)[0]
@@ -162,6 +164,21 @@ def cmd_generate(args) -> None:
     sys.stdout.write("\n")
     if args.stats:
         print(format_stats(stats), file=sys.stderr)
+
+
+def read_prompt(text: str | None, file: str | None) -> str:
+    """--prompt TEXT, --prompt - (stdin) or --prompt-file FILE; an unreadable file is one line. Text read from a
+    file or a pipe loses its one final newline (the text file's line end, `echo`'s), not part of the prompt."""
+    if file is not None:
+        try:
+            text = Path(file).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise LlgraphError(f"cannot read --prompt-file {file}: {getattr(e, 'strerror', None) or e}") from None
+    elif text == "-":
+        text = sys.stdin.read()
+    else:
+        return text
+    return text[:-1] if text.endswith("\n") else text
 
 
 def format_stats(s: dict) -> str:

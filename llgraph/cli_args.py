@@ -137,9 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="stream a completion from an export folder or a checkpoint")
     add_runner_flags(g, "ort: ONNX Runtime CPU (default); torch: the PyTorch executor; trt: a built TensorRT engine",
                      "KV-cache length: prompt + new tokens (default min(2048, the model's range))")
-    g.add_argument("--prompt", help="the prompt text")
+    g.add_argument("--prompt", help="the prompt text; - reads it from stdin")
+    g.add_argument("--prompt-file", help="the prompt text, from this file")
     g.add_argument("--tokens", help="the prompt as comma-separated token ids (e.g. for a random-weight export)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", help="a system message before the prompt (implies --chat)")
     g.add_argument("--stats", action="store_true", help="after the answer, one line on stderr: the prompt's tokens "
                    "and prefill speed, the generated tokens and decode speed")
     g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")

@@ -65,10 +65,11 @@ class Runner:
     def generate(self, prompts, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None):
-        """One prompt (a string or a list of token ids) -> a Generation; a list of prompts -> a list of them."""
+        """One prompt (a string, a list of token ids, or a conversation: a list of {"role", "content"} messages,
+        rendered with the model's chat template) -> a Generation; a list of prompts -> a list of them."""
         if len(prompts) == 0:
             raise RequestError("the prompt is empty; give at least one token")
-        single = isinstance(prompts, str) or isinstance(prompts[0], numbers.Integral)  # numpy ints too
+        single = isinstance(prompts, str) or isinstance(prompts[0], (numbers.Integral, dict))  # numpy ints too
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
         seqs = []
@@ -76,6 +77,22 @@ class Runner:
             pass
         results = [Generation(s.text(), s.tokens, s.finish_reason) for s in seqs]
         return results[0] if single else results
+
+    def chat(self, messages: list[dict], max_new_tokens: int = 64, **kwargs) -> Generation:
+        """The assistant's reply to a conversation ([{"role": "system" | "user" | "assistant", "content": ...}]),
+        through the model's chat template: generate() on the rendered prompt. stream() takes a conversation too."""
+        if not messages or not isinstance(messages[0], dict):
+            raise RequestError('chat takes a list of messages: [{"role": "user", "content": "Hi"}, ...]')
+        return self.generate(messages, max_new_tokens, **kwargs)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """A conversation as the model's chat template writes it, ready for the assistant's turn."""
+        if self.tokenizer is None:
+            raise RequestError("a conversation needs the model's tokenizer and chat template; this runner has none")
+        for m in messages:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise RequestError(f"each message is {{'role': str, 'content': str}}; got {str(m)[:60]}")
+        return self.tokenizer.apply_chat_template(list(messages))
 
     def stream(self, prompt, max_new_tokens: int = 64, **kwargs) -> Iterator[str]:
         """New text pieces as they are decoded; pieces never split a multi-byte character, and they concatenate to
@@ -177,6 +194,8 @@ class Runner:
                                "max_new_tokens, or raise --max-seq-len")
 
     def encode(self, prompt) -> list[int]:
+        if not isinstance(prompt, str) and len(prompt) and isinstance(prompt[0], dict):  # a conversation
+            prompt = self.render_chat(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this runner has no tokenizer; pass token ids or load a model with one")

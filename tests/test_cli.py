@@ -152,3 +152,11 @@ def test_an_onnx_export_run_on_onnx_runtime_says_the_ort_target_is_faster(tmp_pa
     r = llgraph("generate", "tiny-onnx", "--tokens", "1,2,3", "--max-new-tokens", "2", cwd=tmp_path)
     said = [line for line in r.stderr.splitlines() if "--target ort" in line]
     assert r.returncode == 0 and len(said) == 1 and "--target onnx export" in said[0], r.stderr
+
+
+def test_prompt_sources_are_exactly_one_and_readable(tmp_path):
+    for args, message in ((["--prompt", "a", "--tokens", "1"], "exactly one of --prompt"),
+                          (["--prompt-file", "missing.txt"], "cannot read --prompt-file missing.txt"),
+                          (["--tokens", "1,2", "--system", "be brief"], "drop them with --tokens")):
+        r = llgraph("generate", "smollm2", *args, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, (args, r.stderr)

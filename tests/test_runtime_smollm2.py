@@ -66,3 +66,35 @@ def test_generate_cli_streams_a_chat_answer():
     import re
     assert re.fullmatch(r"prompt: \d+ tokens in \d+ ms \([\d.]+ tok/s\); generated: \d+ tokens, decode [\d.]+ tok/s",
                         r.stderr.strip().splitlines()[-1]), r.stderr
+
+
+def test_chat_takes_a_conversation(smollm2_export):
+    """Runner.chat, generate and stream take [{"role", "content"}, ...] through the model's chat template: the
+    same tokens as generate on the rendered template (the template itself == transformers', above)."""
+    from llgraph.runtime.sampling import RequestError
+
+    runner = ORTRunner(smollm2_export("ort", quantized=True), max_seq_len=256)
+    messages = [{"role": "system", "content": "You are brief."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    rendered = runner.tokenizer.apply_chat_template(messages)
+    want = runner.generate(rendered, 12)
+    assert runner.chat(messages, 12).token_ids == want.token_ids
+    assert runner.generate(messages, 12).token_ids == want.token_ids
+    assert [g.token_ids for g in runner.generate([messages, rendered], 12)] == [want.token_ids] * 2
+    assert "".join(runner.stream(messages, 12)) == want.text
+    print(want.text)
+    with pytest.raises(RequestError, match="'role': str, 'content': str"):
+        runner.chat([{"role": "user"}])
+
+
+def test_generate_reads_the_prompt_from_stdin_or_a_file_with_a_system_message(tmp_path):
+    (tmp_path / "q.txt").write_text("What is the capital of France?\n")
+    piped = subprocess.run([sys.executable, "-m", "llgraph", "generate", "smollm2", "--chat", "--prompt", "-",
+                            "--max-new-tokens", "12"], input="What is the capital of France?\n",
+                           capture_output=True, text=True)
+    filed = subprocess.run([sys.executable, "-m", "llgraph", "generate", "smollm2", "--prompt-file",
+                            str(tmp_path / "q.txt"), "--system", "You are a helpful assistant.",
+                            "--max-new-tokens", "12"], capture_output=True, text=True)
+    print(piped.stdout, filed.stdout)
+    assert piped.returncode == 0 and "Paris" in piped.stdout, piped.stderr
+    assert filed.returncode == 0 and "Paris" in filed.stdout, filed.stderr
