@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from llgraph.checkpoint import load_config
-from llgraph.cli_args import build_parser
+from llgraph.cli_args import build_parser, weights_of
 from llgraph.errors import LlgraphError
 from llgraph.outdir import Terminated, signals_raise
 from llgraph.weight_request import Weights
@@ -283,12 +283,6 @@ def cmd_diff(args) -> int:
     return 0 if report.passed else 1
 
 
-def weights_of(args) -> Weights:
-    """The weight flags (cli_args.add_weight_flags) as the one request export and the runners take."""
-    return Weights(args.dtype, args.quantize, args.block_size, args.symmetric, args.dequantize, args.accuracy_level,
-                   args.lm_head, args.kernels)
-
-
 def _one_line_warnings() -> None:
     import warnings
 
@@ -304,8 +298,15 @@ def _one_line_warnings() -> None:
     warnings.showwarning = showwarning
 
 
+def cmd_chat(args) -> int:
+    from llgraph.cli_chat import cmd_chat as chat
+
+    return chat(args)
+
+
 COMMANDS = {"inspect": cmd_inspect, "export": cmd_export, "build": cmd_build, "generate": cmd_generate,
-            "diff": cmd_diff, "eval": cmd_eval, "serve": cmd_serve, "lm_eval": cmd_lm_eval, "cache": cmd_cache}
+            "chat": cmd_chat, "diff": cmd_diff, "eval": cmd_eval, "serve": cmd_serve, "lm_eval": cmd_lm_eval,
+            "cache": cmd_cache}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ import argparse
 
 from llgraph.checkpoint import presets
 from llgraph.runtime.registry import BACKENDS
-from llgraph.weight_request import DTYPE_ALIASES, KERNELS
+from llgraph.weight_request import DTYPE_ALIASES, KERNELS, Weights
 
 CACHE_HELP = "where checkpoints are exported for ONNX Runtime (default $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph)"
 
@@ -64,6 +64,12 @@ def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_
     p.add_argument("--threads", type=int, help="CPU threads: ONNX Runtime's intra-op threads, which llgraph's "
                    "kernels run on (default: every core), or torch's for --backend torch")
     add_weight_flags(p, "a checkpoint's ")
+
+
+def weights_of(args) -> Weights:
+    """The weight flags (add_weight_flags) as the one request export and the runners take."""
+    return Weights(args.dtype, args.quantize, args.block_size, args.symmetric, args.dequantize, args.accuracy_level,
+                   args.lm_head, args.kernels)
 
 
 class Parser(argparse.ArgumentParser):
@@ -152,6 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, help="seed for sampling (same seed, same tokens)")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.set_defaults(func="generate")
+    c = sub.add_parser("chat", help="an interactive conversation in the terminal (/reset, /system TEXT, Ctrl-D)")
+    add_runner_flags(c, "ort (default), torch or trt", "KV-cache length: the conversation kept within it (default "
+                     "min(2048, the model's range))")
+    c.add_argument("--system", help="the system message")
+    c.add_argument("--max-new-tokens", type=int, default=256, help="most tokens a reply takes (default 256)")
+    c.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
+    c.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
+    c.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 disables")
+    c.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats; 1 disables")
+    c.add_argument("--seed", type=int, help="seed for sampling")
+    c.set_defaults(func="chat")
     d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
     d.add_argument("model", help="checkpoint (HF folder, .gguf, 'smollm2') or a config (random weights)")
     d.add_argument("--a", default="torch", help="reference side (torch, ort, onnx)")

@@ -98,3 +98,38 @@ def test_generate_reads_the_prompt_from_stdin_or_a_file_with_a_system_message(tm
     print(piped.stdout, filed.stdout)
     assert piped.returncode == 0 and "Paris" in piped.stdout, piped.stderr
     assert filed.returncode == 0 and "Paris" in filed.stdout, filed.stderr
+
+
+def test_chat_holds_a_conversation_in_a_terminal():
+    """`llgraph chat smollm2` through a pseudo-terminal: three turns (the second leans on the first), /reset, and
+    Ctrl-D leaves with status 0."""
+    import os
+    import pty
+    import select
+    import time
+
+    main, child = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "llgraph", "chat", "smollm2", "--max-new-tokens", "24"],
+                         stdin=child, stdout=child, stderr=subprocess.PIPE, close_fds=True)
+    os.close(child)
+    seen = b""
+
+    def until_prompt(timeout=180):
+        nonlocal seen
+        start, got = time.time(), b""
+        while not got.endswith(b"> ") and time.time() - start < timeout:
+            if select.select([main], [], [], 1)[0]:
+                got += os.read(main, 4096)
+        seen += got
+        return got.decode(errors="replace")
+
+    until_prompt()
+    replies = []
+    for line in ("What is the capital of France?", "And of Italy?", "/reset", "Thanks!"):
+        os.write(main, line.encode() + b"\n")
+        replies.append(until_prompt())
+    os.write(main, b"\x04")  # Ctrl-D
+    assert p.wait(60) == 0, p.stderr.read()
+    os.close(main)
+    print(seen.decode(errors="replace"))
+    assert "Paris" in replies[0] and "Rome" in replies[1] and "reset" in replies[2] and replies[3].strip() != "> "
