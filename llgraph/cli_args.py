@@ -66,6 +66,16 @@ def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_
     add_weight_flags(p, "a checkpoint's ")
 
 
+def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int, what: str) -> None:
+    """What generate and chat share: how many tokens, and how they are sampled (runtime.sampling.Sampling)."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"{what} (default {max_new_tokens})")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 disables")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats; 1 disables")
+    p.add_argument("--seed", type=int, help="seed for sampling (same seed, same tokens)")
+
+
 def weights_of(args) -> Weights:
     """The weight flags (add_weight_flags) as the one request export and the runners take."""
     return Weights(args.dtype, args.quantize, args.block_size, args.symmetric, args.dequantize, args.accuracy_level,
@@ -150,24 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="a system message before the prompt (implies --chat)")
     g.add_argument("--stats", action="store_true", help="after the answer, one line on stderr: the prompt's tokens "
                    "and prefill speed, the generated tokens and decode speed")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
-    g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 disables")
-    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats; 1 disables")
-    g.add_argument("--seed", type=int, help="seed for sampling (same seed, same tokens)")
+    add_sampling_flags(g, 128, "most tokens to generate")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.set_defaults(func="generate")
     c = sub.add_parser("chat", help="an interactive conversation in the terminal (/reset, /system TEXT, Ctrl-D)")
     add_runner_flags(c, "ort (default), torch or trt", "KV-cache length: the conversation kept within it (default "
                      "min(2048, the model's range))")
     c.add_argument("--system", help="the system message")
-    c.add_argument("--max-new-tokens", type=int, default=256, help="most tokens a reply takes (default 256)")
-    c.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
-    c.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
-    c.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 disables")
-    c.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats; 1 disables")
-    c.add_argument("--seed", type=int, help="seed for sampling")
+    add_sampling_flags(c, 256, "most tokens a reply takes")
     c.set_defaults(func="chat")
     d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
     d.add_argument("model", help="checkpoint (HF folder, .gguf, 'smollm2') or a config (random weights)")
