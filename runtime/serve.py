@@ -152,7 +152,7 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
 
     async def _serve(request: Request, chat: bool):
         body = await read_json(request, options.max_request_bytes)
-        if body.get("model") != options.served_name:
+        if body.get("model", options.served_name) != options.served_name:  # none named: the one served (as vLLM)
             raise ApiError(400, f"model '{str(body.get('model'))[:100]}' is not served here; this server serves "
                                 f"'{options.served_name}' (GET /v1/models)", param="model", code="model_not_found")
         if number(body, "n", 1, 1, 1, integer=True) != 1:

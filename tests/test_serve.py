@@ -110,6 +110,13 @@ def test_bad_requests_are_openai_errors_and_the_server_keeps_serving(server, bod
     assert ok.choices[0].text
 
 
+def test_a_request_naming_no_model_gets_the_served_one(server):
+    """llama.cpp's and vLLM's servers answer a body without "model" with the model they serve; so does llgraph's
+    (one naming another model is still refused, above)."""
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200 and r.json()["model"] == "smollm2" and r.json()["choices"][0]["text"], r.text
+
+
 def test_the_openai_client_sees_typed_errors(server):
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         server.client.completions.create(model="smollm2", prompt="hi", max_tokens=10_000)
