@@ -11,11 +11,30 @@ from llgraph.runtime.sampling import RequestError
 from llgraph.runtime.serve import ServeOptions, create_app, load_runner
 
 
+def _check_port(host: str, port: int) -> None:
+    """One line when host:port cannot be listened on (in use, or not this machine's address)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise RequestError(f"--host {host}: {e.strerror or e}; give an address of this machine") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind(address)
+        except OSError as e:
+            raise RequestError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port, or stop "
+                               "what holds it") from None
+
+
 def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grace: float = 10.0) -> None:
     """One process: uvicorn on host:port. SIGTERM/SIGINT: stop admitting (503), give running requests `grace`
     seconds, cancel the rest, return (exit 0)."""
     import uvicorn
 
+    _check_port(host, port)  # before the model loads: a busy port is one line, not a load then uvicorn's exit 3
     print(f"llgraph serve: loading {options.model} ({options.backend})", flush=True)
     runner = load_runner(options)  # a bad model or flag is one line, before anything listens
     if options.backend == "trt" and options.slots > getattr(runner.backend, "max_batch", options.slots):

@@ -160,3 +160,15 @@ def test_prompt_sources_are_exactly_one_and_readable(tmp_path):
                           (["--tokens", "1,2", "--system", "be brief"], "drop them with --tokens")):
         r = llgraph("generate", "smollm2", *args, cwd=tmp_path)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, (args, r.stderr)
+
+
+def test_serve_on_a_busy_port_says_so_before_loading():
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        r = llgraph("serve", "smollm2", "--port", str(port))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "loading" not in r.stdout, r.stdout
