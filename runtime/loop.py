@@ -49,6 +49,9 @@ class Backend:
         raise NotImplementedError
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")  # a conversation's roles (OpenAI's)
+
+
 @dataclass
 class Generation:
     text: str
@@ -86,12 +89,15 @@ class Runner:
         return self.generate(messages, max_new_tokens, **kwargs)
 
     def render_chat(self, messages: list[dict]) -> str:
-        """A conversation as the model's chat template writes it, ready for the assistant's turn."""
-        if self.tokenizer is None:
-            raise RequestError("a conversation needs the model's tokenizer and chat template; this runner has none")
+        """A conversation as the model's chat template writes it, ready for the assistant's turn (the one place a
+        conversation is checked and rendered: generate, stream, chat and the server's chat completions)."""
+        if self.tokenizer is None or not self.tokenizer.chat_template:
+            raise RequestError("this model has no chat template; give it a plain prompt instead of messages")
         for m in messages:
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise RequestError(f"each message is {{'role': str, 'content': str}}; got {str(m)[:60]}")
+            if m["role"] not in ROLES:
+                raise RequestError(f"message role {m['role']!r} is not one of {', '.join(ROLES)}")
         return self.tokenizer.apply_chat_template(list(messages))
 
     def stream(self, prompt, max_new_tokens: int = 64, **kwargs) -> Iterator[str]:

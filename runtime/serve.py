@@ -158,7 +158,7 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
         if number(body, "n", 1, 1, 1, integer=True) != 1:
             raise ApiError(400, "n must be 1", param="n")
         runner, scheduler = state["runner"], state["scheduler"]
-        prompt = chat_prompt(body, runner.tokenizer) if chat else prompt_of(body, runner.tokenizer)
+        prompt = chat_prompt(body, runner) if chat else prompt_of(body, runner.tokenizer)
         context = runner.backend.max_seq_len
         key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
         max_tokens = number(body, key, None if chat else 16, 1, 1 << 30, integer=True)

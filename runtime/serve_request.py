@@ -77,9 +77,6 @@ def prompt_of(body: dict, tokenizer):
                    param="prompt")
 
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
 def _content(content) -> str | None:
     """A message's content: a string, or a list of text parts (OpenAI's content parts); None if neither."""
     if isinstance(content, str):
@@ -98,22 +95,17 @@ def _content(content) -> str | None:
     return "".join(texts)
 
 
-def chat_prompt(body: dict, tokenizer) -> str:
+def chat_prompt(body: dict, runner) -> str:
+    """The messages (content as a string or OpenAI's text parts) rendered by the runner's chat template."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
-    clean = []
-    for m in messages:
-        content = _content(m.get("content")) if isinstance(m, dict) else None
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or content is None:
-            raise ApiError(400, "each message needs a string 'role' and a string 'content'", param="messages")
-        if m["role"] not in ROLES:
-            raise ApiError(400, f"message role {m['role']!r} is not one of {', '.join(ROLES)}", param="messages")
-        clean.append({"role": m["role"], "content": content})
-    if tokenizer is None or not tokenizer.chat_template:
-        raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+    clean = [{"role": m.get("role"), "content": _content(m.get("content"))} if isinstance(m, dict) else m
+             for m in messages]
     try:
-        return tokenizer.apply_chat_template(clean, add_generation_prompt=True)
+        return runner.render_chat(clean)
+    except RequestError as e:
+        raise ApiError(400, str(e), param="messages") from None
     except Exception as e:
         raise ApiError(400, f"the chat template failed on these messages: {e}", param="messages") from None
 

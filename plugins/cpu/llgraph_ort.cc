@@ -100,6 +100,11 @@ float MinAt(const Problem& p, int64_t at) {
 }
 bool HasMins(const Problem& p) { return p.mins || p.hmins; }
 
+// what the centred dots leave out of block `at` (o * nb + b), times the block sum of x: mins + scales * (c - zp)
+float Offset(const Problem& p, int64_t at) {
+  return MinAt(p, at) + ScaleAt(p, at) * static_cast<float>(p.centre - p.zero_point);
+}
+
 // sum_b (mins - scales * zp) * xsum: the zero point and the mins, through the block sums of x
 float OffsetsScalar(const Problem& p, int64_t o, int64_t m) {
   const float* s = p.scales + o * p.nb;
@@ -156,7 +161,7 @@ void GroupsExactScalar(const Problem& p, int64_t g0, int64_t g1) {
             dot += static_cast<float>(InterleavedCode(c, l, j, p.bits) - p.centre) * x[j];
           const int64_t at = (g * p.nb + b) * 16 + l;
           acc += ScaleAt(p, at) * dot;
-          acc += (MinAt(p, at) + ScaleAt(p, at) * static_cast<float>(p.centre - p.zero_point)) * p.xsum[m * p.nb + b];
+          acc += Offset(p, at) * p.xsum[m * p.nb + b];
         }
         p.y[m * p.N + g * 16 + l] = acc + (p.bias ? p.bias[g * 16 + l] : 0.f);
       }
@@ -575,7 +580,8 @@ struct QEmbeddingOp : Ort::CustomOpBase<QEmbeddingOp, QEmbeddingKernel> {
 
 extern "C" {
 
-// The instruction set the kernels run with here (after LLGRAPH_CPU_ISA): "avx512", "avx2" or "scalar".
+// The instruction set the kernels run with here (after LLGRAPH_CPU_ISA): "avx512vnni", "avx512", "avx2" or
+// "scalar".
 __attribute__((visibility("default"))) const char* llgraph_cpu_isa() { return kIsaNames[g_isa]; }
 
 // The ONNX Runtime API version this library was built against: it runs on that runtime or a newer one.
