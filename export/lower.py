@@ -26,6 +26,7 @@ from llgraph.config import LlamaConfig
 from llgraph.export_folder import DATA_FILE, MANIFEST, MODEL_FILE, Manifest
 from llgraph.ir import DTYPE_BYTES, Graph, Node
 from llgraph.outdir import PARTIAL_MARK, staged_folder
+from llgraph.passes import run_passes
 from llgraph.weights import TORCH_DTYPES, WeightSource, check_weights, load_param
 
 ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
@@ -46,6 +47,7 @@ class Target:
     bf16: bool = True  # its runtimes run bfloat16 weights
     accuracy_level: bool = False  # it takes ONNX Runtime's MatMulNBits accuracy level
     kernels: bool = False  # its QLinear can run on llgraph's CPU kernels (plugins/cpu.py)
+    passes: tuple = ()  # graph passes of this target only, applied before lowering (llgraph/passes.py)
     # the target's own files beside the model (the ort target's genai_config.json): (folder, manifest) -> None
     extras: Callable[[Path, "Manifest"], None] = lambda folder, manifest: None
 
@@ -223,6 +225,7 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
     """Export into folder `out`, written under a temporary name and renamed at the end: a failure leaves nothing.
     `force` replaces only an earlier llgraph export (see `llgraph.outdir`)."""
     out = Path(out)
+    graph = run_passes(graph, target.passes)
     with staged_folder(out, force) as tmp:
         metadata = {"llgraph_version": __version__, "target": target.name, "dtype": graph.metadata["dtype"],
                     "config": graph.metadata["config"], "weights": source.description}

@@ -7,6 +7,8 @@ RMSNormalization, RotaryEmbedding and Attention (opset 23); the static KV cache 
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
 import torch
 from onnx import TensorProto
 
@@ -130,6 +132,18 @@ def split(em: Emitter, node: Node) -> None:
             hint=node.name, axis=-1)
 
 
+def keep_last(em: Emitter, node: Node) -> None:
+    """Slice(x, starts=-keep, axis 1): -0 starts at 0, so keep 0 (or more than seq) is every position. A graph input
+    `keep` gets the initializer 0 of the same name: a caller that does not feed it (onnxruntime-genai) gets all."""
+    x, keep = node.inputs
+    if any(v.name == keep for v in em.graph.inputs) and keep not in em.shared:
+        em.initializers.append(onnx.numpy_helper.from_array(np.array(0, np.int64), keep))
+        em.shared[keep] = keep
+    start = em.node("Neg", [em.node("Reshape", [keep, em.const([1], "int64")], hint=node.name)[0]], hint=node.name)[0]
+    em.node("Slice", [x, start, em.const([2**63 - 1], "int64"), em.const([1], "int64")], node.outputs,
+            hint=node.name)
+
+
 def rotary_cos_sin(em: Emitter, node: Node) -> None:
     pos, inv = node.inputs
     a, hint = node.attrs, node.name
@@ -232,6 +246,7 @@ def add(em: Emitter, node: Node) -> None:
 
 LOWERINGS = {"Embedding": embedding, "QEmbedding": qembedding, "RMSNorm": rmsnorm, "Linear": linear,
              "QLinear": qlinear, "Split": split, "RotaryCosSin": rotary_cos_sin, "Rotary": rotary,
-             "GroupedAttention": grouped_attention, "SwiGLU": swiglu, "GeGLU": geglu, "SoftCap": softcap, "Add": add}
+             "GroupedAttention": grouped_attention, "SwiGLU": swiglu, "GeGLU": geglu, "SoftCap": softcap, "Add": add,
+             "KeepLast": keep_last}
 
 TARGET = Target("onnx", LOWERINGS, {"": OPSET})

@@ -24,6 +24,7 @@ import llgraph.export.onnx as std
 from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
+from llgraph.passes import keep_last_positions
 from llgraph.plugins import cpu
 from llgraph.weight_request import DEFAULT_ACCURACY_LEVEL
 from llgraph.weights import TORCH_DTYPES
@@ -358,4 +359,4 @@ def extras(folder: Path, manifest) -> None:
 
 TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear, "QEmbedding": qembedding_gather},
                 {"": std.OPSET, MS: 1, cpu.DOMAIN: 1}, plan=plan, extras=extras, bf16=False, accuracy_level=True,
-                kernels=True)
+                kernels=True, passes=(keep_last_positions,))

@@ -105,6 +105,12 @@ def _split(node: Node, x):
     return tuple(torch.split(x, list(node.attrs["sizes"]), dim=-1))
 
 
+@torch_impl("KeepLast")
+def _keep_last(node: Node, x, keep):
+    k = int(keep)
+    return (x[:, -k:] if 0 < k < x.shape[1] else x,)
+
+
 @torch_impl("RotaryCosSin")
 def _rotary_cos_sin(node: Node, positions, inv_freq):
     # positions: [B, S], inv_freq: [R/2] -> cos, sin: [B, S, R/2] float32

@@ -186,6 +186,13 @@ def _swiglu(ins, attrs):
     return [(gate.dtype, gate.shape)]
 
 
+def _keep_last(ins, attrs):
+    x, keep = ins
+    _require(len(x.shape) == 3, f"x must be [batch, seq, features], got {x.shape}")
+    _require(keep.dtype == "int64" and keep.shape == (), f"keep must be an int64 scalar, got {keep.dtype}{keep.shape}")
+    return [(x.dtype, (x.shape[0], "kept", x.shape[2]))]
+
+
 def _add(ins, attrs):
     a, b = ins
     _same(a.shape, b.shape, "shapes")
@@ -243,5 +250,8 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     OpSchema("GeGLU", ("gate", "up"), ("out",), (), _swiglu, "gelu_tanh(gate) * up (Gemma's MLP)"),
     OpSchema("SoftCap", ("x",), ("out",), (Attr("cap", float),), _softcap,
              "cap * tanh(x / cap) (Gemma 2's final logits)"),
+    OpSchema("KeepLast", ("x", "keep"), ("out",), (), _keep_last,
+             "x[:, -keep:] (the last `keep` positions; all when keep is 0 or >= seq): the ort target's logits "
+             "for the positions a step samples from, not the whole prompt (llgraph/passes.keep_last_positions)"),
     OpSchema("Add", ("a", "b"), ("out",), (), _add, "a + b"),
 )}

@@ -137,6 +137,38 @@ def quantize_linears(format_of: Callable[[str], object]) -> Pass:
     return quantize
 
 
+KEEP_INPUT = "logits_to_keep"  # the graph input keep_last_positions adds: logits for the last N positions, 0 = all
+
+
+def keep_last_positions(graph: Graph) -> Graph:
+    """The lm head on the positions a step samples from only: a KeepLast(x, logits_to_keep) before the final norm
+    (found from the structure: the norm behind the logits' head). A prefill then computes one row of logits, not
+    one per prompt token (SmolLM2's 49152-wide head is a fifth of a short prompt's work); a scorer asks for all."""
+    producer = graph.producer()
+    node = producer.get(graph.outputs[0].name)
+    while node is not None and node.op in ("SoftCap", "Linear", "QLinear"):
+        node = producer.get(node.inputs[0])
+    if node is None or node.op != "RMSNorm" or any(v.name == KEEP_INPUT for v in graph.inputs):
+        return graph
+    x = node.inputs[0]
+    keep_input = Value(KEEP_INPUT, "int64", ())
+    values = {**graph.values, KEEP_INPUT: keep_input}
+    keep = Node("KeepLast", (x, KEEP_INPUT), (f"{x}.kept",))
+    nodes = []
+    for n in graph.nodes:
+        if n is node:
+            nodes.append(keep)
+            n = Node(n.op, (keep.outputs[0], *n.inputs[1:]), n.outputs, n.attrs)
+        nodes.append(n)
+    after = False
+    for n in nodes:  # the kept values' shapes, from the KeepLast on
+        after = after or n is keep
+        if after:
+            values.update((v.name, v) for v in infer(n, values))
+    outputs = tuple(values[v.name] for v in graph.outputs)
+    return verify(Graph((*graph.inputs, keep_input), outputs, graph.params, tuple(nodes), values, graph.metadata))
+
+
 DEFAULT_PASSES: tuple[Pass, ...] = (pack_qkv, pack_gate_up)
 
 

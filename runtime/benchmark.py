@@ -38,8 +38,8 @@ def llgraph_engine(folder: Path, prompt: list[int], n: int, threads: int):
     stamps = []
     forward = runner.backend.forward
 
-    def timed(ids, pos):
-        out = forward(ids, pos)
+    def timed(ids, pos, **kw):
+        out = forward(ids, pos, **kw)
         stamps.append(time.perf_counter())
         return out
 

@@ -1,9 +1,9 @@
 """The one decode loop every backend shares: prefill, then cached decode, then sampling.
 
 A backend supplies two things: `allocate(batch)` (its static KV cache, once per request) and
-`forward(input_ids, position_ids, rows=None) -> logits` (one step on its bound buffers, or on a range of their
-rows). Everything else — validation, right padding of a batch, stop conditions, sampling, streaming text — lives
-here once.
+`forward(input_ids, position_ids, rows=None, keep=0) -> logits` (one step on its bound buffers, or on a range of
+their rows; with `keep`, at least the last `keep` positions' logits). Everything else — validation, right padding
+of a batch, stop conditions, sampling, streaming text — lives here once.
 
 Batches are right-padded. That is correct with the position-indexed static cache: a pad token of row b writes
 slot p >= len(b), and row b's decode token at position p overwrites slot p before any query of row b can see it.
@@ -42,10 +42,12 @@ class Backend:
     def allocate(self, batch: int) -> None:
         raise NotImplementedError
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
-        """input_ids, position_ids: [B, S] int64 -> logits [B, S, V] (any float dtype, CPU). `rows`: run on that
-        contiguous range of the allocated cache's rows only (B == its length; the scheduler prefills one slot
-        while the others keep their caches); None: all of them."""
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None,
+                keep: int = 0) -> torch.Tensor:
+        """input_ids, position_ids: [B, S] int64 -> logits [B, K, V] (any float dtype, CPU) of the last K positions:
+        K = S when `keep` is 0, else min(keep, S) or more (an engine whose graph has no logits_to_keep input gives
+        all S). `rows`: run on that contiguous range of the allocated cache's rows only (B == its length; the
+        scheduler prefills one slot while the others keep their caches); None: all of them."""
         raise NotImplementedError
 
 
@@ -176,8 +178,9 @@ class Runner:
 
         b.allocate(len(ids))
         positions = torch.arange(longest).expand(len(ids), longest)
-        logits = b.forward(tokens, positions)
-        last = logits[torch.arange(len(ids)), lengths - 1]  # each row's last real token
+        # logits of the positions from the shortest row's last token on: one row of the head for a single prompt
+        logits = b.forward(tokens, positions, keep=longest - int(lengths.min()) + 1)
+        last = logits[torch.arange(len(ids)), lengths - 1 - (longest - logits.shape[1])]  # each row's last token
         pos = lengths.clone()  # the position each row's next token takes
         while True:
             nxt = sample(last, params, seen, generator)
@@ -188,7 +191,7 @@ class Runner:
             yield seqs
             if all(s.finish_reason for s in seqs):
                 return
-            last = b.forward(nxt[:, None], pos[:, None])[:, -1]
+            last = b.forward(nxt[:, None], pos[:, None], keep=1)[:, -1]
             pos += 1
 
     def check_room(self, prompt_tokens: int, max_new_tokens) -> None:

@@ -23,7 +23,7 @@ from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.export_folder import MODEL_FILE, Manifest
 from llgraph.ir import Graph
-from llgraph.passes import model_graph
+from llgraph.passes import KEEP_INPUT, model_graph
 from llgraph.plugins import cpu
 from llgraph.runtime.diff import value_order
 from llgraph.runtime.loop import Backend, Runner, cache_length
@@ -57,6 +57,7 @@ class OrtBackend(Backend):
         self.session = ort.InferenceSession(str(folder / (model_file or manifest.model)), opts,
                                             providers=["CPUExecutionProvider"])
         self._ort, self._batch, self._binding = ort, None, None
+        self._keeps = any(i.name == KEEP_INPUT for i in self.session.get_overridable_initializers())
 
     def allocate(self, batch: int, zeroed: bool = False) -> None:
         if batch == self._batch and not zeroed:
@@ -77,13 +78,20 @@ class OrtBackend(Backend):
             self._binding.bind_ortvalue_output(present, value)
         self._rows = rows
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None,
+                keep: int = 0) -> torch.Tensor:
         self._bind_cache(slice(0, self._batch) if rows is None else rows)
         self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids.numpy()))
         self._binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids.numpy()))
+        batch, seq = input_ids.shape
+        if self._keeps:  # the graph computes the head for the last `keep` positions only (passes.py)
+            # an overridable initializer: bind_cpu_input looks among the required inputs only
+            keep_value = self._ort.OrtValue.ortvalue_from_numpy(np.array(keep, np.int64))
+            self._binding.bind_ortvalue_input(KEEP_INPUT, keep_value)
+        kept = min(keep, seq) if self._keeps and keep > 0 else seq
         # a fresh array per step, bound as the logits: no copy, nothing aliased between steps, and no call to
         # get_outputs, which wraps every cache output too (61 OrtValues a step for SmolLM2: ~0.25 ms)
-        logits = np.empty((*input_ids.shape, self.vocab_size), self._np_dtype)
+        logits = np.empty((batch, kept, self.vocab_size), self._np_dtype)
         self._binding.bind_ortvalue_output("logits", self._ort.OrtValue.ortvalue_from_numpy(logits))
         self.session.run_with_iobinding(self._binding)
         return torch.from_numpy(logits)

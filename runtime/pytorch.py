@@ -18,7 +18,7 @@ from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.export_folder import Manifest
 from llgraph.ir import Graph
-from llgraph.passes import model_graph
+from llgraph.passes import KEEP_INPUT, model_graph
 from llgraph.runtime.loop import Backend, Runner, cache_length
 from llgraph.runtime.registry import BackendSpec, RunOptions
 from llgraph.tokenizer import Tokenizer
@@ -39,6 +39,7 @@ class TorchBackend(Backend):
         self.vocab_size = config.vocab_size
         self.executor = TorchExecutor(graph or model_graph(config, dtype), source, device, progress)
         self._batch, self._cache = None, {}
+        self._keeps = any(v.name == KEEP_INPUT for v in self.executor.graph.inputs)
 
     def allocate(self, batch: int, zeroed: bool = False) -> None:
         """The cache for `batch` rows; kept as it is for the same batch (stale slots are masked) unless `zeroed`."""
@@ -48,12 +49,16 @@ class TorchBackend(Backend):
                                 lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device))
         self._batch = batch
 
-    def _feeds(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None) -> dict:
+    def _feeds(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None, keep: int = 0) -> dict:
         cache = self._cache if rows is None else {k: v[rows] for k, v in self._cache.items()}  # views, written in place
-        return {"input_ids": input_ids.to(self.device), "position_ids": position_ids.to(self.device), **cache}
+        feeds = {"input_ids": input_ids.to(self.device), "position_ids": position_ids.to(self.device), **cache}
+        if self._keeps:  # a graph with passes.keep_last_positions applied
+            feeds[KEEP_INPUT] = torch.tensor(keep, dtype=torch.int64)
+        return feeds
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
-        return self.executor.run(self._feeds(input_ids, position_ids, rows))["logits"].float().cpu()
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None,
+                keep: int = 0) -> torch.Tensor:
+        return self.executor.run(self._feeds(input_ids, position_ids, rows, keep))["logits"].float().cpu()
 
     def values(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """One step like forward, returning every IR value it computed (the present caches are live storage)."""

@@ -239,7 +239,8 @@ class Scheduler:
 
     def _prefill(self, r: _Request) -> None:
         n = len(r.ids)
-        logits = self.backend.forward(torch.tensor([r.ids]), torch.arange(n)[None], rows=slice(r.slot, r.slot + 1))
+        logits = self.backend.forward(torch.tensor([r.ids]), torch.arange(n)[None], rows=slice(r.slot, r.slot + 1),
+                                      keep=1)
         r.seen = torch.zeros(1, self.backend.vocab_size, dtype=torch.bool)
         r.seen[0, r.ids] = True
         r.generator, r.position = r.sampling.generator(), n
@@ -251,7 +252,7 @@ class Scheduler:
         positions = torch.zeros(top, 1, dtype=torch.int64)  # a free row: a dummy token at its own position 0
         for slot, r in self._active.items():
             tokens[slot, 0], positions[slot, 0] = r.token, r.position
-        logits = self.backend.forward(tokens, positions, rows=slice(0, top))[:, -1]
+        logits = self.backend.forward(tokens, positions, rows=slice(0, top), keep=1)[:, -1]
         for slot, r in list(self._active.items()):
             r.position += 1
             self._take(r, logits[slot])

@@ -79,7 +79,8 @@ class TRTBackend(Backend):
             self.context.set_tensor_address(present, t.data_ptr())
         self._bound = rows
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None,
+                keep: int = 0) -> torch.Tensor:  # every position's logits, whatever `keep` asks
         batch, seq = input_ids.shape
         rows = slice(0, next(iter(self.cache.values())).shape[0]) if rows is None else rows
         with torch.cuda.stream(self.stream):

@@ -98,6 +98,35 @@ def test_ort_target_fuses_attention_and_norms(tmp_path):
     assert ops.count("MatMul") == 2 * 2 + 2 * 2 + 1  # per layer: qkv, o, gate_up, down; plus lm_head
 
 
+def test_ort_target_computes_logits_for_the_positions_asked_only(tmp_path, report):
+    """`logits_to_keep` (passes.keep_last_positions): the ort graph slices the hidden state before the final norm
+    and the head. Each keep's logits equal the last rows of the executor's on the unsliced graph; a caller that
+    does not feed the input (onnxruntime-genai) gets every position from its initializer 0."""
+    from llgraph.passes import KEEP_INPUT, keep_last_positions
+    from llgraph.runtime.ort import OrtBackend
+    from llgraph.runtime.pytorch import TorchBackend
+
+    cfg = tiny()
+    folder, source = export_tiny(cfg, "ort", tmp_path)
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    assert KEEP_INPUT in [i.name for i in model.graph.input] and KEEP_INPUT in [t.name for t in model.graph.initializer]
+    ids = torch.randint(0, cfg.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(7).expand(2, 7)
+    reference = TorchBackend(cfg, source, max_seq_len=64)
+    sliced = TorchBackend(cfg, source, max_seq_len=64, graph=keep_last_positions(model_graph(cfg)))
+    ort = OrtBackend(folder, max_seq_len=64)
+    reference.allocate(2, zeroed=True)
+    full = reference.forward(ids, pos)
+    worst = 0.0
+    for keep, rows in ((0, 7), (1, 1), (3, 3), (7, 7), (99, 7)):
+        for backend in (ort, sliced):
+            backend.allocate(2, zeroed=True)
+            logits = backend.forward(ids, pos, keep=keep)
+            assert logits.shape == (2, rows, cfg.vocab_size), (type(backend).__name__, keep)
+            worst = max(worst, max_diff(logits, full[:, 7 - rows:]))
+    report("kept logits vs the executor's last rows", worst, TOL)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(target="tensorrt"), "unknown target 'tensorrt'"),
     (dict(dtype="fp8"), "unknown dtype 'fp8'"),

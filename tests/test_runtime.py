@@ -83,7 +83,7 @@ class ScriptedBackend(Backend):
     def allocate(self, batch):
         pass
 
-    def forward(self, input_ids, position_ids):
+    def forward(self, input_ids, position_ids, rows=None, keep=0):
         out = torch.zeros(*input_ids.shape, self.vocab_size)
         k = (position_ids + 1 - self.prompt_len).clamp(0, len(self.script) - 1)
         out.scatter_(-1, torch.tensor(self.script)[k][..., None], 1.0)
@@ -123,11 +123,11 @@ def test_interrupted_stream_leaves_the_runner_usable(tiny_runners):
     calls = {"n": 0}
     forward = backend.forward
 
-    def flaky(ids, pos):
+    def flaky(ids, pos, **kw):
         calls["n"] += 1
         if calls["n"] == 4:
             raise KeyboardInterrupt
-        return forward(ids, pos)
+        return forward(ids, pos, **kw)
 
     backend.forward = flaky
     runner = Runner(backend)

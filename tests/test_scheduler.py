@@ -46,9 +46,9 @@ class Slow(Backend):
     def allocate(self, batch):
         self.inner.allocate(batch)
 
-    def forward(self, input_ids, position_ids, rows=None):
+    def forward(self, input_ids, position_ids, rows=None, keep=0):
         time.sleep(0.01)
-        return self.inner.forward(input_ids, position_ids, rows)
+        return self.inner.forward(input_ids, position_ids, rows, keep)
 
 
 def test_cancel_and_timeout_end_a_request_and_free_its_slot(tiny_runners):
