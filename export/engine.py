@@ -152,6 +152,12 @@ def parse(folder: str | Path, max_seq_len: int, trt: TensorRT, plugins: str = "n
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param == MAX_SEQ:
                 dim.dim_value = max_seq_len  # clears dim_param (a oneof)
+    if plugins == "none":  # the parser gives a node with plugin_namespace to a registered creator first; without
+        for node in model.graph.node:  # it, the node's function body is imported (TensorRT's native layers)
+            kept = [a for a in node.attribute if a.name != "plugin_namespace"]
+            if len(kept) != len(node.attribute):
+                del node.attribute[:]
+                node.attribute.extend(kept)
     t = trt.module
     logger = trt_logger(trt)
     builder = t.Builder(logger)
@@ -188,6 +194,24 @@ def check_build_request(folder: Path, max_batch: int, max_seq_len: int | None, p
     return manifest, max_seq_len
 
 
+def configure(config, trt: TensorRT, dtype: str, plugins: str):
+    """A builder config's flags for this build: no TF32 in an fp32 engine (fp32 means fp32: the engine is compared
+    with the executor); with llgraph's plugins, aliased plugin I/O on — GroupedAttention's present_key/value alias
+    its past inputs, which TensorRT honours only under PreviewFeature ALIASED_PLUGIN_IO_10_03 (NvInferRuntime.h:
+    getAliasedInput "will only be called and have an effect when" it is on); without it present_* would be plain
+    outputs and the cache update would not land in the bound cache."""
+    t = trt.module
+    if dtype == "float32" and hasattr(t.BuilderFlag, "TF32"):
+        config.clear_flag(t.BuilderFlag.TF32)
+    if plugins != "none":
+        feature = getattr(getattr(t, "PreviewFeature", None), "ALIASED_PLUGIN_IO_10_03", None)
+        if feature is None:
+            raise EngineError(f"{trt.name} has no PreviewFeature.ALIASED_PLUGIN_IO_10_03, which llgraph's attention "
+                              "plugin needs to update the cache in place; use TensorRT 10.15+ or --plugins none")
+        config.set_preview_feature(feature, True)
+    return config
+
+
 def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, max_seq_len: int | None = None,
                  opt_prefill: int = 128, plugins: str | None = None, tensorrt: str = "auto",
                  progress: bool = True) -> Path:
@@ -218,9 +242,7 @@ def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, m
         register_plugins()
     t = trt.module
     net = parse(folder, max_seq_len, trt, plugins)
-    config = net.builder.create_builder_config()
-    if manifest.dtype == "float32" and hasattr(t.BuilderFlag, "TF32"):
-        config.clear_flag(t.BuilderFlag.TF32)  # fp32 means fp32: the engine is compared with the executor
+    config = configure(net.builder.create_builder_config(), trt, manifest.dtype, plugins)
     reported = []  # each profile's shapes as TensorRT holds them, recorded in engine.json
     for shapes in profiles(cfg, max_batch, max_seq_len, opt_prefill):
         profile = net.builder.create_optimization_profile()

@@ -6,21 +6,30 @@ Must run without TRITON_INTERPRET: interpreted kernels cannot be compiled.
 
 Triton (3.3+) appends two hidden pointer parameters to every kernel (global and profile scratch). A TensorRT AOT
 launch passes only inputs, scalars and outputs, so `compile_op` refuses a kernel that would use either scratch
-buffer; with both sizes 0 the kernel never reads those parameters.
+buffer and `fit_for_tensorrt` removes the two from the entry (the body never names them; a launch that passes N
+arguments to an entry that declares N + 2 reads past TensorRT's argument array). It also lowers `.version`,
+which follows Triton's bundled ptxas (9.x), to PTX_FLOOR: a driver older than the ISA version rejects the module.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from llgraph.plugins import kernels
+from llgraph.plugins import kernels, spec
 
 POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
 FIXED_POINTERS = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64"}  # the same in every model dtype
+
+
+# the PTX ISA each module declares: CUDA 12.0's (8.0, what TensorRT 10.15+'s CUDA 12 drivers all read; the kernels
+# use features of 7.1+, e.g. cvt.f32.bf16) or, for a newer target, the first ISA that has it (PTX ISA release notes)
+PTX_FLOOR = {80: (8, 0), 86: (8, 0), 87: (8, 0), 89: (8, 0), 90: (8, 0), 100: (8, 6), 103: (8, 8), 120: (8, 7),
+             121: (8, 8)}
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,32 @@ def compile_op(op: str, dtype: str, shapes: dict, attrs: dict, cc: int) -> tuple
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
         raise RuntimeError(f"{launch.kernel.__name__} needs Triton scratch memory, which a TensorRT AOT launch "
                            "does not pass; use the JIT plugin (impl) for it")
-    return Compiled(meta.name, compiled.asm["ptx"], meta.num_warps, meta.shared), launch
+    arguments = len(spec.inputs(op)) + len(launch.scalars) + len(spec.outputs(op))  # what TensorRT passes
+    ptx = fit_for_tensorrt(compiled.asm["ptx"], meta.name, arguments, cc)
+    return Compiled(meta.name, ptx, meta.num_warps, meta.shared), launch
+
+
+def fit_for_tensorrt(ptx: str, entry: str, arguments: int, cc: int) -> str:
+    """The PTX with entry `entry` declaring exactly `arguments` parameters (the trailing ones beyond, Triton's
+    scratch pointers, dropped; refused if the body reads one) at the oldest `.version` that has sm_{cc}."""
+    head = re.search(rf"\.entry\s+{re.escape(entry)}\s*\(([^)]*)\)", ptx)
+    if head is None:
+        raise RuntimeError(f"no .entry {entry} in the PTX")
+    params = [p.strip() for p in head.group(1).split(",") if p.strip()]
+    if len(params) < arguments:
+        raise RuntimeError(f"{entry} declares {len(params)} parameters, fewer than the {arguments} TensorRT passes")
+    body = ptx[head.end():]
+    for extra in params[arguments:]:
+        name = extra.split()[-1]
+        if re.search(rf"\b{re.escape(name)}\b", body):
+            raise RuntimeError(f"{entry} reads its parameter {name}, which a TensorRT AOT launch does not pass")
+    joined = ",\n\t".join(params[:arguments])
+    ptx = ptx[:head.start(1)] + f"\n\t{joined}\n" + ptx[head.end(1):]
+    floor = PTX_FLOOR.get(cc)
+    version = re.search(r"^\.version (\d+)\.(\d+)", ptx, re.M)
+    if floor is not None and version is not None and (int(version[1]), int(version[2])) > floor:
+        ptx = ptx[:version.start()] + f".version {floor[0]}.{floor[1]}" + ptx[version.end():]
+    return ptx
 
 
 def ptxas_candidates() -> list[str]:

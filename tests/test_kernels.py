@@ -102,7 +102,8 @@ def test_grouped_attention(dtype, batch, seq, heads, kv_heads, head_dim, max_seq
 
 
 AOT = """
-from llgraph.plugins.aot import assemble, compile_op
+from llgraph.plugins import spec
+from llgraph.plugins.aot import PTX_FLOOR, assemble, compile_op
 attn = dict(num_heads=32, num_kv_heads=4, scale=0.125, causal=True, window=0, softcap=0.0)
 cases = [("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=4096)),
          ("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=128)), ("SwiGLU", dict(gate=(1, 7, 14336)), {}),
@@ -118,6 +119,11 @@ for cc in (80, 90):
             c, launch = compile_op(op, dtype, shapes, attrs, cc)
             target = ".target sm_90a" if cc == 90 else ".target sm_80"
             assert target in c.ptx and c.name in c.ptx and c.num_warps > 0, (op, dtype, cc)
+            # what a TensorRT AOT launch passes: inputs, the int32 scalars, outputs; nothing of Triton's scratch
+            passed = len(spec.inputs(op)) + len(launch.scalars) + len(spec.outputs(op))
+            declared = c.ptx[c.ptx.index(".entry " + c.name):].split(")")[0].count(".param")
+            assert declared == passed, (op, dtype, cc, declared, passed)
+            assert ".version %d.%d\\n" % PTX_FLOOR[cc] in c.ptx, (op, dtype, cc, c.ptx[:300])
             cubin = assemble(c.ptx, cc)
             assert cubin[:4] == b"\\x7fELF", (op, dtype, cc)
     print(f"sm_{cc}: {len(cases) * 3} kernels compiled to PTX and assembled")
@@ -130,6 +136,22 @@ def test_aot_compiles_to_ptx_that_ptxas_assembles():
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sm_80: 27 kernels" in r.stdout and "sm_90: 27 kernels" in r.stdout  # 9 cases x 3 dtypes
+
+
+def test_ptx_for_tensorrt_drops_only_unread_parameters():
+    """fit_for_tensorrt on a hand-written entry: the trailing scratch pointers go when the body never names them,
+    and a body that reads one is refused (TensorRT would launch it without that argument)."""
+    from llgraph.plugins.aot import fit_for_tensorrt
+
+    ptx = (".version 9.4\n.target sm_90a\n.address_size 64\n.visible .entry k(\n\t.param .u64 k_param_0,\n"
+           "\t.param .u32 k_param_1,\n\t.param .u64 k_param_2,\n\t.param .u64 k_param_3\n)\n{\n"
+           "\tld.param.u64 %rd1, [k_param_0];\n\tret;\n}\n")
+    fitted = fit_for_tensorrt(ptx, "k", 2, 90)
+    assert fitted.startswith(".version 8.0\n") and fitted.count(".param .u") == 2 and "k_param_2" not in fitted
+    with pytest.raises(RuntimeError, match="reads its parameter k_param_3"):
+        fit_for_tensorrt(ptx.replace("[k_param_0]", "[k_param_3]"), "k", 2, 90)
+    with pytest.raises(RuntimeError, match="fewer than the 5"):
+        fit_for_tensorrt(ptx, "k", 5, 90)
 
 
 @pytest.mark.gpu

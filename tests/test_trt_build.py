@@ -13,7 +13,7 @@ import pytest
 
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
-from llgraph.export.engine import EngineError, io_dtypes, load_tensorrt, parse
+from llgraph.export.engine import EngineError, configure, io_dtypes, load_tensorrt, parse
 
 # On Linux x86-64 TensorRT-RTX is a test dependency: its absence fails rather than skips
 ON_CI_PLATFORM = platform.system() == "Linux" and platform.machine() == "x86_64"
@@ -187,6 +187,31 @@ def test_parser_hands_every_plugin_node_to_its_creator(tmp_path):
             assert value == exact, (node.name, name, value)  # floats travel as float32
     print(f"{len(seen)} plugin nodes reached their creators with their schema fields: "
           f"{sorted({s['op'] for s in seen})}")
+
+
+def test_plugin_builds_turn_on_aliased_plugin_io(rtx):
+    """TensorRT honours GroupedAttention's present->past alias only with PreviewFeature ALIASED_PLUGIN_IO_10_03 on;
+    a plugin build turns it on, a native build leaves TensorRT's default. Checked on TensorRT-RTX's real config."""
+    t = rtx.module
+    feature = t.PreviewFeature.ALIASED_PLUGIN_IO_10_03
+    builder = t.Builder(t.Logger(t.Logger.ERROR))
+    default = builder.create_builder_config().get_preview_feature(feature)
+    for plugins in ("aot", "jit"):
+        assert configure(builder.create_builder_config(), rtx, "float16", plugins).get_preview_feature(feature)
+    assert configure(builder.create_builder_config(), rtx, "float16", "none").get_preview_feature(feature) == default
+
+
+def test_a_native_build_ignores_registered_plugin_creators(tmp_path):
+    """`--plugins none` in a process that registered creators for llgraph's ops: the parser imports every node's
+    function body and hands none to a creator (tests/trt_plugin_probe.py --none, with TensorRT-RTX)."""
+    from llgraph.export import export_model
+
+    folder = export_model("tiny", out=tmp_path / "trt", target="trt", max_seq_len=64)
+    probe = Path(__file__).with_name("trt_plugin_probe.py")
+    r = subprocess.run([sys.executable, str(probe), str(folder), "64", "--none"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "llgraph's parse with --plugins none: 0 nodes reached a creator" in r.stderr, r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("family", ["gemma2-nocap", "qwen3", "olmo2", "mistral-window", "gemma2"])

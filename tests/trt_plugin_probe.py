@@ -1,6 +1,7 @@
 """Which creator does TensorRT's ONNX parser hand each llgraph plugin node to, with which fields?
 
     python tests/trt_plugin_probe.py EXPORT_FOLDER MAX_SEQ      # prints one JSON line per plugin node
+    python tests/trt_plugin_probe.py EXPORT_FOLDER MAX_SEQ --none   # llgraph's parse(plugins="none") instead
 
 Run in a subprocess by tests/test_trt_build.py. A creator is registered with TensorRT-RTX's plugin registry for every
 llgraph plugin op; it records the node's name and fields and declines to build a plugin (a Python plugin object
@@ -38,6 +39,13 @@ registry = trt.get_plugin_registry()
 creators = [Recorder(op) for op in spec.PLUGIN_OPS]  # kept alive for the registry
 for c in creators:
     assert registry.register_creator(c, spec.NAMESPACE), c.name
+if sys.argv[3:] == ["--none"]:
+    from llgraph.export.engine import TensorRT, parse
+
+    parsed = parse(folder, max_seq, TensorRT(trt, "rtx"), plugins="none")
+    print(f"llgraph's parse with --plugins none: {len(seen)} nodes reached a creator; "
+          f"{parsed.network.num_layers} layers", file=sys.stderr)
+    sys.exit(0 if not seen else 1)
 model = onnx.load(f"{folder}/model.onnx", load_external_data=False)
 for v in (*model.graph.input, *model.graph.output):
     for d in v.type.tensor_type.shape.dim:
