@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import sys
 import time
@@ -30,7 +31,8 @@ from llgraph.plugins.qdp import TensorRTMissing, register_plugins
 from llgraph.weights import TORCH_DTYPES
 
 PREFILL, DECODE = 0, 1
-FLAVORS = ("auto", "tensorrt", "rtx")
+ALIGN = 256  # TensorRT's setTensorAddress takes 256-byte aligned addresses only
+FLAVORS = ("auto", "tensorrt", "rtx")  # and, to run an engine folder's contract on the CPU, "twin" (trt_twin.py)
 PLUGIN_MODES = ("aot", "jit", "none")
 BUILDABLE = ("trt", "onnx")  # `onnx` is standard ops only: TensorRT builds it with its native layers
 INSTALL = {"tensorrt": "pip install tensorrt (10.15+/11; datacenter GPUs, Hopper included)",
@@ -54,7 +56,8 @@ class TensorRT:
 
     @property
     def name(self) -> str:
-        return f"{'TensorRT' if self.flavor == 'tensorrt' else 'TensorRT-RTX'} {self.module.__version__}"
+        kind = {"tensorrt": "TensorRT", "rtx": "TensorRT-RTX"}.get(self.flavor, "TensorRT's CPU twin")
+        return f"{kind} {self.module.__version__}"
 
 
 def load_tensorrt(flavor: str = "auto") -> TensorRT:
@@ -191,7 +194,21 @@ def check_build_request(folder: Path, max_batch: int, max_seq_len: int | None, p
                           "RoPE range); re-export with a larger --max-seq-len for more")
     if plugins is not None and plugins not in PLUGIN_MODES:
         raise EngineError(f"unknown --plugins '{plugins}'; use one of {', '.join(PLUGIN_MODES)}")
-    return manifest, max_seq_len
+    return manifest, aligned_cache_length(manifest, max_seq_len)
+
+
+def aligned_cache_length(manifest: Manifest, max_seq_len: int) -> int:
+    """`max_seq_len` rounded up so that one row of a cache ([kv_heads, max_seq, head_dim]) is a multiple of 256
+    bytes: the scheduler binds row `slot` of each cache at slot * row bytes, and TensorRT refuses an address that is
+    not 256-byte aligned (SmolLM2 in fp16: 384 bytes a position, so an even length)."""
+    cfg = manifest.config
+    per_position = cfg.num_kv_heads * cfg.head_dim * TORCH_DTYPES[manifest.dtype].itemsize
+    step = ALIGN // math.gcd(ALIGN, per_position)
+    rounded = -(-max_seq_len // step) * step
+    if rounded > manifest.max_positions:
+        raise EngineError(f"--max-seq-len ({max_seq_len}) must round up to {rounded} for 256-byte aligned cache rows, "
+                          f"past the export's RoPE range ({manifest.max_positions}); ask for {rounded - step} or less")
+    return rounded
 
 
 def configure(config, trt: TensorRT, dtype: str, plugins: str):
@@ -220,7 +237,11 @@ def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, m
     engine), "jit" (the same plugins called from Python) or "none" (TensorRT's native layers built from the
     function bodies; TensorRT-RTX's default and only choice)."""
     folder = Path(folder)
+    asked = max_seq_len
     manifest, max_seq_len = check_build_request(folder, max_batch, max_seq_len, plugins)
+    if asked is not None and asked != max_seq_len:
+        print(f"--max-seq-len {asked} rounded up to {max_seq_len}, so that each row of the cache is 256-byte "
+              "aligned as TensorRT binds it", file=sys.stderr)
     cfg = manifest.config
     engine = Path(engine) if engine else folder / ENGINE_FILE
     if engine.is_dir():

@@ -222,6 +222,24 @@ def cmd_lm_eval(args) -> int:
     return 0
 
 
+def _diff_cache_length(args) -> int:
+    """Both sides' cache length: --max-seq-len, else the engine's fixed one (the caches are compared whole), else
+    256."""
+    if "trt" not in (args.a, args.b):
+        return args.max_seq_len or 256
+    from llgraph.export_folder import ENGINE_META
+
+    meta = Path(args.engine) / ENGINE_META
+    if not meta.exists():
+        raise LlgraphError(f"--engine {args.engine} holds no built engine ({ENGINE_META}); run `llgraph build "
+                           f"{args.engine}` first")
+    engine = json.loads(meta.read_text())["max_seq_len"]
+    if args.max_seq_len not in (None, engine):
+        raise LlgraphError(f"--max-seq-len ({args.max_seq_len}) differs from the engine's cache ({engine} positions); "
+                           "drop it, or rebuild the engine with that length")
+    return engine
+
+
 def cmd_diff(args) -> int:
     from llgraph.bundled import resolve
     from llgraph.checkpoint import open_model
@@ -247,7 +265,7 @@ def cmd_diff(args) -> int:
     makers = diff_sides()  # every backend's sides: torch, ort, onnx, trt
 
     def sides(name: str, dtype: str):
-        return makers[name](SideRequest(cfg, source, dtype, args.max_seq_len, args.engine))
+        return makers[name](SideRequest(cfg, source, dtype, args.max_seq_len, args.engine, args.tensorrt))
 
     for side in (args.a, args.b):
         if side is not None and side not in makers:
@@ -255,6 +273,7 @@ def cmd_diff(args) -> int:
     if "trt" in (args.a, args.b) and not args.engine:
         raise LlgraphError("--b trt needs --engine FOLDER (a --target trt export with `llgraph build` run on it); "
                            "to compare across machines, --save here and --load on the GPU machine")
+    args.max_seq_len = _diff_cache_length(args)
     if args.load:
         name, inputs, capture_a = diff.load_run(args.load)
         print(f"loaded {len(inputs)} steps of '{name}' from {args.load}")

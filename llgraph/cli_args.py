@@ -52,14 +52,18 @@ def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
                    "where they build, else ONNX Runtime's own ops (auto, the default), or either by name")
 
 
+RUN_FLAVORS = ("auto", "tensorrt", "rtx", "twin")
+RUN_FLAVOR_HELP = ("for --backend trt: the TensorRT to run with (default: the one the engine was built with); twin: "
+                   "TensorRT's CPU twin, which checks the engine's execution contract and computes with ONNX Runtime")
+
+
 def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_help: str) -> None:
     """What generate, eval and serve share: MODEL, the backend, the cache length, the TensorRT, the export cache and
     the weight flags (runtime.registry.open_runner takes them)."""
     p.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
     p.add_argument("--backend", default="ort", choices=tuple(BACKENDS), help=backend_help)
     p.add_argument("--max-seq-len", type=int, help=max_seq_len_help)
-    p.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto",
-                   help="for --backend trt: the TensorRT to run with (default: the one the engine was built with)")
+    p.add_argument("--tensorrt", choices=RUN_FLAVORS, default="auto", help=RUN_FLAVOR_HELP)
     p.add_argument("--cache-dir", help=CACHE_HELP)
     p.add_argument("--threads", type=int, help="CPU threads: ONNX Runtime's intra-op threads, which llgraph's "
                    "kernels run on (default: every core), or torch's for --backend torch")
@@ -174,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--a", default="torch", help="reference side (torch, ort, onnx)")
     d.add_argument("--b", help="side under test (torch, ort, onnx, trt); omit with --save to only record side a")
     d.add_argument("--engine", help="for trt: the export folder holding the built engine (its dtype is the engine's)")
+    d.add_argument("--tensorrt", choices=RUN_FLAVORS, default="auto", help=RUN_FLAVOR_HELP)
     prompt = d.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default="The quick brown fox", help="prompt text (needs a checkpoint's "
                         "tokenizer)")
@@ -183,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--a-dtype", default="float32", help="side a's dtype")
     d.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
     d.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
-    d.add_argument("--max-seq-len", type=int, default=256, help="KV-cache length of both sides (default 256)")
+    d.add_argument("--max-seq-len", type=int, help="KV-cache length of both sides (default 256; with --b trt, the "
+                   "engine's)")
     d.add_argument("--save", help="write side a's inputs and values to this .npz (compressed)")
     d.add_argument("--save-values", choices=("outputs", "layers", "all"), default="layers",
                    help="what --save keeps: final outputs; those + each layer's output (default); every value")

@@ -46,6 +46,7 @@ class SideRequest:
     dtype: str = "float32"
     max_seq: int = 256
     engine: Path | None = None  # a built engine's folder (the trt side)
+    tensorrt: str = "auto"  # the trt side's TensorRT ("twin": its CPU twin)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import torch
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.errors import LlgraphError
 from llgraph.export.engine import (
+    ALIGN,
     DECODE,
     PREFILL,
     EngineError,
@@ -34,8 +35,30 @@ from llgraph.runtime.sampling import RequestError
 from llgraph.tokenizer import Tokenizer
 
 
+class CudaDevice:
+    """The memory and streams TRTBackend binds: torch's CUDA (runtime/trt_twin.py has the CPU twin of it)."""
+    name = "cuda"
+
+    def stream(self):
+        return torch.cuda.Stream()
+
+    def on(self, stream):
+        return torch.cuda.stream(stream)
+
+    def zeros(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device="cuda")
+
+    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device="cuda")
+
+    def upload(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return t.to("cuda", dtype, non_blocking=True)
+
+
 class TRTBackend(Backend):
     def __init__(self, folder: str | Path, tensorrt: str = "auto"):
+        """`tensorrt`: "auto" (the flavour the engine was built with), "tensorrt", "rtx", or "twin" (TensorRT's CPU
+        twin: the engine's contract enforced and each step computed by ONNX Runtime; runtime/trt_twin.py)."""
         folder = Path(folder)
         manifest = read_manifest(folder)
         meta_path = folder / ENGINE_META
@@ -46,8 +69,14 @@ class TRTBackend(Backend):
         self.io = io_dtypes(self.config, manifest.dtype)  # what the build test checks the network against
         self.vocab_size = self.config.vocab_size
         self.max_seq_len, self.max_batch = meta["max_seq_len"], meta["max_batch"]
-        trt = load_tensorrt(meta.get("flavor", "tensorrt") if tensorrt == "auto" else tensorrt)
-        check_gpu()
+        if tensorrt == "twin":
+            from llgraph.runtime.trt_twin import load_twin
+
+            trt, self.device = load_twin(folder, meta)
+        else:
+            trt = load_tensorrt(meta.get("flavor", "tensorrt") if tensorrt == "auto" else tensorrt)
+            check_gpu()
+            self.device = CudaDevice()
         if meta.get("plugins", "aot") == "jit":
             register_plugins()  # a JIT engine calls back into them; AOT and native engines need no Python
         self._logger = trt_logger(trt)
@@ -57,16 +86,49 @@ class TRTBackend(Backend):
             raise EngineError(f"{trt.name} could not load {folder / meta['engine']} (built with "
                               f"{meta.get('flavor', 'tensorrt')} {meta['tensorrt']} for {meta.get('runs_on')}); "
                               f"rebuild it with `llgraph build {folder}`")
+        self._check_io(trt, folder)
+        c = self.config
+        row = c.num_kv_heads * self.max_seq_len * c.head_dim * self.io[cache_pairs(c)[0][0]].itemsize
+        if row % ALIGN:  # a slot's rows are bound at slot * row bytes, and TensorRT takes 256-byte aligned addresses
+            raise EngineError(f"{folder}'s engine holds a {self.max_seq_len}-position cache whose rows ({row} bytes) "
+                              f"are not {ALIGN}-byte aligned; rebuild it with `llgraph build {folder}` (which rounds "
+                              "--max-seq-len up)")
         self.context = self.engine.create_execution_context()
-        self.stream = torch.cuda.Stream()
+        self.stream = self.device.stream()
         self.cache, self._profile, self._bound = {}, None, None
+
+    def _check_io(self, trt, folder: Path) -> None:
+        """The engine's I/O tensors are exactly the ones this backend binds, in the modes and dtypes it binds them
+        (a dtype mismatch would have TensorRT read or write past a buffer)."""
+        t = trt.module
+        dtypes = {getattr(t.DataType, n): d for n, d in (("FLOAT", torch.float32), ("HALF", torch.float16),
+                  ("BF16", torch.bfloat16), ("INT64", torch.int64), ("INT32", torch.int32)) if hasattr(t.DataType, n)}
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        for name in sorted(set(names) ^ set(self.io)):
+            where = "the engine has" if name in names else "the engine lacks"
+            raise EngineError(f"{where} the I/O tensor {name} (the export's are {len(self.io)}); rebuild the engine "
+                              f"from this folder with `llgraph build {folder}`")
+        inputs = {n for n in self.io if not n.startswith(("present.", "logits"))}
+        for name in names:
+            mode = self.engine.get_tensor_mode(name)
+            dtype = dtypes.get(self.engine.get_tensor_dtype(name))
+            if (mode == t.TensorIOMode.INPUT) != (name in inputs) or dtype != self.io[name]:
+                raise EngineError(f"the engine's {name} is a {dtype} {str(mode).rsplit('.', 1)[-1].lower()}; "
+                                  f"this backend binds a {self.io[name]} {'input' if name in inputs else 'output'}: "
+                                  f"rebuild the engine with `llgraph build {folder}`")
+
+    def _call(self, ok: bool, what: str) -> None:
+        """TensorRT's binding calls return False (and log why) instead of raising: a failure ends the step here."""
+        if not ok:
+            raise EngineError(f"TensorRT refused {what} (see its log above)")
 
     def allocate(self, batch: int) -> None:
         if batch > self.max_batch:
             raise RequestError(f"batch of {batch} prompts exceeds the engine's max batch ({self.max_batch}); "
                                "rebuild with `llgraph build --max-batch`")
-        self.cache = new_cache(self.config, batch, self.max_seq_len,
-                               lambda shape: torch.zeros(shape, dtype=self.io["past_key_values.0.key"], device="cuda"))
+        with self.device.on(self.stream):  # zero-filled on the stream the engine runs on: no step reads it early
+            self.cache = new_cache(self.config, batch, self.max_seq_len,
+                                   lambda shape: self.device.zeros(shape, self.io["past_key_values.0.key"]))
         self._bound = None
 
     def _bind_cache(self, rows: slice) -> None:
@@ -74,39 +136,41 @@ class TRTBackend(Backend):
         place. Once per request, per profile switch (shapes are per profile) and per change of rows, not per step."""
         for past, present in cache_pairs(self.config):
             t = self.cache[past][rows]
-            self.context.set_input_shape(past, tuple(t.shape))
-            self.context.set_tensor_address(past, t.data_ptr())
-            self.context.set_tensor_address(present, t.data_ptr())
+            self._call(self.context.set_input_shape(past, tuple(t.shape)), f"the shape {tuple(t.shape)} of {past}")
+            self._call(self.context.set_tensor_address(past, t.data_ptr()), f"the address of {past}")
+            self._call(self.context.set_tensor_address(present, t.data_ptr()), f"the address of {present}")
         self._bound = rows
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None,
                 keep: int = 0) -> torch.Tensor:  # every position's logits, whatever `keep` asks
         batch, seq = input_ids.shape
         rows = slice(0, next(iter(self.cache.values())).shape[0]) if rows is None else rows
-        with torch.cuda.stream(self.stream):
+        with self.device.on(self.stream):
             profile = DECODE if seq == 1 else PREFILL
             if profile != self._profile:
-                self.context.set_optimization_profile_async(profile, self.stream.cuda_stream)
+                self._call(self.context.set_optimization_profile_async(profile, self.stream.cuda_stream),
+                           f"optimization profile {profile}")
                 self._profile, self._bound = profile, None
             if self._bound != rows:
                 self._bind_cache(rows)
-            ids = input_ids.to("cuda", self.io["input_ids"], non_blocking=True)
-            pos = position_ids.to("cuda", self.io["position_ids"], non_blocking=True)
-            logits = torch.empty(batch, seq, self.vocab_size, dtype=self.io["logits"], device="cuda")
+            # contiguous: TensorRT reads a bound address as a dense row-major tensor of the shape set
+            ids = self.device.upload(input_ids.contiguous(), self.io["input_ids"])
+            pos = self.device.upload(position_ids.contiguous(), self.io["position_ids"])
+            logits = self.device.empty((batch, seq, self.vocab_size), self.io["logits"])
             for name, t in (("input_ids", ids), ("position_ids", pos)):
-                self.context.set_input_shape(name, tuple(t.shape))
-                self.context.set_tensor_address(name, t.data_ptr())
-            self.context.set_tensor_address("logits", logits.data_ptr())
+                self._call(self.context.set_input_shape(name, tuple(t.shape)), f"the shape {tuple(t.shape)} of {name}")
+                self._call(self.context.set_tensor_address(name, t.data_ptr()), f"the address of {name}")
+            self._call(self.context.set_tensor_address("logits", logits.data_ptr()), "the address of logits")
             if not self.context.execute_async_v3(self.stream.cuda_stream):
                 raise EngineError("TensorRT failed to run the engine (see its log above)")
         self.stream.synchronize()
         return logits.float().cpu()
 
 
-def engine_side(folder: str | Path):
+def engine_side(folder: str | Path, tensorrt: str = "auto"):
     """A diff side (runtime/diff.py): a TensorRT engine built from a `trt` export folder (needs tensorrt and a
-    GPU). It exposes the final outputs: logits and the present caches."""
-    backend = TRTBackend(folder)
+    GPU, or `tensorrt="twin"`). It exposes the final outputs: logits and the present caches."""
+    backend = TRTBackend(folder, tensorrt)
 
     def stepper():
         fresh = [True]
@@ -118,7 +182,7 @@ def engine_side(folder: str | Path):
             logits = backend.forward(torch.from_numpy(s["input_ids"]), torch.from_numpy(s["position_ids"]))
             values = {"logits": logits.numpy()}
             for past, present in cache_pairs(backend.config):
-                values[present] = backend.cache[past].float().cpu().numpy()
+                values[present] = backend.cache[past].to("cpu", torch.float32, copy=True).numpy()  # not a view
             return values
         return step
     return stepper
@@ -140,4 +204,5 @@ def _open(path: Path, options: RunOptions) -> TRTRunner:
     return TRTRunner(path, options.tensorrt)
 
 
-BACKEND = BackendSpec("trt", _open, {"trt": lambda r: engine_side(r.engine)}, bf16=True, accuracy_level=False)
+BACKEND = BackendSpec("trt", _open, {"trt": lambda r: engine_side(r.engine, r.tensorrt)}, bf16=True,
+                      accuracy_level=False)
