@@ -197,13 +197,16 @@ def check_build_request(folder: Path, max_batch: int, max_seq_len: int | None, p
     return manifest, aligned_cache_length(manifest, max_seq_len)
 
 
+def cache_row_bytes(cfg: LlamaConfig, dtype: str, max_seq_len: int) -> int:
+    """Bytes of one batch row of a cache tensor, [kv_heads, max_seq_len, head_dim] in the model's dtype."""
+    return cfg.num_kv_heads * max_seq_len * cfg.head_dim * TORCH_DTYPES[dtype].itemsize
+
+
 def aligned_cache_length(manifest: Manifest, max_seq_len: int) -> int:
     """`max_seq_len` rounded up so that one row of a cache ([kv_heads, max_seq, head_dim]) is a multiple of 256
     bytes: the scheduler binds row `slot` of each cache at slot * row bytes, and TensorRT refuses an address that is
     not 256-byte aligned (SmolLM2 in fp16: 384 bytes a position, so an even length)."""
-    cfg = manifest.config
-    per_position = cfg.num_kv_heads * cfg.head_dim * TORCH_DTYPES[manifest.dtype].itemsize
-    step = ALIGN // math.gcd(ALIGN, per_position)
+    step = ALIGN // math.gcd(ALIGN, cache_row_bytes(manifest.config, manifest.dtype, 1))
     rounded = -(-max_seq_len // step) * step
     if rounded > manifest.max_positions:
         raise EngineError(f"--max-seq-len ({max_seq_len}) must round up to {rounded} for 256-byte aligned cache rows, "

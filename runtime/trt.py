@@ -21,6 +21,7 @@ from llgraph.export.engine import (
     DECODE,
     PREFILL,
     EngineError,
+    cache_row_bytes,
     check_gpu,
     io_dtypes,
     load_tensorrt,
@@ -37,7 +38,6 @@ from llgraph.tokenizer import Tokenizer
 
 class CudaDevice:
     """The memory and streams TRTBackend binds: torch's CUDA (runtime/trt_twin.py has the CPU twin of it)."""
-    name = "cuda"
 
     def stream(self):
         return torch.cuda.Stream()
@@ -87,8 +87,7 @@ class TRTBackend(Backend):
                               f"{meta.get('flavor', 'tensorrt')} {meta['tensorrt']} for {meta.get('runs_on')}); "
                               f"rebuild it with `llgraph build {folder}`")
         self._check_io(trt, folder)
-        c = self.config
-        row = c.num_kv_heads * self.max_seq_len * c.head_dim * self.io[cache_pairs(c)[0][0]].itemsize
+        row = cache_row_bytes(self.config, manifest.dtype, self.max_seq_len)
         if row % ALIGN:  # a slot's rows are bound at slot * row bytes, and TensorRT takes 256-byte aligned addresses
             raise EngineError(f"{folder}'s engine holds a {self.max_seq_len}-position cache whose rows ({row} bytes) "
                               f"are not {ALIGN}-byte aligned; rebuild it with `llgraph build {folder}` (which rounds "

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from llgraph.builder import cache_pairs
 from llgraph.export.engine import EngineError, TensorRT, load_tensorrt, parse
@@ -76,17 +77,17 @@ class Stream:
 
 class TwinDevice:
     """CPU buffers (256-byte aligned, as CUDA's allocator gives) and streams that record each buffer's writer."""
-    name = "cpu"
 
     def __init__(self):
         self.default = Stream(0)
-        self._streams, self._current = [self.default], [self.default]
-        self.buffers: dict[int, tuple[int, int]] = {}  # start address -> (bytes, handle of the stream that wrote it)
-        self._keep: list[torch.Tensor] = []
+        self.streams, self._current = [self.default], [self.default]
+        # start address -> (bytes, handle of the stream that last wrote it); dropped once its memory is freed
+        self.buffers: dict[int, tuple[int, int | None]] = {}
+        self._storages: dict[int, StorageWeakRef] = {}
 
     def stream(self) -> Stream:
-        s = Stream(len(self._streams))
-        self._streams.append(s)
+        s = Stream(len(self.streams))
+        self.streams.append(s)
         return s
 
     @contextlib.contextmanager
@@ -102,9 +103,11 @@ class TwinDevice:
         raw = torch.empty(size + ALIGN, dtype=torch.uint8)
         start = -raw.data_ptr() % ALIGN
         t = raw[start:start + size].view(dtype).view(tuple(shape))
-        self.buffers[t.data_ptr()] = (size, self._current[-1].cuda_stream if written else None)
-        self._keep.append(raw)
-        del self._keep[:-4096]  # an old buffer's record may outlive it: addresses are re-recorded on reuse
+        for gone in [a for a, ref in self._storages.items() if ref.expired()]:  # no tensor holds that memory now
+            del self.buffers[gone], self._storages[gone]
+        address = t.data_ptr()
+        self.buffers[address] = (size, self._current[-1].cuda_stream if written else None)
+        self._storages[address] = StorageWeakRef(raw.untyped_storage())
         return t
 
     def zeros(self, shape, dtype: torch.dtype) -> torch.Tensor:
@@ -172,9 +175,6 @@ class Engine:
     def get_tensor_dtype(self, name: str) -> DataType:
         return self.tensors[name].dtype
 
-    def get_aliased_input_tensor(self, name: str) -> str | None:
-        return self.aliases.get(name)
-
     def create_execution_context(self) -> "Context":
         return Context(self)
 
@@ -241,7 +241,7 @@ class Context:
             feeds[name] = self._view(name, shapes[name], stream)
         session = e.session()
         wanted = [o.name for o in session.get_outputs()]
-        results = dict(zip(wanted, session.run(wanted, {k: v.copy() for k, v in feeds.items()})))
+        results = dict(zip(wanted, session.run(wanted, feeds)))
         for name in wanted:
             out = self._view(name, results[name].shape, None)
             out[...] = results[name]
@@ -259,7 +259,7 @@ class Context:
         if owner is None or address + size > owner[0] + owner[1]:
             raise ContractError(f"{name}'s address holds no {size}-byte {dtype} buffer of shape {shape}")
         if stream is not None and owner[2] not in (None, stream):
-            waited = self.device._streams[stream].waited if stream < len(self.device._streams) else set()
+            waited = self.device.streams[stream].waited if stream < len(self.device.streams) else set()
             if owner[2] not in waited:
                 raise ContractError(f"{name} is read on stream {stream} but was written on stream {owner[2]}, "
                                     "which it never waited for: the engine may read it before it is written")
