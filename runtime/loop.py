@@ -11,6 +11,7 @@ slot p >= len(b), and row b's decode token at position p overwrites slot p befor
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import time
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ def cache_length(requested: int | None, limit: int, what: str) -> int:
 class Backend:
     max_seq_len: int
     vocab_size: int
+    # torch threads for the loop's own small tensors (sampling, indexing) between this backend's steps; None leaves
+    # torch alone. ONNX Runtime's pool owns the cores: a second pool of torch threads waking beside its spinning
+    # workers cost a 29-token prefill 30% and decode 7% on 2 cores (runtime/ort.py sets 1).
+    host_threads: int | None = None
 
     def allocate(self, batch: int) -> None:
         raise NotImplementedError
@@ -59,6 +64,20 @@ class Generation:
     text: str
     token_ids: list[int]
     finish_reason: str  # "eos", "stop" (a stop string), or "length"
+
+
+@contextlib.contextmanager
+def host_threads(n: int | None):
+    """torch's thread count set to `n` inside, restored after (torch keeps one count for the process)."""
+    before = torch.get_num_threads()
+    if n is None or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class Runner:
@@ -160,7 +179,17 @@ class Runner:
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids):
-        """Yields the batch's Decodings after each step, as decoding goes."""
+        """Yields the batch's Decodings after each step, as decoding goes; the steps run with the backend's
+        host_threads, the caller's code between them with its own."""
+        steps = self._steps(prompts, max_new_tokens, params, stop, eos_token_ids)
+        while True:
+            with host_threads(self.backend.host_threads):
+                seqs = next(steps, None)
+            if seqs is None:
+                return
+            yield seqs
+
+    def _steps(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids):
         ids = [self.encode(p) for p in prompts]
         eos = self.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         b = self.backend

@@ -35,6 +35,8 @@ TAPPED = "model.tapped.onnx"  # a diff side's copy of the graph with every IR va
 
 
 class OrtBackend(Backend):
+    host_threads = 1  # ONNX Runtime's own pool does the work (loop.Backend.host_threads)
+
     def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None,
                  model_file: str | None = None):
         """`model_file`: another graph of the same export to run (a diff side's tapped model)."""

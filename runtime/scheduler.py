@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llgraph.runtime.loop import Decoding, Runner
+from llgraph.runtime.loop import Decoding, Runner, host_threads
 from llgraph.runtime.sampling import RequestError, Sampling, sample
 
 
@@ -225,12 +225,13 @@ class Scheduler:
                     self._active[r.slot] = r
                     admit.append(r)
             try:
-                for r in admit:
-                    self._prefill(r)
-                self._retire()
-                if self._active:
-                    self._step()
+                with host_threads(self.backend.host_threads):
+                    for r in admit:
+                        self._prefill(r)
                     self._retire()
+                    if self._active:
+                        self._step()
+                        self._retire()
             except Exception as e:  # a backend failure ends every running request with its message
                 with self._cond:
                     for r in list(self._active.values()):
