@@ -106,6 +106,18 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tk.decode(ids, skip_special_tokens=True)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for, whole even where they are part of a character (a byte-level vocabulary's
+        string, a byte-fallback `<0xNN>` piece; else its decoded text)."""
+        piece = self.tk.id_to_token(token)
+        if piece is None:
+            return b""
+        if type(self.tk.decoder).__name__ == "ByteLevel" and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return self.tk.decode([token], skip_special_tokens=False).encode()
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise TokenizerError("this model has no chat template; drop --chat or give a model that has one")
@@ -124,6 +136,23 @@ class Tokenizer:
                 eos_token=self.eos_token)
         except jinja2.TemplateError as e:
             raise TokenizerError(f"chat template failed: {e}") from None
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: each byte as a printable character (printable bytes as themselves, the rest
+    shifted past 255), inverted: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_level_alphabet()
 
 
 def _token_text(value) -> str:

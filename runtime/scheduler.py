@@ -31,6 +31,9 @@ import torch
 
 from llgraph.runtime.loop import Decoding, Runner, host_threads
 from llgraph.runtime.sampling import RequestError, Sampling, sample
+from llgraph.runtime.score import TokenLogprob, token_logprobs
+
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
 
 
 class QueueFull(RequestError):
@@ -47,6 +50,7 @@ class Event:
     text: str = ""  # the new text it completes (often "" inside a multi-byte character or a possible stop string)
     decoding: Decoding | None = None
     token: int | None = None
+    logprob: TokenLogprob | None = None  # the token's, when the request asked for logprobs
 
 
 @dataclass(eq=False)  # compared by identity (the queue removes a cancelled one)
@@ -65,6 +69,9 @@ class _Request:
     generator: torch.Generator | None = None
     first_token_at: float | None = None
     cancelled: bool = False
+    logprobs: int | None = None  # each sampled token's log-probability and this many alternatives; None: off
+    prompt_logprobs: bool = False  # the prompt's own (Handle.prompt_logprobs), set before its first event
+    prompt_scores: list[TokenLogprob] | None = None
 
 
 class Handle:
@@ -73,6 +80,13 @@ class Handle:
     def __init__(self, scheduler: "Scheduler", request: _Request, events):
         self._scheduler, self._request, self.events = scheduler, request, events
         self.prompt_tokens = len(request.ids)
+        self.prompt_ids = request.ids
+
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprob] | None:
+        """Tokens 1.. of the prompt, each scored given those before it (submit(prompt_logprobs=True)); ready once
+        the first event arrived."""
+        return self._request.prompt_scores
 
     @property
     def decoding(self) -> Decoding:
@@ -128,12 +142,19 @@ class Scheduler:
         return self
 
     def submit(self, prompt, max_new_tokens: int = 64, sampling: Sampling = Sampling(), stop=(),
-               eos_token_ids=None, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None
-               ) -> Handle:
+               eos_token_ids=None, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None,
+               logprobs: int | None = None, prompt_logprobs: bool = False) -> Handle:
         """Queues a request (a text or token ids). Raises RequestError for a bad one, QueueFull when the queue is
-        at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it."""
+        at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it.
+        `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
+        `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only)."""
         ids = self.runner.encode(prompt)
-        self.runner.check_room(len(ids), max_new_tokens)
+        if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= MAX_LOGPROBS):
+            raise RequestError(f"logprobs ({logprobs}) must be an integer in 0..{MAX_LOGPROBS}")
+        if prompt_logprobs and max_new_tokens == 0:
+            self.runner.check_room(len(ids) - 1, 1)  # scoring alone: the last prompt token is never input
+        else:
+            self.runner.check_room(len(ids), max_new_tokens)
         eos = self.runner.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         if loop is None:
             events = queue.Queue()
@@ -143,7 +164,8 @@ class Scheduler:
             deliver = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
         timeout = timeout if timeout is not None else self.timeout
         request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling, deliver,
-                           None if timeout is None else time.monotonic() + timeout, id=next(self._ids))
+                           None if timeout is None else time.monotonic() + timeout, id=next(self._ids),
+                           logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down; send the request to another replica")
@@ -239,9 +261,20 @@ class Scheduler:
                     self._active.clear()
 
     def _prefill(self, r: _Request) -> None:
-        n = len(r.ids)
-        logits = self.backend.forward(torch.tensor([r.ids]), torch.arange(n)[None], rows=slice(r.slot, r.slot + 1),
-                                      keep=1)
+        scoring_only = r.decoding.max_new_tokens == 0
+        ids = r.ids[:-1] if scoring_only else r.ids  # scoring alone never inputs the last token
+        n = len(ids)
+        if scoring_only and n == 0:  # one token: nothing predicts it
+            r.prompt_scores = []
+            self._finish(r, "length")
+            return
+        logits = self.backend.forward(torch.tensor([ids]), torch.arange(n)[None], rows=slice(r.slot, r.slot + 1),
+                                      keep=0 if r.prompt_logprobs else 1)
+        if r.prompt_logprobs:  # position t predicts token t + 1
+            r.prompt_scores = token_logprobs(logits[0, :len(r.ids) - 1], r.ids[1:], r.logprobs or 0)
+        if scoring_only:
+            self._finish(r, "length")
+            return
         r.seen = torch.zeros(1, self.backend.vocab_size, dtype=torch.bool)
         r.seen[0, r.ids] = True
         r.generator, r.position = r.sampling.generator(), n
@@ -271,13 +304,14 @@ class Scheduler:
             return
         r.seen[0, token] = True
         r.token = token
+        scored = None if r.logprobs is None else token_logprobs(logits[None], [token], r.logprobs)[0]
         if r.first_token_at is None:
             r.first_token_at = time.monotonic()
             self.metrics.first_token(r.first_token_at - r.submitted)
         self.metrics.tokens(1)
         r.decoding.push(token)
         piece = r.decoding.new_text()
-        r.deliver(Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token))
+        r.deliver(Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token, scored))
 
     def _retire(self) -> None:
         """Frees the slots of finished, cancelled and timed-out requests."""

@@ -3,6 +3,7 @@ per batch over the static cache, with no decoding.
 
     score_pairs(backend, [(context_ids, continuation_ids), ...])  -> [Score(logprob, greedy, tokens), ...]
     rolling_logprob(backend, ids, window, stride)                 -> (summed log-probability, tokens scored)
+    token_logprobs(logits, targets, top)                          -> [TokenLogprob(token, logprob, top), ...]
 
 A pair is scored as one right-padded row `context + continuation`, less its last token (only ever predicted), at
 positions 0..n-2: the logits at position t give the distribution of token t+1, so the continuation's log-probability
@@ -25,6 +26,28 @@ class Score:
     logprob: float
     greedy: bool
     tokens: int
+
+
+@dataclass
+class TokenLogprob:
+    """A token's log-probability where it was predicted, and the `top` most likely tokens there [(id, logprob)]."""
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top: int = 0) -> list[TokenLogprob]:
+    """logits [K, V] (row k predicts targets[k]), the model's own (before any sampling parameter) -> each target's
+    log-probability and the `top` most likely tokens, from the same float64 log-softmax as score_pairs (so a
+    served prompt's log-probabilities equal Runner.score's on it)."""
+    logp = logits.double().log_softmax(-1)
+    chosen = logp.gather(-1, torch.tensor(list(targets), dtype=torch.int64)[:, None])[:, 0].tolist()
+    if top:
+        values, ids = logp.topk(top, dim=-1)
+        tops = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        tops = [[] for _ in chosen]
+    return [TokenLogprob(int(t), lp, tp) for t, lp, tp in zip(targets, chosen, tops)]
 
 
 def score_pairs(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:

@@ -4,9 +4,11 @@ for any runner. `pip install -e ".[serve]"`.
     llgraph serve smollm2 [--backend ort|torch|trt] [--slots 8] [--host 127.0.0.1] [--port 8000]
     llgraph serve smollm2 --ray --replicas 2          # the same app as a Ray Serve deployment
 
-Endpoints: /v1/models, /v1/completions, /v1/chat/completions (the model's chat template; `stream: true` answers as
-server-sent events in OpenAI's chunk format), /health, /metrics (Prometheus). Errors are OpenAI's error object:
-400 for a bad request, 429 when every slot is busy and the queue is full, 503 while shutting down.
+Endpoints: /v1/models, /v1/completions and /v1/chat/completions (batched prompts, n, echo, logprobs; `stream: true`
+answers as server-sent events in OpenAI's chunk format: runtime/serve_completions.py), /tokenize, /detokenize and
+/tokenizer_info (vLLM's shapes), /health, /metrics (Prometheus). Errors are OpenAI's error object: 400 for a bad
+request (a field that would change the output and is not supported included), 429 when every slot is busy and the
+queue is full, 503 while shutting down.
 SIGTERM (or Ctrl-C): admit nothing new, let running requests finish for --grace seconds, cancel the rest, exit 0.
 This module is the app; runtime/serve_run.py runs it (uvicorn, or Ray Serve with --ray).
 """
@@ -14,7 +16,6 @@ This module is the app; runtime/serve_run.py runs it (uvicorn, or Ray Serve with
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 import uuid
@@ -23,29 +24,17 @@ from dataclasses import dataclass
 
 try:
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from fastapi.responses import PlainTextResponse
     from starlette.exceptions import HTTPException
 except ImportError as e:
     from llgraph.errors import MissingExtra
 
     raise MissingExtra("llgraph serve", "fastapi uvicorn prometheus-client", "serve", e) from None
 
-from llgraph.runtime.sampling import RequestError, Sampling
-from llgraph.runtime.scheduler import Metrics, QueueFull, Scheduler, ShuttingDown
-from llgraph.runtime.serve_request import (
-    ApiError,
-    chat_prompt,
-    flag,
-    include_usage,
-    number,
-    prompt_ids,
-    prompt_of,
-    read_json,
-    stop_strings,
-)
+from llgraph.runtime.scheduler import Metrics, Scheduler
+from llgraph.runtime.serve_completions import answer, parse
+from llgraph.runtime.serve_request import ApiError, chat_prompt, flag, read_json
 from llgraph.weight_request import Weights
-
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 
 
 @dataclass
@@ -152,141 +141,60 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
 
     async def _serve(request: Request, chat: bool):
         body = await read_json(request, options.max_request_bytes)
+        _check_model(body)
+        runner, scheduler = state["runner"], state["scheduler"]
+        ask = parse(body, chat, runner, options.slots, options.slots + options.max_queue)
+        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": options.served_name}
+        return await answer(request, ask, runner, scheduler, meta)
+
+    # vLLM's tokenizer endpoints (lm-evaluation-harness's tokenizer_backend=remote uses them)
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await read_json(request, options.max_request_bytes)
+        _check_model(body)
+        runner = state["runner"]
+        if runner.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer", param="prompt")
+        if "messages" in body:
+            text, special = chat_prompt(body, runner), flag(body, "add_special_tokens", False)
+        else:
+            text, special = body.get("prompt"), flag(body, "add_special_tokens", True)
+            if not isinstance(text, str):
+                raise ApiError(400, "'prompt' must be a string (or send 'messages')", param="prompt")
+        tokens = await asyncio.to_thread(runner.tokenizer.encode, text, special)
+        return {"count": len(tokens), "max_model_len": runner.backend.max_seq_len, "tokens": tokens,
+                "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await read_json(request, options.max_request_bytes)
+        _check_model(body)
+        runner, tokens = state["runner"], body.get("tokens")
+        if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)):
+            raise ApiError(400, "'tokens' must be a list of token ids", param="tokens")
+        if runner.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer", param="tokens")
+        bad = [t for t in tokens if not 0 <= t < runner.backend.vocab_size]
+        if bad:
+            raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary "
+                                f"(0..{runner.backend.vocab_size - 1})", param="tokens")
+        return {"prompt": runner.tokenizer.decode(tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        tokenizer = state["runner"].tokenizer
+        if tokenizer is None:
+            raise ApiError(404, "this model has no tokenizer")
+        return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tokenizer.bos_token or None,
+                "eos_token": tokenizer.eos_token or None, "pad_token": None,
+                "chat_template": tokenizer.chat_template, "model_max_length": state["runner"].backend.max_seq_len}
+
+    def _check_model(body: dict) -> None:
         if body.get("model", options.served_name) != options.served_name:  # none named: the one served (as vLLM)
             raise ApiError(400, f"model '{str(body.get('model'))[:100]}' is not served here; this server serves "
                                 f"'{options.served_name}' (GET /v1/models)", param="model", code="model_not_found")
-        if number(body, "n", 1, 1, 1, integer=True) != 1:
-            raise ApiError(400, "n must be 1", param="n")
-        runner, scheduler = state["runner"], state["scheduler"]
-        prompt = chat_prompt(body, runner) if chat else prompt_of(body, runner.tokenizer)
-        context = runner.backend.max_seq_len
-        key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-        max_tokens = number(body, key, None if chat else 16, 1, 1 << 30, integer=True)
-        sampling_args = dict(temperature=number(body, "temperature", 1.0, 0, 2),
-                             top_p=number(body, "top_p", 1.0, 0, 1),
-                             seed=number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True))
-        try:
-            sampling = Sampling(**sampling_args)
-        except RequestError as e:
-            raise ApiError(400, str(e)) from None
-        ids = await asyncio.to_thread(prompt_ids, runner, prompt, context, key)
-        prompt_tokens = len(ids)
-        try:
-            if max_tokens is None:  # chat without a limit: the rest of the context
-                max_tokens = max(1, context - prompt_tokens)
-            if prompt_tokens + max_tokens > context:
-                raise ApiError(400, f"this model's context is {context} tokens; the prompt takes {prompt_tokens} "
-                                    f"and {key} asks for {max_tokens} more; lower {key} or shorten the prompt",
-                               param=key, code="context_length_exceeded")
-            ignore_eos = flag(body, "ignore_eos")  # vLLM's extension: benchmarks run to max_tokens
-            stream, usage = flag(body, "stream"), include_usage(body)
-            handle = scheduler.submit(ids, max_tokens, sampling, stop_strings(body), () if ignore_eos else None,
-                                      loop=asyncio.get_running_loop())
-        except QueueFull as e:
-            raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
-        except ShuttingDown as e:
-            raise ApiError(503, str(e), "server_error", code="shutting_down") from None
-        except RequestError as e:
-            raise ApiError(400, str(e)) from None
-        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-                "model": options.served_name}
-        if not stream:
-            return await _whole(request, handle, meta, chat)
-        # the status waits for the first event: a request that never started (shut down while queued) is a 503
-        first = await _unless_gone(request, handle.events.get())
-        if first is None:
-            handle.cancel()
-            return JSONResponse({}, status_code=499)
-        if first.kind == "error":
-            raise _failure(handle, first)
-        return StreamingResponse(_sse(_events(handle, first), handle, meta, chat, usage),
-                                 media_type="text/event-stream")
 
     return app
 
 
-def _usage(handle) -> dict:
-    done = handle.decoding.steps
-    return {"prompt_tokens": handle.prompt_tokens, "completion_tokens": done,
-            "total_tokens": handle.prompt_tokens + done}
-
-
-def _failure(handle, event) -> ApiError:
-    """An error event as the API says it: 503 when the server shut down first, else 500 (the model failed)."""
-    if handle.decoding.finish_reason == "shutdown":
-        return ApiError(503, event.text, "server_error", code="shutting_down")
-    return ApiError(500, f"the model failed: {event.text}", "server_error")
-
-
-async def _events(handle, first=None):
-    """The handle's events (from `first`, if already taken) until done; cancels the request if the consumer goes
-    away (client disconnect)."""
-    try:
-        event = first or await handle.events.get()
-        while True:
-            if event.kind == "error":
-                raise _failure(handle, event)
-            yield event
-            if event.kind == "done":
-                return
-            event = await handle.events.get()
-    finally:
-        handle.cancel()  # a no-op once finished; frees the slot (or the queue place) of an abandoned request
-
-
-async def _unless_gone(request: Request, awaitable):
-    """Awaits it while the client is there (checked every 0.5 s); None, and it is cancelled, once the client left."""
-    task = asyncio.ensure_future(awaitable)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.5)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            return None
-
-
-async def _whole(request: Request, handle, meta: dict, chat: bool):
-    async def collect():
-        return [event.text async for event in _events(handle)]
-
-    text = await _unless_gone(request, collect())  # a client that leaves frees its slot or queue place
-    if text is None:
-        handle.cancel()
-        return JSONResponse({}, status_code=499)
-    reason = FINISH[handle.decoding.finish_reason]
-    choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(text)}, "logprobs": None,
-               "finish_reason": reason} if chat else
-              {"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": reason})
-    return {**meta, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
-            "usage": _usage(handle)}
-
-
-async def _sse(events, handle, meta: dict, chat: bool, include_usage: bool):
-    kind = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(text: str | None, reason: str | None, first: bool = False) -> str:
-        if chat:
-            delta = ({"role": "assistant", "content": ""} if first else
-                     {} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
-        body = {**meta, "object": kind, "choices": [choice]}
-        if include_usage:
-            body["usage"] = None
-        return f"data: {json.dumps(body)}\n\n"
-
-    if chat:
-        yield chunk(None, None, first=True)
-    try:
-        async for event in events:
-            if event.text:
-                yield chunk(event.text, None)
-            if event.kind == "done":
-                yield chunk(None, FINISH[handle.decoding.finish_reason])
-    except ApiError as e:
-        yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.kind, 'code': e.code}})}\n\n"
-    if include_usage:
-        yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': _usage(handle)})}\n\n"
-    yield "data: [DONE]\n\n"

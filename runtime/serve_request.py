@@ -62,19 +62,56 @@ def stop_strings(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def prompt_of(body: dict, tokenizer):
-    """completions: a string, token ids, or a list of one of those (n=1)."""
+def _token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                            for t in value)
+
+
+def prompts_of(body: dict, tokenizer) -> list:
+    """completions' `prompt`: a string, a list of strings, a list of token ids or a list of token-id lists -> the
+    prompts, each a string or token ids (OpenAI's and vLLM's forms)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        if tokenizer is None:
-            raise ApiError(400, "this model has no tokenizer; send 'prompt' as token ids", param="prompt")
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    raise ApiError(400, "'prompt' must be a non-empty string or list of token ids (one prompt per request)",
-                   param="prompt")
+    if isinstance(prompt, str) or _token_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt) or
+                                                  all(_token_ids(p) for p in prompt)):
+        prompts = prompt
+    else:
+        prompts = []
+    if not prompts or any(p == "" for p in prompts):
+        raise ApiError(400, "'prompt' must be a non-empty string, a list of token ids, or a list of either",
+                       param="prompt")
+    if tokenizer is None and isinstance(prompts[0], str):
+        raise ApiError(400, "this model has no tokenizer; send 'prompt' as token ids", param="prompt")
+    return prompts
+
+
+# A request field this server cannot honour, and the values of it that change nothing: any other value is a 400
+# naming the field (a field that would change the output is never silently ignored).
+_NEUTRAL = {
+    "suffix": (None, ""), "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "min_p": (None, 0), "min_tokens": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "prompt_logprobs": (None,),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
+    "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0),
+}
+
+
+def refuse_unsupported(body: dict, n: int) -> None:
+    for key, neutral in _NEUTRAL.items():
+        if key in body and body[key] not in neutral:
+            raise ApiError(400, f"'{key}' ({str(body[key])[:60]}) is not supported by this server; drop it",
+                           param=key)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise ApiError(400, f"'best_of' ({best_of!r}) is not supported apart from best_of == n; drop it",
+                       param="best_of")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        kind = response_format.get("type") if isinstance(response_format, dict) else response_format
+        raise ApiError(400, f"'response_format' of type {kind!r} is not supported by this server yet; only "
+                            "{\"type\": \"text\"}", param="response_format")
 
 
 def _content(content) -> str | None:

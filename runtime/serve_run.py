@@ -119,5 +119,6 @@ def wait_for_interrupt(ready=lambda: None, tick: float = 0.5) -> None:
 
 def _announce(options: ServeOptions, url: str, extra: str = "") -> None:
     print(f"llgraph serve: '{options.served_name}' from {options.model} on {options.backend}, {options.slots} slots"
-          f"{extra}, listening at {url} (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)",
+          f"{extra}, listening at {url} (/v1/chat/completions, /v1/completions, /v1/models, /tokenize, "
+          "/detokenize, /health, /metrics)",
           flush=True)

@@ -1,0 +1,162 @@
+"""`llgraph serve`'s OpenAI API in depth, driven by the official `openai` client: batched prompts, n, echo and
+log-probabilities (checked against Runner.score, computed apart from the server), the tokenizer endpoints, and the
+400s for fields it cannot honour."""
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai", reason="the serve tests need the openai client (pip install 'llgraph[serve]')")
+pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
+
+from serving import Server  # noqa: E402
+
+TOL = 1e-4  # float32 logits of two forward passes (a slot's prefill, a batch's scoring), float64 log-softmax
+
+
+@pytest.fixture(scope="module")
+def server(serve_export):
+    s = Server(str(serve_export), "--name", "smollm2", "--slots", "4", "--max-queue", "8", "--max-seq-len", "256")
+    yield s
+    assert s.stop() == 0, "".join(s.lines)
+
+
+@pytest.fixture(scope="module")
+def runner(serve_export):
+    from llgraph.runtime import ORTRunner
+
+    return ORTRunner(serve_export, max_seq_len=256)
+
+
+def _per_token(runner, ids):
+    """log p(ids[k] | ids[:k]) for k >= 1, each scored on its own by Runner.score_batch."""
+    return [s.logprob for s in runner.score_batch([(ids[:k], [ids[k]]) for k in range(1, len(ids))])]
+
+
+def test_echoed_prompt_and_generated_logprobs_equal_runner_score(server, runner):
+    prompt = "The capital of France is"
+    r = server.client.completions.create(model="smollm2", prompt=prompt, max_tokens=6, temperature=0, echo=True,
+                                         logprobs=3)
+    choice, lp = r.choices[0], r.choices[0].logprobs
+    ids = runner.tokenizer.encode(prompt)
+    generated = runner.generate(prompt, 6)
+    whole = ids + generated.token_ids
+    assert choice.text == prompt + generated.text
+    assert len(lp.tokens) == len(whole) and "".join(lp.tokens) == choice.text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing predicts the first token
+    reference = _per_token(runner, whole)
+    worst = max(abs(a - b) for a, b in zip(lp.token_logprobs[1:], reference))
+    print(f"echoed + generated logprobs vs Runner.score: max |diff| {worst:.2e} over {len(reference)} tokens")
+    assert worst <= TOL
+    for text, offset, top, logprob in zip(lp.tokens, lp.text_offset, lp.top_logprobs, lp.token_logprobs):
+        assert choice.text[offset:].startswith(text)
+        if top is not None:
+            assert 3 <= len(top) <= 4 and max(top.values()) >= logprob  # the 3 most likely, and the chosen one
+    for k in range(len(ids), len(whole)):  # greedy: each generated token is the most likely one
+        assert max(lp.top_logprobs[k], key=lp.top_logprobs[k].get) == lp.tokens[k]
+
+    # max_tokens 0 with echo scores the prompt alone (lm-eval's loglikelihood form); the sum equals Runner.score
+    r = server.client.completions.create(model="smollm2", prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    score = runner.score(ids[:1], ids[1:]).logprob
+    total = sum(r.choices[0].logprobs.token_logprobs[1:])
+    print(f"scored prompt: {total:.6f} vs Runner.score {score:.6f}")
+    assert r.choices[0].text == prompt and r.usage.completion_tokens == 0 and abs(total - score) <= TOL
+
+
+def test_logprobs_without_echo_offset_into_prompt_plus_completion(server):
+    r = server.client.completions.create(model="smollm2", prompt="Roses are red, violets are", max_tokens=5,
+                                         temperature=0, logprobs=1)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and None not in lp.token_logprobs
+    assert lp.text_offset[0] == len("Roses are red, violets are")
+
+
+def test_batched_prompts_and_n_choices_equal_their_solo_requests(server):
+    c = server.client
+    prompts = ["Once upon a time", "def fibonacci(n):", "Water is made of"]
+    r = c.completions.create(model="smollm2", prompt=prompts, n=2, max_tokens=8, temperature=1.0, seed=11)
+    assert [ch.index for ch in r.choices] == list(range(6))
+    for ch in r.choices:
+        i, j = divmod(ch.index, 2)
+        solo = c.completions.create(model="smollm2", prompt=prompts[i], max_tokens=8, temperature=1.0,
+                                    seed=11 + j)
+        assert ch.text == solo.choices[0].text, (i, j)
+    assert r.choices[0].text != r.choices[1].text  # two samples of one prompt, each its own seed
+    assert r.usage.completion_tokens == 6 * 8
+
+    ids = [[504, 3575, 282, 4649, 314], [19556]]  # token-id prompts, as lm-eval sends them
+    r = c.completions.create(model="smollm2", prompt=ids, max_tokens=6, temperature=0)
+    for ch, p in zip(r.choices, ids):
+        assert ch.text == c.completions.create(model="smollm2", prompt=p, max_tokens=6, temperature=0).choices[0].text
+    assert r.usage.prompt_tokens == 6
+
+    streamed = {}
+    for chunk in c.completions.create(model="smollm2", prompt=prompts[:2], n=2, max_tokens=8, temperature=1.0,
+                                      seed=11, stream=True):
+        for ch in chunk.choices:
+            streamed[ch.index] = streamed.get(ch.index, "") + ch.text
+    whole = c.completions.create(model="smollm2", prompt=prompts[:2], n=2, max_tokens=8, temperature=1.0, seed=11)
+    assert streamed == {ch.index: ch.text for ch in whole.choices}
+
+
+def test_chat_logprobs_and_n(server, runner):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    r = server.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, temperature=0,
+                                              logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+    assert all(bytes(e.bytes).decode() == e.token and len(e.top_logprobs) == 2 for e in content)
+    assert all(e.top_logprobs[0].token == e.token for e in content)  # greedy
+    ids = runner.tokenizer.encode(runner.render_chat(messages))
+    generated = runner.generate(messages, 8).token_ids
+    reference = _per_token(runner, ids + generated)[len(ids) - 1:]
+    worst = max(abs(e.logprob - ref) for e, ref in zip(content, reference))
+    print(f"chat logprobs vs Runner.score: max |diff| {worst:.2e}")
+    assert len(content) == len(generated) and worst <= TOL
+
+    r = server.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=6, temperature=0.9,
+                                              seed=3, n=3)
+    solo = [server.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=6,
+                                                  temperature=0.9, seed=3 + j).choices[0].message.content
+            for j in range(3)]
+    assert [ch.message.content for ch in r.choices] == solo
+
+
+def test_tokenize_and_detokenize_speak_vllms_shapes(server, runner):
+    text = "Hello world, naïve café"
+    r = httpx.post(f"{server.url}/tokenize", json={"model": "smollm2", "prompt": text}).json()
+    assert r["tokens"] == runner.tokenizer.encode(text) and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == 256
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": r["tokens"]}).json()["prompt"] == text
+    messages = [{"role": "user", "content": "Hi"}]
+    r = httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()
+    assert r["tokens"] == runner.tokenizer.encode(runner.render_chat(messages), add_special_tokens=False)
+    info = httpx.get(f"{server.url}/tokenizer_info").json()
+    assert info["eos_token"] == runner.tokenizer.eos_token and info["chat_template"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "n": 5}, "n"),  # the server has 4 slots
+    ("/v1/completions", {"prompt": ["a", "b", "c", "d", "e"], "n": 3}, "prompt"),  # 15 choices > 4 slots + 8 queued
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, "max_tokens"),  # without echo there is nothing to do
+    ("/v1/completions", {"prompt": ["Hi", [1, 2]]}, "prompt"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 10}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hi", "suffix": " end"}, "suffix"),
+    ("/v1/completions", {"prompt": "Hi", "best_of": 3}, "best_of"),
+    ("/v1/completions", {"prompt": "Hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "echo": True}, "echo"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True,
+                              "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]},
+     "tools"),
+    ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens"),
+])
+def test_unsupported_or_bad_fields_are_400s_naming_them(server, path, body, param):
+    r = httpx.post(f"{server.url}{path}", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    print(r.json()["error"]["message"])
+    ok = server.client.completions.create(model="smollm2", prompt="Hello", max_tokens=2, temperature=0)
+    assert ok.choices[0].text
