@@ -21,6 +21,7 @@ import torch
 
 from llgraph.builder import DEFAULT_MAX_SEQ
 from llgraph.errors import LlgraphError
+from llgraph.runtime.grammar import row_masks
 from llgraph.runtime.sampling import RequestError, Sampling, sample
 
 
@@ -88,16 +89,17 @@ class Runner:
     # -- public API -------------------------------------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
-                 stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None):
+                 stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None, grammar=None):
         """One prompt (a string, a list of token ids, or a conversation: a list of {"role", "content"} messages,
-        rendered with the model's chat template) -> a Generation; a list of prompts -> a list of them."""
+        rendered with the model's chat template) -> a Generation; a list of prompts -> a list of them.
+        `grammar`: a runtime.grammar.Grammar (e.g. Grammar.json_schema(schema)) every output must follow."""
         if len(prompts) == 0:
             raise RequestError("the prompt is empty; give at least one token")
         single = isinstance(prompts, str) or isinstance(prompts[0], (numbers.Integral, dict))  # numpy ints too
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
         seqs = []
-        for seqs in self._decode(batch, max_new_tokens, params, stop, eos_token_ids):
+        for seqs in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar):
             pass
         results = [Generation(s.text(), s.tokens, s.finish_reason) for s in seqs]
         return results[0] if single else results
@@ -128,9 +130,10 @@ class Runner:
         stop = kwargs.pop("stop", ())
         eos = kwargs.pop("eos_token_ids", None)
         stats = kwargs.pop("stats", None)  # a dict to fill: prompt_tokens, prefill_s, new_tokens, decode_s
+        grammar = kwargs.pop("grammar", None)
         start = first = time.perf_counter()
         seq = None
-        for (seq,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos):
+        for (seq,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar):
             if seq.steps <= 1:
                 first = time.perf_counter()  # prefill done and its token sampled
             piece = seq.new_text()
@@ -178,10 +181,10 @@ class Runner:
         return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else self.encode(continuation)
 
     # -- the loop ---------------------------------------------------------------------------------------------------
-    def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids):
+    def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar=None):
         """Yields the batch's Decodings after each step, as decoding goes; the steps run with the backend's
         host_threads, the caller's code between them with its own."""
-        steps = self._steps(prompts, max_new_tokens, params, stop, eos_token_ids)
+        steps = self._steps(prompts, max_new_tokens, params, stop, eos_token_ids, grammar)
         while True:
             with host_threads(self.backend.host_threads):
                 seqs = next(steps, None)
@@ -189,7 +192,7 @@ class Runner:
                 return
             yield seqs
 
-    def _steps(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids):
+    def _steps(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar):
         ids = [self.encode(p) for p in prompts]
         eos = self.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         b = self.backend
@@ -204,6 +207,7 @@ class Runner:
             seen[row, p] = True
         generator = params.generator()
         seqs = [Decoding(self.text_of, max_new_tokens, stop, eos) for _ in ids]
+        matchers = [grammar.matcher(self.tokenizer, b.vocab_size, eos) if grammar else None for _ in ids]
 
         b.allocate(len(ids))
         positions = torch.arange(longest).expand(len(ids), longest)
@@ -212,10 +216,13 @@ class Runner:
         last = logits[torch.arange(len(ids)), lengths - 1 - (longest - logits.shape[1])]  # each row's last token
         pos = lengths.clone()  # the position each row's next token takes
         while True:
-            nxt = sample(last, params, seen, generator)
+            live = [m if s.finish_reason is None else None for m, s in zip(matchers, seqs)]
+            nxt = sample(last, params, seen, generator, row_masks(live, b.vocab_size))
             for row, seq in enumerate(seqs):
                 if seq.finish_reason is None:
                     seen[row, int(nxt[row])] = True
+                    if matchers[row] is not None:
+                        matchers[row].advance(int(nxt[row]))
                     seq.push(int(nxt[row]))
             yield seqs
             if all(s.finish_reason for s in seqs):

@@ -80,9 +80,15 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample(logits: torch.Tensor, params: Sampling, seen: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """logits: [B, V] float -> next tokens [B] int64."""
+def sample(logits: torch.Tensor, params: Sampling, seen: torch.Tensor, generator: torch.Generator,
+           allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """logits: [B, V] float -> next tokens [B] int64. `allowed`: [B, V] bool, the only tokens a row may take (a
+    grammar's mask: runtime/grammar.py), applied before anything else."""
     logits = apply_repetition_penalty(logits.float(), seen, params.repetition_penalty)
+    if allowed is not None:
+        if not allowed.any(-1).all():
+            raise RequestError("the grammar allows no token here; the output cannot continue")
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if params.greedy:  # numpy's argmax (the same first-maximum rule): 8 us on a 49k-vocab row here, torch's 80 us
         return torch.from_numpy(np.argmax(logits.numpy(), axis=-1))
     # the top logit becomes 0 and every other one <= 0, whatever the temperature (a penalty's overflow to +inf is

@@ -72,6 +72,7 @@ class _Request:
     logprobs: int | None = None  # each sampled token's log-probability and this many alternatives; None: off
     prompt_logprobs: bool = False  # the prompt's own (Handle.prompt_logprobs), set before its first event
     prompt_scores: list[TokenLogprob] | None = None
+    matcher: object = None  # grammar.Matcher: the tokens this request may sample (structured output)
 
 
 class Handle:
@@ -143,11 +144,12 @@ class Scheduler:
 
     def submit(self, prompt, max_new_tokens: int = 64, sampling: Sampling = Sampling(), stop=(),
                eos_token_ids=None, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None,
-               logprobs: int | None = None, prompt_logprobs: bool = False) -> Handle:
+               logprobs: int | None = None, prompt_logprobs: bool = False, grammar=None) -> Handle:
         """Queues a request (a text or token ids). Raises RequestError for a bad one, QueueFull when the queue is
         at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it.
         `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
-        `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only)."""
+        `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only). `grammar`: a
+        runtime.grammar.Grammar its output must follow."""
         ids = self.runner.encode(prompt)
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= MAX_LOGPROBS):
             raise RequestError(f"logprobs ({logprobs}) must be an integer in 0..{MAX_LOGPROBS}")
@@ -156,6 +158,7 @@ class Scheduler:
         else:
             self.runner.check_room(len(ids), max_new_tokens)
         eos = self.runner.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
+        matcher = grammar.matcher(self.runner.tokenizer, self.backend.vocab_size, eos) if grammar else None
         if loop is None:
             events = queue.Queue()
             deliver = events.put
@@ -165,7 +168,7 @@ class Scheduler:
         timeout = timeout if timeout is not None else self.timeout
         request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling, deliver,
                            None if timeout is None else time.monotonic() + timeout, id=next(self._ids),
-                           logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                           logprobs=logprobs, prompt_logprobs=prompt_logprobs, matcher=matcher)
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down; send the request to another replica")
@@ -297,7 +300,10 @@ class Scheduler:
 
     def _take(self, r: _Request, logits: torch.Tensor) -> None:
         try:
-            token = int(sample(logits[None], r.sampling, r.seen, r.generator)[0])
+            allowed = None if r.matcher is None else r.matcher.allowed(self.backend.vocab_size)[None]
+            token = int(sample(logits[None], r.sampling, r.seen, r.generator, allowed)[0])
+            if r.matcher is not None:
+                r.matcher.advance(token)
         except Exception as e:  # this request's own sampling failed: it ends alone, its neighbours decode on
             r.decoding.finish_reason = "error"
             r.deliver(Event("error", f"{type(e).__name__}: {e}"))

@@ -28,6 +28,7 @@ from llgraph.runtime.serve_request import (
     ApiError,
     chat_prompt,
     flag,
+    grammar_of,
     include_usage,
     number,
     prompt_ids,
@@ -52,6 +53,7 @@ class Ask:
     stop: tuple[str, ...]
     ignore_eos: bool
     logprobs: int | None  # alternatives per token; None: no log-probabilities
+    grammar: object  # runtime.grammar.Grammar (response_format) or None
     echo: bool
     stream: bool
     usage: bool
@@ -96,12 +98,20 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int) -> Ask:
                      for j in range(n)]
     except RequestError as e:
         raise ApiError(400, str(e)) from None
-    return Ask(chat, prompts, n, max_tokens, key, samplings, stop_strings(body), flag(body, "ignore_eos"),
-               logprobs, echo, flag(body, "stream"), include_usage(body))
+    grammar = grammar_of(body)
+    ignore_eos = flag(body, "ignore_eos")
+    if grammar is not None and ignore_eos:
+        raise ApiError(400, "'ignore_eos' cannot go with a response_format: a document ends with EOS",
+                       param="ignore_eos")
+    return Ask(chat, prompts, n, max_tokens, key, samplings, stop_strings(body), ignore_eos, logprobs, grammar,
+               echo, flag(body, "stream"), include_usage(body))
 
 
 async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
     context = runner.backend.max_seq_len
+    if ask.grammar is not None:  # its first use builds llguidance's view of the vocabulary (~0.4 s): not on the loop
+        await asyncio.to_thread(ask.grammar.matcher, runner.tokenizer, runner.backend.vocab_size,
+                                runner.eos_token_ids)
     ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context, ask.key) for p in ask.prompts])
     handles = []
     try:
@@ -116,7 +126,7 @@ async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
                 handles.append(scheduler.submit(
                     prompt, max_tokens, sampling, ask.stop, () if ask.ignore_eos else None,
                     loop=asyncio.get_running_loop(), logprobs=ask.logprobs,
-                    prompt_logprobs=ask.echo and (ask.logprobs is not None or max_tokens == 0)))
+                    prompt_logprobs=ask.echo and (ask.logprobs is not None or max_tokens == 0), grammar=ask.grammar))
     except BaseException as e:
         for h in handles:
             h.cancel()

@@ -107,11 +107,17 @@ def refuse_unsupported(body: dict, n: int) -> None:
     if best_of is not None and best_of != n:
         raise ApiError(400, f"'best_of' ({best_of!r}) is not supported apart from best_of == n; drop it",
                        param="best_of")
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        kind = response_format.get("type") if isinstance(response_format, dict) else response_format
-        raise ApiError(400, f"'response_format' of type {kind!r} is not supported by this server yet; only "
-                            "{\"type\": \"text\"}", param="response_format")
+
+
+def grammar_of(body: dict):
+    """response_format -> a runtime.grammar.Grammar (None: plain text); a bad one is a 400 naming it."""
+    from llgraph.errors import LlgraphError
+    from llgraph.runtime.grammar import Grammar
+
+    try:
+        return Grammar.from_response_format(body.get("response_format"))
+    except LlgraphError as e:
+        raise ApiError(400, f"'response_format': {e}", param="response_format") from None
 
 
 def _content(content) -> str | None:

@@ -2,6 +2,8 @@
 log-probabilities (checked against Runner.score, computed apart from the server), the tokenizer endpoints, and the
 400s for fields it cannot honour."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 
@@ -134,6 +136,35 @@ def test_tokenize_and_detokenize_speak_vllms_shapes(server, runner):
     assert info["eos_token"] == runner.tokenizer.eos_token and info["chat_template"]
 
 
+def test_json_schema_output_validates_for_20_seeds_through_the_openai_client(server):
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
+                                               "age": {"type": "integer"}, "city": {"type": "string", "maxLength": 40}},
+              "required": ["name", "age", "city"], "additionalProperties": False}
+    messages = [{"role": "user", "content": "Give me a JSON object describing a person with name, age and city."}]
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+
+    def ask(seed):
+        return server.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=120,
+                                                     temperature=1.0, seed=seed, response_format=response_format)
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, range(20)))
+    for a in answers:
+        assert a.choices[0].finish_reason == "stop", a.choices[0].message.content
+        jsonschema.validate(json.loads(a.choices[0].message.content), schema)
+    print(f"20/20 valid, e.g. {answers[0].choices[0].message.content!r}")
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in server.client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=120, temperature=1.0, seed=3, response_format=response_format,
+        stream=True) if ch.choices)
+    assert streamed == answers[3].choices[0].message.content
+    r = server.client.completions.create(model="smollm2", prompt="A JSON object:", max_tokens=60, temperature=0,
+                                         extra_body={"response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(r.choices[0].text), dict), r.choices[0].text
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),
@@ -151,6 +182,10 @@ def test_tokenize_and_detokenize_speak_vllms_shapes(server, runner):
                               "top_logprobs": 21}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]},
      "tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}}, "response_format"),
+    ("/v1/completions", {"prompt": "Hi", "response_format": {"type": "json_object"}, "ignore_eos": True},
+     "ignore_eos"),
     ("/tokenize", {"prompt": 5}, "prompt"),
     ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens"),
 ])

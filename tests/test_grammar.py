@@ -1,0 +1,108 @@
+"""Structured output (runtime/grammar.py): outputs under a JSON schema parse and validate (checked by `jsonschema`,
+independent of the grammar engine) greedy and sampled, on the plain loop and the scheduler; greedy output under a
+schema equals the unconstrained model's wherever that already complied; bad schemas are one line."""
+
+import json
+
+import pytest
+
+pytest.importorskip("llguidance", reason="structured output needs llguidance (pip install llguidance)")
+jsonschema = pytest.importorskip("jsonschema")
+
+from llgraph.runtime.grammar import Grammar  # noqa: E402
+from llgraph.runtime.sampling import RequestError  # noqa: E402
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+                                           "city": {"type": "string", "maxLength": 40}},
+          "required": ["name", "age", "city"], "additionalProperties": False}
+ASK = [{"role": "user", "content": "Give me a JSON object describing a person with name, age and city."}]
+
+
+@pytest.fixture(scope="module")
+def runner(serve_export):
+    from llgraph.runtime import ORTRunner
+
+    return ORTRunner(serve_export, max_seq_len=256)
+
+
+def _valid(text: str, schema: dict) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False
+
+
+def test_sampled_outputs_validate_for_20_seeds_in_a_batch(runner):
+    grammar = Grammar.json_schema(PERSON)
+    outs = [runner.generate(ASK, 120, temperature=1.0, seed=seed, grammar=grammar) for seed in range(20)]
+    bad = [(o.text, o.finish_reason) for o in outs if not _valid(o.text, PERSON)]
+    print(f"{20 - len(bad)}/20 sampled documents valid; e.g. {outs[0].text!r}")
+    assert not bad and all(o.finish_reason == "eos" for o in outs)
+    assert len({o.text for o in outs}) > 10  # really sampled
+    # a batch of mixed-length prompts, each row under its own matcher, equal to each alone; a document cut by
+    # max_new_tokens ends "length" (as in OpenAI's JSON mode: the cat's nests deeper than 120 tokens)
+    asks = [ASK, [{"role": "user", "content": "Describe a cat as a JSON object."}],
+            [{"role": "system", "content": "You answer in JSON."}, {"role": "user", "content": "List three fruits."}]]
+    batch = runner.generate(asks, 120, grammar=Grammar.json_object())
+    print([o.text for o in batch])
+    assert [o.finish_reason for o in batch] == ["eos", "length", "eos"]
+    assert all(isinstance(json.loads(o.text), dict) for o in batch[::2])
+    assert [o.text for o in batch] == [runner.generate(a, 120, grammar=Grammar.json_object()).text for a in asks]
+
+
+def test_greedy_under_a_schema_equals_the_unconstrained_model_where_it_complied(runner):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "city": {"type": "string"}}, "required": ["name", "age", "city"]}
+    prompt = [{"role": "user", "content": 'Output {"name": ..., "age": ..., "city": ...} for Albert Einstein as '
+                                          "raw JSON, nothing else."}]
+    grammar = Grammar.json_schema(schema)
+    free, constrained = runner.generate(prompt, 40), runner.generate(prompt, 40, grammar=grammar)
+    matcher, complied = grammar.matcher(runner.tokenizer, runner.backend.vocab_size, runner.eos_token_ids), 0
+    for token in free.token_ids:  # the unconstrained tokens the grammar would have allowed
+        if not matcher.allowed(runner.backend.vocab_size)[token]:
+            break
+        matcher.advance(token)
+        complied += 1
+    print(f"the unconstrained model complied for {complied} tokens: {free.text!r}")
+    assert complied >= 20 and constrained.token_ids[:complied] == free.token_ids[:complied]
+
+    fenced = runner.generate(ASK, 60)  # the model opens with a markdown fence, which the grammar forbids
+    assert fenced.text.startswith("```") and _valid(runner.generate(ASK, 60, grammar=Grammar.json_schema(PERSON))
+                                                    .text, PERSON)
+
+
+def test_the_scheduler_and_the_torch_backend_follow_the_grammar_too(runner):
+    from llgraph.runtime import TorchRunner
+    from llgraph.runtime.sampling import Sampling
+    from llgraph.runtime.scheduler import Scheduler
+
+    grammar = Grammar.json_schema(PERSON)
+    solo = [runner.generate(ASK, 80, temperature=0.7, seed=s, grammar=grammar).text for s in range(4)]
+    scheduler = Scheduler(runner, slots=4).start()
+    try:
+        handles = [scheduler.submit(ASK, 80, Sampling(temperature=0.7, seed=s), grammar=grammar) for s in range(4)]
+        served = [h.result(timeout=120).text() for h in handles]
+    finally:
+        scheduler.stop()
+    assert served == solo and all(_valid(t, PERSON) for t in served)
+    torch_out = TorchRunner("smollm2", max_seq_len=256).generate(ASK, 80, grammar=grammar)
+    assert _valid(torch_out.text, PERSON), torch_out.text
+
+
+@pytest.mark.parametrize("response_format, message", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}, "not valid"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, "needs"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "("}}},
+     "not valid"),
+    ({"type": "yaml"}, "not one of text, json_object, json_schema"),
+])
+def test_bad_schemas_are_one_line(response_format, message):
+    with pytest.raises(RequestError, match=message) as e:
+        Grammar.from_response_format(response_format)
+    print(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_text_is_no_grammar():
+    assert Grammar.from_response_format({"type": "text"}) is None and Grammar.from_response_format(None) is None
