@@ -114,6 +114,10 @@ def test_chat_logprobs_and_n(server, runner):
     worst = max(abs(e.logprob - ref) for e, ref in zip(content, reference))
     print(f"chat logprobs vs Runner.score: max |diff| {worst:.2e}")
     assert len(content) == len(generated) and worst <= TOL
+    chunks = list(server.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8,
+                                                        temperature=0, logprobs=True, top_logprobs=2, stream=True))
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
 
     r = server.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=6, temperature=0.9,
                                               seed=3, n=3)
