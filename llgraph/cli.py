@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from llgraph.checkpoint import load_config
-from llgraph.cli_args import build_parser, weights_of
+from llgraph.cli_args import build_parser, sampling_of, weights_of
 from llgraph.errors import LlgraphError
 from llgraph.outdir import Terminated, signals_raise
 from llgraph.weight_request import Weights
@@ -79,7 +79,8 @@ def cmd_serve(args) -> int:
 
     weights = check_weights(args.backend, weights_of(args))
     options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
-                           args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes, args.threads)
+                           args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes, args.threads,
+                           args.speculative)
     if args.ray:
         serve_on_ray(options, args.replicas, args.host, args.port, args.ray_address)
     else:
@@ -150,14 +151,11 @@ def cmd_generate(args) -> None:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
         prompt = runner.render_chat([*system, {"role": "user", "content": prompt}])
     if runner.tokenizer is None:  # token ids in, token ids out
-        result = runner.generate([prompt], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                 top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed)[0]
+        result = runner.generate([prompt], args.max_new_tokens, **sampling_of(args))[0]
         print(",".join(str(t) for t in result.token_ids))
         return
     stats = {}
-    pieces = runner.stream(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                           top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
-                           stop=args.stop or (), stats=stats)
+    pieces = runner.stream(prompt, args.max_new_tokens, stop=args.stop or (), stats=stats, **sampling_of(args))
     for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()
@@ -185,9 +183,10 @@ def format_stats(s: dict) -> str:
     """generate --stats: the prompt's and the generation's token counts and speeds (llama.cpp's timing summary)."""
     decode = s["new_tokens"] - 1  # the first new token comes with the prefill
     speed = f"{decode / s['decode_s']:.1f} tok/s" if decode > 0 and s["decode_s"] > 0 else "-"
+    drafts = f"; speculative: {s['accepted']} of {s['drafted']} drafted tokens accepted" if "drafted" in s else ""
     return (f"prompt: {s['prompt_tokens']} tokens in {s['prefill_s'] * 1e3:.0f} ms "
             f"({s['prompt_tokens'] / s['prefill_s']:.1f} tok/s); generated: {s['new_tokens']} tokens, decode "
-            f"{speed}")
+            f"{speed}{drafts}")
 
 
 def cmd_eval(args) -> int:

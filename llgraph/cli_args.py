@@ -78,6 +78,19 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int, what: st
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 disables")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats; 1 disables")
     p.add_argument("--seed", type=int, help="seed for sampling (same seed, same tokens)")
+    p.add_argument("--speculative", choices=("off", "ngram"), default=SPECULATIVE_DEFAULT,
+                   help="ngram: draft tokens by prompt lookup and verify them in one step (the same greedy output "
+                        f"and sampling distribution, faster where the answer repeats its context; default "
+                        f"{SPECULATIVE_DEFAULT})")
+
+
+SPECULATIVE_DEFAULT = "ngram"  # measured: 1.6x on quoting a passage, ~1.0x on open chat (README, "Speculative")
+
+
+def sampling_of(args) -> dict:
+    """The sampling flags (add_sampling_flags) as Runner.generate/stream keywords."""
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                repetition_penalty=args.repetition_penalty, seed=args.seed, speculative=args.speculative)
 
 
 def weights_of(args) -> Weights:
@@ -216,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, help="seconds a request may take before it is ended (default none)")
     s.add_argument("--max-request-bytes", type=int, default=8 << 20, help="a larger request body is refused with "
                    "413 before it is read (default 8 MiB)")
+    s.add_argument("--speculative", choices=("off", "ngram"), default="off", help="requests' default speculative "
+                   "decoding (a request's \"speculative\" field overrides it; default off: in a busy batch on ONNX "
+                   "Runtime each drafting request costs a forward of its own)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--grace", type=float, default=10.0, help="on SIGTERM: seconds running requests get to finish "

@@ -10,7 +10,7 @@ HELP = "(/reset forgets the conversation, /system TEXT sets the system message, 
 
 
 def cmd_chat(args) -> int:
-    from llgraph.cli_args import weights_of
+    from llgraph.cli_args import sampling_of, weights_of
     from llgraph.runtime.chat import Conversation
     from llgraph.runtime.registry import open_runner
     from llgraph.runtime.sampling import RequestError, Sampling
@@ -18,8 +18,7 @@ def cmd_chat(args) -> int:
     Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)  # before loading
     runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
                          args.threads)
-    chat = Conversation(runner, args.system, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed)
+    chat = Conversation(runner, args.system, args.max_new_tokens, **sampling_of(args))
     print(f"chatting with {args.model} {HELP}", file=sys.stderr)
     while True:
         sys.stdout.write("> ")  # on stdout with the replies (input()'s own prompt may go to stderr)

@@ -23,6 +23,8 @@ from llgraph.builder import DEFAULT_MAX_SEQ
 from llgraph.errors import LlgraphError
 from llgraph.runtime.grammar import row_masks
 from llgraph.runtime.sampling import RequestError, Sampling, sample
+from llgraph.runtime.speculative import check_mode
+from llgraph.runtime.speculative import decode as speculative_decode
 
 
 def cache_length(requested: int | None, limit: int, what: str) -> int:
@@ -44,6 +46,9 @@ class Backend:
     # torch alone. ONNX Runtime's pool owns the cores: a second pool of torch threads waking beside its spinning
     # workers cost a 29-token prefill 30% and decode 7% on 2 cores (runtime/ort.py sets 1).
     host_threads: int | None = None
+    # whether one forward may run several rows of more than one token after a cached prefix (speculative
+    # verification); ONNX Runtime's GroupQueryAttention takes only one such row (runtime/ort.py sets False)
+    multi_token_rows: bool = True
 
     def allocate(self, batch: int) -> None:
         raise NotImplementedError
@@ -89,17 +94,21 @@ class Runner:
     # -- public API -------------------------------------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
-                 stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None, grammar=None):
+                 stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None, grammar=None,
+                 speculative: str = "off"):
         """One prompt (a string, a list of token ids, or a conversation: a list of {"role", "content"} messages,
         rendered with the model's chat template) -> a Generation; a list of prompts -> a list of them.
-        `grammar`: a runtime.grammar.Grammar (e.g. Grammar.json_schema(schema)) every output must follow."""
+        `grammar`: a runtime.grammar.Grammar (e.g. Grammar.json_schema(schema)) every output must follow.
+        `speculative`: "ngram" drafts tokens by prompt lookup and verifies them in one step (runtime/speculative.py):
+        the same greedy output, the same sampling distribution, fewer steps where the output repeats its context."""
         if len(prompts) == 0:
             raise RequestError("the prompt is empty; give at least one token")
         single = isinstance(prompts, str) or isinstance(prompts[0], (numbers.Integral, dict))  # numpy ints too
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
         seqs = []
-        for seqs in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar):
+        for seqs in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,
+                                 check_mode(speculative)):
             pass
         results = [Generation(s.text(), s.tokens, s.finish_reason) for s in seqs]
         return results[0] if single else results
@@ -131,9 +140,11 @@ class Runner:
         eos = kwargs.pop("eos_token_ids", None)
         stats = kwargs.pop("stats", None)  # a dict to fill: prompt_tokens, prefill_s, new_tokens, decode_s
         grammar = kwargs.pop("grammar", None)
+        speculative = check_mode(kwargs.pop("speculative", "off"))
         start = first = time.perf_counter()
-        seq = None
-        for (seq,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar):
+        seq, counts = None, {}
+        for (seq,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar, speculative,
+                                   counts):
             if seq.steps <= 1:
                 first = time.perf_counter()  # prefill done and its token sampled
             piece = seq.new_text()
@@ -141,7 +152,7 @@ class Runner:
                 yield piece
         if stats is not None and seq is not None:
             stats.update(prompt_tokens=len(self.encode(prompt)), prefill_s=first - start,
-                         new_tokens=seq.steps, decode_s=time.perf_counter() - first)
+                         new_tokens=seq.steps, decode_s=time.perf_counter() - first, **counts)
 
     # -- scoring (runtime/score.py) ---------------------------------------------------------------------------------
     def score(self, context, continuation):
@@ -181,10 +192,13 @@ class Runner:
         return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else self.encode(continuation)
 
     # -- the loop ---------------------------------------------------------------------------------------------------
-    def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar=None):
+    def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar=None,
+                speculative="off", counts=None):
         """Yields the batch's Decodings after each step, as decoding goes; the steps run with the backend's
-        host_threads, the caller's code between them with its own."""
-        steps = self._steps(prompts, max_new_tokens, params, stop, eos_token_ids, grammar)
+        host_threads, the caller's code between them with its own. `counts` gains speculation's drafted and
+        accepted tokens."""
+        steps = self._steps(prompts, max_new_tokens, params, stop, eos_token_ids, grammar, speculative,
+                            {} if counts is None else counts)
         while True:
             with host_threads(self.backend.host_threads):
                 seqs = next(steps, None)
@@ -192,7 +206,7 @@ class Runner:
                 return
             yield seqs
 
-    def _steps(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar):
+    def _steps(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar, speculative, counts):
         ids = [self.encode(p) for p in prompts]
         eos = self.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         b = self.backend
@@ -226,6 +240,9 @@ class Runner:
                     seq.push(int(nxt[row]))
             yield seqs
             if all(s.finish_reason for s in seqs):
+                return
+            if speculative == "ngram":
+                yield from speculative_decode(b, seqs, ids, nxt, pos, params, seen, generator, matchers, counts)
                 return
             last = b.forward(nxt[:, None], pos[:, None], keep=1)[:, -1]
             pos += 1

@@ -36,6 +36,7 @@ TAPPED = "model.tapped.onnx"  # a diff side's copy of the graph with every IR va
 
 class OrtBackend(Backend):
     host_threads = 1  # ONNX Runtime's own pool does the work (loop.Backend.host_threads)
+    multi_token_rows = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 and past ..."
 
     def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None,
                  model_file: str | None = None):

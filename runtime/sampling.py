@@ -84,13 +84,15 @@ def sample(logits: torch.Tensor, params: Sampling, seen: torch.Tensor, generator
            allowed: torch.Tensor | None = None) -> torch.Tensor:
     """logits: [B, V] float -> next tokens [B] int64. `allowed`: [B, V] bool, the only tokens a row may take (a
     grammar's mask: runtime/grammar.py), applied before anything else."""
-    logits = apply_repetition_penalty(logits.float(), seen, params.repetition_penalty)
-    if allowed is not None:
-        if not allowed.any(-1).all():
-            raise RequestError("the grammar allows no token here; the output cannot continue")
-        logits = logits.masked_fill(~allowed, float("-inf"))
     if params.greedy:  # numpy's argmax (the same first-maximum rule): 8 us on a 49k-vocab row here, torch's 80 us
-        return torch.from_numpy(np.argmax(logits.numpy(), axis=-1))
+        return torch.from_numpy(np.argmax(_processed(logits, params, seen, allowed).numpy(), axis=-1))
+    return torch.multinomial(distribution(logits, params, seen, allowed), 1, generator=generator)[:, 0]
+
+
+def distribution(logits: torch.Tensor, params: Sampling, seen: torch.Tensor,
+                 allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """The probabilities [B, V] a sampled (not greedy) row draws from: penalty, mask, temperature, top-k, top-p."""
+    logits = _processed(logits, params, seen, allowed)
     # the top logit becomes 0 and every other one <= 0, whatever the temperature (a penalty's overflow to +inf is
     # clamped first, so inf - inf cannot make a NaN)
     logits = logits.clamp(max=torch.finfo(logits.dtype).max)
@@ -98,4 +100,13 @@ def sample(logits: torch.Tensor, params: Sampling, seen: torch.Tensor, generator
     probs = logits.softmax(-1)
     if not torch.isfinite(probs).all():
         raise RequestError("the model's logits are not finite (NaN); this request cannot be sampled")
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return probs
+
+
+def _processed(logits: torch.Tensor, params: Sampling, seen: torch.Tensor, allowed: torch.Tensor | None):
+    logits = apply_repetition_penalty(logits.float(), seen, params.repetition_penalty)
+    if allowed is not None:
+        if not allowed.any(-1).all():
+            raise RequestError("the grammar allows no token here; the output cannot continue")
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    return logits

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 import torch
 
 from llgraph.runtime.loop import Decoding, Runner, host_threads
-from llgraph.runtime.sampling import RequestError, Sampling, sample
+from llgraph.runtime.sampling import RequestError, Sampling
 from llgraph.runtime.score import TokenLogprob, token_logprobs
+from llgraph.runtime.speculative import Drafter, accept, check_mode, verify_logits
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
 
@@ -73,6 +74,7 @@ class _Request:
     prompt_logprobs: bool = False  # the prompt's own (Handle.prompt_logprobs), set before its first event
     prompt_scores: list[TokenLogprob] | None = None
     matcher: object = None  # grammar.Matcher: the tokens this request may sample (structured output)
+    drafter: Drafter | None = None  # speculative decoding's (prompt lookup), when the request speculates
 
 
 class Handle:
@@ -120,6 +122,9 @@ class Metrics:
 
     def tokens(self, n: int) -> None: ...
 
+    def speculated(self, drafted: int, accepted: int) -> None:
+        """One verify step of a speculating request: its draft's length and how many of them were kept."""
+
 
 class Scheduler:
     def __init__(self, runner: Runner, slots: int = 8, max_queue: int = 64, timeout: float | None = None,
@@ -144,13 +149,16 @@ class Scheduler:
 
     def submit(self, prompt, max_new_tokens: int = 64, sampling: Sampling = Sampling(), stop=(),
                eos_token_ids=None, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None,
-               logprobs: int | None = None, prompt_logprobs: bool = False, grammar=None) -> Handle:
+               logprobs: int | None = None, prompt_logprobs: bool = False, grammar=None,
+               speculative: str = "off") -> Handle:
         """Queues a request (a text or token ids). Raises RequestError for a bad one, QueueFull when the queue is
         at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it.
         `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
         `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only). `grammar`: a
-        runtime.grammar.Grammar its output must follow."""
+        runtime.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and verifies
+        the drafts in its decode steps (runtime/speculative.py)."""
         ids = self.runner.encode(prompt)
+        check_mode(speculative)
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= MAX_LOGPROBS):
             raise RequestError(f"logprobs ({logprobs}) must be an integer in 0..{MAX_LOGPROBS}")
         if prompt_logprobs and max_new_tokens == 0:
@@ -168,7 +176,8 @@ class Scheduler:
         timeout = timeout if timeout is not None else self.timeout
         request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling, deliver,
                            None if timeout is None else time.monotonic() + timeout, id=next(self._ids),
-                           logprobs=logprobs, prompt_logprobs=prompt_logprobs, matcher=matcher)
+                           logprobs=logprobs, prompt_logprobs=prompt_logprobs, matcher=matcher,
+                           drafter=Drafter(ids) if speculative == "ngram" else None)
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down; send the request to another replica")
@@ -280,44 +289,52 @@ class Scheduler:
             return
         r.seen = torch.zeros(1, self.backend.vocab_size, dtype=torch.bool)
         r.seen[0, r.ids] = True
-        r.generator, r.position = r.sampling.generator(), n
-        self._take(r, logits[0, -1])
+        r.generator, r.position = r.sampling.generator(), n - 1  # the last prompt token's; _take moves it on
+        self._take(r, logits[0, -1:])
 
     def _step(self) -> None:
         top = max(self._active) + 1
-        tokens = torch.zeros(top, 1, dtype=torch.int64)
-        positions = torch.zeros(top, 1, dtype=torch.int64)  # a free row: a dummy token at its own position 0
+        last, positions = [0] * top, [0] * top  # a free row: a dummy token at its own position 0
+        drafts: list[list[int]] = [[] for _ in range(top)]
         for slot, r in self._active.items():
-            tokens[slot, 0], positions[slot, 0] = r.token, r.position
-        logits = self.backend.forward(tokens, positions, rows=slice(0, top), keep=1)[:, -1]
+            last[slot], positions[slot] = r.token, r.position
+            if r.drafter is not None:
+                d = r.decoding
+                drafts[slot] = r.drafter.draft(min(d.max_new_tokens - d.steps - 1,
+                                                   self.backend.max_seq_len - 1 - r.position))
+        logits = verify_logits(self.backend, last, positions, drafts, slice(0, top))
         for slot, r in list(self._active.items()):
-            r.position += 1
-            self._take(r, logits[slot])
+            self._take(r, logits[slot], drafts[slot])
         with self._cond:
             now = time.monotonic()
             self._recent.append((now, len(self._active)))
             self._trim_recent(now)
 
-    def _take(self, r: _Request, logits: torch.Tensor) -> None:
+    def _take(self, r: _Request, logits: torch.Tensor, draft: list[int] = ()) -> None:
+        """logits [len(draft) + 1, V] of the request's last token and its draft -> the tokens it emits (the accepted
+        drafts and one more), each an event; the request's position moves past them."""
         try:
-            allowed = None if r.matcher is None else r.matcher.allowed(self.backend.vocab_size)[None]
-            token = int(sample(logits[None], r.sampling, r.seen, r.generator, allowed)[0])
-            if r.matcher is not None:
-                r.matcher.advance(token)
+            tokens = accept(logits, list(draft), r.sampling, r.seen, r.generator, r.matcher)
         except Exception as e:  # this request's own sampling failed: it ends alone, its neighbours decode on
             r.decoding.finish_reason = "error"
             r.deliver(Event("error", f"{type(e).__name__}: {e}"))
             return
-        r.seen[0, token] = True
-        r.token = token
-        scored = None if r.logprobs is None else token_logprobs(logits[None], [token], r.logprobs)[0]
+        if r.drafter is not None:
+            r.drafter.took(list(draft), tokens)
+            self.metrics.speculated(len(draft), len(tokens) - 1)
+        r.token, r.position = tokens[-1], r.position + len(tokens)
         if r.first_token_at is None:
             r.first_token_at = time.monotonic()
             self.metrics.first_token(r.first_token_at - r.submitted)
-        self.metrics.tokens(1)
-        r.decoding.push(token)
-        piece = r.decoding.new_text()
-        r.deliver(Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token, scored))
+        for i, token in enumerate(tokens):
+            scored = None if r.logprobs is None else token_logprobs(logits[i:i + 1], [token], r.logprobs)[0]
+            self.metrics.tokens(1)
+            r.decoding.push(token)
+            piece = r.decoding.new_text()
+            r.deliver(Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token,
+                            scored))
+            if r.decoding.finish_reason is not None:
+                return
 
     def _retire(self) -> None:
         """Frees the slots of finished, cancelled and timed-out requests."""

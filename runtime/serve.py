@@ -52,6 +52,7 @@ class ServeOptions:
     weights: Weights = Weights()
     max_request_bytes: int = 8 << 20  # a larger body is a 413 before it is read
     threads: int | None = None  # CPU threads of the runner (registry.RunOptions.threads)
+    speculative: str = "off"  # requests' default (runtime/speculative.py); a request's "speculative" overrides it
 
     @property
     def served_name(self) -> str:
@@ -68,6 +69,16 @@ class PrometheusMetrics(Metrics):
         self.ttft = Histogram("llgraph_time_to_first_token_seconds", "submit to first token", registry=r,
                               buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
         self.generated = Counter("llgraph_generated_tokens", "tokens sampled", registry=r)
+        self.drafted = Counter("llgraph_speculative_draft_tokens", "tokens drafted by speculating requests", registry=r)
+        self.accepted = Counter("llgraph_speculative_accepted_tokens", "drafted tokens kept", registry=r)
+        self.verified = Counter("llgraph_speculative_steps", "verify steps of speculating requests", registry=r)
+        self.totals = {"drafted": 0, "accepted": 0, "steps": 0}
+        t = self.totals
+        Gauge("llgraph_speculative_acceptance_rate", "accepted / drafted tokens, since start", registry=r
+              ).set_function(lambda: t["accepted"] / max(t["drafted"], 1))
+        Gauge("llgraph_speculative_tokens_per_step", "tokens a speculating request emits per verify step (1 would "
+              "be plain decoding: the speedup in steps)", registry=r
+              ).set_function(lambda: (t["accepted"] + t["steps"]) / max(t["steps"], 1))
         for key, doc in (("queue", "requests waiting for a slot"), ("active", "slots decoding"),
                          ("slots", "cache rows"), ("tokens_per_second", "tokens sampled per second, last 10 s")):
             name = {"queue": "llgraph_queue_depth", "active": "llgraph_active_slots"}.get(key, f"llgraph_{key}")
@@ -78,6 +89,14 @@ class PrometheusMetrics(Metrics):
 
     def tokens(self, n: int) -> None:
         self.generated.inc(n)
+
+    def speculated(self, drafted: int, accepted: int) -> None:
+        self.drafted.inc(drafted)
+        self.accepted.inc(accepted)
+        self.verified.inc()
+        self.totals["drafted"] += drafted
+        self.totals["accepted"] += accepted
+        self.totals["steps"] += 1
 
 
 # -- the app -----------------------------------------------------------------------------------------------------------
@@ -143,7 +162,7 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
         body = await read_json(request, options.max_request_bytes)
         _check_model(body)
         runner, scheduler = state["runner"], state["scheduler"]
-        ask = parse(body, chat, runner, options.slots, options.slots + options.max_queue)
+        ask = parse(body, chat, runner, options.slots, options.slots + options.max_queue, options.speculative)
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": options.served_name}
         return await answer(request, ask, runner, scheduler, meta)

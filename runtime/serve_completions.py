@@ -36,6 +36,7 @@ from llgraph.runtime.serve_request import (
     refuse_unsupported,
     stop_strings,
 )
+from llgraph.runtime.speculative import MODES
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 SEED_SPAN = 1 << 64
@@ -54,13 +55,15 @@ class Ask:
     ignore_eos: bool
     logprobs: int | None  # alternatives per token; None: no log-probabilities
     grammar: object  # runtime.grammar.Grammar (response_format) or None
+    speculative: str  # "off" or "ngram" (llgraph's field; the server's --speculative by default)
     echo: bool
     stream: bool
     usage: bool
 
 
-def parse(body: dict, chat: bool, runner, slots: int, capacity: int) -> Ask:
-    """The request's fields, each checked (ApiError naming it). `capacity`: the choices one request may ask for."""
+def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative: str = "off") -> Ask:
+    """The request's fields, each checked (ApiError naming it). `capacity`: the choices one request may ask for;
+    `speculative`: the server's default."""
     n = number(body, "n", 1, 1, 1 << 30, integer=True)
     if n > slots:
         raise ApiError(400, f"'n' ({n}) exceeds this server's {slots} slots (each choice decodes in a slot of its "
@@ -103,8 +106,12 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int) -> Ask:
     if grammar is not None and ignore_eos:
         raise ApiError(400, "'ignore_eos' cannot go with a response_format: a document ends with EOS",
                        param="ignore_eos")
+    speculative = body.get("speculative", speculative)
+    if speculative not in MODES:
+        raise ApiError(400, f"'speculative' ({str(speculative)[:40]}) must be one of {', '.join(MODES)}",
+                       param="speculative")
     return Ask(chat, prompts, n, max_tokens, key, samplings, stop_strings(body), ignore_eos, logprobs, grammar,
-               echo, flag(body, "stream"), include_usage(body))
+               speculative, echo, flag(body, "stream"), include_usage(body))
 
 
 async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
@@ -126,7 +133,8 @@ async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
                 handles.append(scheduler.submit(
                     prompt, max_tokens, sampling, ask.stop, () if ask.ignore_eos else None,
                     loop=asyncio.get_running_loop(), logprobs=ask.logprobs,
-                    prompt_logprobs=ask.echo and (ask.logprobs is not None or max_tokens == 0), grammar=ask.grammar))
+                    prompt_logprobs=ask.echo and (ask.logprobs is not None or max_tokens == 0), grammar=ask.grammar,
+                    speculative=ask.speculative))
     except BaseException as e:
         for h in handles:
             h.cancel()

@@ -17,7 +17,7 @@ TOL = 1e-4  # float32 logits of two forward passes (a slot's prefill, a batch's 
 
 @pytest.fixture(scope="module")
 def server(serve_export):
-    s = Server(str(serve_export), "--name", "smollm2", "--slots", "4", "--max-queue", "8", "--max-seq-len", "256")
+    s = Server(str(serve_export), "--name", "smollm2", "--slots", "4", "--max-queue", "12", "--max-seq-len", "256")
     yield s
     assert s.stop() == 0, "".join(s.lines)
 
@@ -169,11 +169,38 @@ def test_json_schema_output_validates_for_20_seeds_through_the_openai_client(ser
     assert isinstance(json.loads(r.choices[0].text), dict), r.choices[0].text
 
 
+def test_16_concurrent_speculating_requests_equal_plain_solo_answers(server, runner):
+    """Speculative decoding in the scheduler (the request's "speculative" field): 16 greedy requests through 4 slots,
+    half of them quoting their prompt, each equals plain solo decoding; /metrics reports the drafts."""
+    passage = open(__file__.rsplit("/", 1)[0] + "/data/tale-of-two-cities.txt").read()
+    quotes = [f"Repeat this passage exactly:\n\n{passage[i * 300:i * 300 + 300]}" for i in range(8)]
+    prompts = [[{"role": "user", "content": q}] for q in quotes] + \
+              [[{"role": "user", "content": t}] for t in ("Hi", "What is 2+2?", "Name a colour.", "Tell a joke.",
+                                                          "What is the moon?", "Say hello.", "Count to five.",
+                                                          "Who are you?")]
+    solo = [runner.generate(m, 40).text for m in prompts]
+
+    def ask(m):
+        return server.client.chat.completions.create(model="smollm2", messages=m, max_tokens=40, temperature=0,
+                                                     extra_body={"speculative": "ngram"}).choices[0].message.content
+
+    with ThreadPoolExecutor(16) as pool:
+        served = list(pool.map(ask, prompts))
+    assert served == solo
+    metrics = httpx.get(f"{server.url}/metrics").text
+    rate = float(next(line.split()[-1] for line in metrics.splitlines()
+                      if line.startswith("llgraph_speculative_acceptance_rate")))
+    per_step = float(next(line.split()[-1] for line in metrics.splitlines()
+                          if line.startswith("llgraph_speculative_tokens_per_step")))
+    print(f"16 speculating requests == solo; acceptance {rate:.2f}, {per_step:.2f} tokens per verify step")
+    assert rate > 0.3 and per_step > 1.05  # half the requests are open chat, which rarely drafts
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "n": 5}, "n"),  # the server has 4 slots
-    ("/v1/completions", {"prompt": ["a", "b", "c", "d", "e"], "n": 3}, "prompt"),  # 15 choices > 4 slots + 8 queued
+    ("/v1/completions", {"prompt": ["a", "b", "c", "d", "e"], "n": 4}, "prompt"),  # 20 choices > 4 slots + 12 queued
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, "max_tokens"),  # without echo there is nothing to do
     ("/v1/completions", {"prompt": ["Hi", [1, 2]]}, "prompt"),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 10}}, "logit_bias"),
@@ -190,6 +217,7 @@ def test_json_schema_output_validates_for_20_seeds_through_the_openai_client(ser
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}}, "response_format"),
     ("/v1/completions", {"prompt": "Hi", "response_format": {"type": "json_object"}, "ignore_eos": True},
      "ignore_eos"),
+    ("/v1/completions", {"prompt": "Hi", "speculative": "always"}, "speculative"),
     ("/tokenize", {"prompt": 5}, "prompt"),
     ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens"),
 ])

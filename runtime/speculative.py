@@ -1,0 +1,184 @@
+"""Speculative decoding: draft a few tokens cheaply, verify them all in one forward of k+1 positions per row. A
+decode step reads every weight once whatever its length, so each accepted draft token is a token for (nearly) free.
+
+Drafts come from prompt lookup ("ngram"): the tokens that followed the most recent earlier occurrence of the row's
+last 3 (else 2) tokens, in its own prompt and output. The static cache makes verification simple: the
+step writes positions p..p+k, and a rejected tail is overwritten by the next step before any query can see it.
+
+`accept` walks the k+1 positions in order with the same sampler as plain decoding (penalty, grammar mask,
+temperature, top-k, top-p), so:
+- greedy: the sampler's token at each position; a draft token is kept while it equals it, the first that differs is
+  replaced by it: the output equals plain greedy decoding token for token;
+- sampled: the draft is a point mass q = δ(d), so the standard rule (Leviathan et al. 2023, Chen et al. 2023)
+  keeps d with probability min(1, p(d)/q(d)) = p(d), and on rejection draws from the residual
+  norm(max(0, p - q)) = p without d: each emitted token has exactly plain sampling's distribution.
+After k accepted drafts the last position's distribution gives one more token. Draft length adapts per row: it
+doubles (to MAX_DRAFT) while every draft is accepted, falls to one past what was accepted otherwise, and a row whose
+drafts keep failing stops drafting for a while (its steps are plain one-token steps).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llgraph.runtime.sampling import RequestError, Sampling, distribution, sample
+
+MODES = ("off", "ngram")
+MAX_NGRAM = 3
+MIN_NGRAM = 2  # a lone token's last successor guesses badly in open text (measured: 4 of 33 drafts kept)
+MAX_DRAFT = 8
+FIRST_DRAFT = 2
+PAUSE = 8  # plain steps after three drafts in a row that gained nothing
+
+
+def check_mode(mode) -> str:
+    if mode not in MODES:
+        raise RequestError(f"speculative ({mode!r}) must be one of {', '.join(MODES)}")
+    return mode
+
+
+class Lookup:
+    """One row's tokens (prompt and output) and, for each n-gram (n <= MAX_NGRAM), where its latest occurrence's
+    continuation starts: propose() is a dictionary lookup, extend() is O(MAX_NGRAM) a token."""
+
+    def __init__(self, tokens):
+        self.tokens: list[int] = []
+        self._next: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            i = len(self.tokens)
+            for n in range(MIN_NGRAM, min(MAX_NGRAM, i) + 1):  # the n-grams ending just before token i go on with it
+                self._next[tuple(self.tokens[i - n:i])] = i
+            self.tokens.append(int(t))
+
+    def propose(self, k: int) -> list[int]:
+        for n in range(min(MAX_NGRAM, len(self.tokens)), MIN_NGRAM - 1, -1):
+            start = self._next.get(tuple(self.tokens[-n:]))
+            if start is not None:
+                return self.tokens[start:start + k]
+        return []
+
+
+class DraftLength:
+    """How many tokens a row drafts next, from how its last drafts fared."""
+
+    def __init__(self):
+        self.k, self.misses, self.paused = FIRST_DRAFT, 0, 0
+
+    def next(self) -> int:
+        if self.paused:
+            self.paused -= 1
+            return 0
+        return self.k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if not drafted:
+            return
+        self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else max(accepted + 1, 1)
+        self.misses = self.misses + 1 if accepted == 0 else 0
+        if self.misses >= 3:
+            self.misses, self.paused, self.k = 0, PAUSE, 1
+
+
+def accept(logits: torch.Tensor, draft: list[int], params: Sampling, seen: torch.Tensor,
+           generator: torch.Generator, matcher=None) -> list[int]:
+    """logits [len(draft) + 1, V]: position i predicts the token after draft[:i] -> the tokens to emit: the accepted
+    drafts, then the sampler's own token (a correction, or one more after all were accepted). `seen` ([1, V], the
+    repetition penalty's) and `matcher` (a grammar's) advance with each emitted token."""
+    out: list[int] = []
+    vocab = logits.shape[-1]
+    for i in range(len(draft) + 1):
+        allowed = None if matcher is None else matcher.allowed(vocab)[None]
+        d = draft[i] if i < len(draft) else None
+        row = logits[i:i + 1]
+        if params.greedy or d is None:  # the plain sampler itself: a step without a draft is a plain step
+            token = int(sample(row, params, seen, generator, allowed)[0])
+        else:
+            probs = distribution(row, params, seen, allowed)[0]
+            if float(torch.rand((), generator=generator)) < float(probs[d]):
+                token = d
+            else:  # the residual: p without the rejected draft token (p(d) < 1 here)
+                probs[d] = 0
+                token = int(torch.multinomial(probs, 1, generator=generator)[0])
+        out.append(token)
+        seen[0, token] = True
+        if matcher is not None:
+            matcher.advance(token)
+        if token != d:
+            return out
+    return out
+
+
+def decode(backend, seqs, prompts: list[list[int]], first: torch.Tensor, pos: torch.Tensor, params: Sampling,
+           seen: torch.Tensor, generator: torch.Generator, matchers: list, counts: dict):
+    """The loop's decode steps after the prefill's tokens `first` [B] (already pushed), each verifying every row's
+    draft in one step; yields after each step. `counts` gains drafted and accepted tokens."""
+    counts.setdefault("drafted", 0)
+    counts.setdefault("accepted", 0)
+    drafters = [Drafter([*p, int(t)]) for p, t in zip(prompts, first.tolist())]
+    last = first.tolist()
+    while not all(s.finish_reason for s in seqs):
+        drafts = [[] if seq.finish_reason else
+                  drafters[r].draft(min(seq.max_new_tokens - seq.steps - 1, backend.max_seq_len - 1 - int(pos[r])))
+                  for r, seq in enumerate(seqs)]
+        logits = verify_logits(backend, last, pos.tolist(), drafts)
+        for r, (seq, d) in enumerate(zip(seqs, drafts)):
+            if seq.finish_reason:
+                continue
+            out = accept(logits[r], d, params, seen[r:r + 1], generator, matchers[r])
+            drafters[r].took(d, out)
+            counts["drafted"] += len(d)
+            counts["accepted"] += len(out) - 1
+            for t in out:
+                if seq.push(t):
+                    break
+            last[r] = out[-1]
+            pos[r] += len(out)
+        yield seqs
+
+
+class Drafter:
+    """One request's drafting: its tokens' lookup and its adaptive draft length."""
+
+    def __init__(self, tokens):
+        self.lookup, self.length = Lookup(tokens), DraftLength()
+
+    def draft(self, room: int) -> list[int]:
+        """Up to `room` tokens (what the request's length and the cache leave)."""
+        k = min(self.length.next(), room)
+        return self.lookup.propose(k) if k > 0 else []
+
+    def took(self, draft: list[int], emitted: list[int]) -> None:
+        self.length.update(len(draft), len(emitted) - 1)
+        self.lookup.extend(emitted)
+
+
+def verify_logits(backend, last: list[int], pos: list[int], drafts: list[list[int]], span: slice | None = None
+                  ) -> list[torch.Tensor]:
+    """Each row's logits for its last token and its draft, [len(draft) + 1, V]; rows are those of `span` (None:
+    every allocated row), row r's last token at position pos[r]. One forward padded to the longest draft, or, where
+    the backend cannot run several rows of more than one token after a cached prefix (ONNX Runtime's
+    GroupQueryAttention), one plain step of every row and one more forward per drafting row."""
+    rows, width = len(last), 1 + max(map(len, drafts))
+    clamp = backend.max_seq_len - 1  # finished or free rows may sit at the cache's end
+    if width > 1 and rows > 1 and not backend.multi_token_rows:
+        first = backend.forward(torch.tensor(last)[:, None], torch.tensor(pos).clamp(max=clamp)[:, None],
+                                rows=span, keep=1)[:, -1:]
+        base = 0 if span is None else span.start
+        out = []
+        for r, d in enumerate(drafts):
+            if d:
+                more = backend.forward(torch.tensor([d]), (pos[r] + 1 + torch.arange(len(d)))[None],
+                                       rows=slice(base + r, base + r + 1), keep=len(d))[0, -len(d):]
+            out.append(torch.cat([first[r], more]) if d else first[r])
+        return out
+    ids = torch.zeros(rows, width, dtype=torch.int64)
+    for r, d in enumerate(drafts):
+        ids[r, 0] = last[r]
+        ids[r, 1:1 + len(d)] = torch.tensor(d, dtype=torch.int64)
+    # a row's pad positions past its draft are overwritten before any query sees them
+    positions = (torch.tensor(pos)[:, None] + torch.arange(width)).clamp(max=clamp)
+    logits = backend.forward(ids, positions, rows=span, keep=width)[:, -width:]
+    return [logits[r, :len(d) + 1] for r, d in enumerate(drafts)]

@@ -1,0 +1,122 @@
+"""Speculative decoding (runtime/speculative.py): greedy output equals plain decoding token for token on every
+backend, batched and alone; sampled output keeps plain sampling's distribution (a chi-square test over many seeds,
+which a deliberately broken rejection rule fails); bad settings are one line."""
+
+import pytest
+import torch
+
+import llgraph.runtime.speculative as speculative
+from llgraph.runtime import RequestError
+from llgraph.runtime.sampling import Sampling
+
+# mixed lengths; the first two repeat themselves, so prompt lookup has something to draft from
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [3, 4, 3, 4, 3], [60, 61, 62, 63, 64], [7]]
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort", "onnx", "trt"])
+def test_greedy_speculative_equals_plain_on_every_backend(backend, tiny_runners, monkeypatch):
+    """A random tiny model never repeats its context, so its drafts are forced: the plain continuation with every
+    third drafted token wrong, so steps verify drafts of every length, accept some and reject the rest."""
+    runner = tiny_runners[2][backend]
+    plain = runner.generate(PROMPTS, 40)
+    assert runner.generate(PROMPTS, 40, speculative="ngram")[0].token_ids == plain[0].token_ids  # real lookup
+    sequences = [[*p, *g.token_ids] for p, g in zip(PROMPTS, plain)]
+
+    def propose(self, k):
+        whole = next(s for s in sequences if s[:len(self.tokens)] == self.tokens)
+        draft = whole[len(self.tokens):len(self.tokens) + k]
+        return [t if (len(self.tokens) + i) % 3 else (t + 1) % 97 for i, t in enumerate(draft)]
+
+    monkeypatch.setattr(speculative.Lookup, "propose", propose)
+    fast = runner.generate(PROMPTS, 40, speculative="ngram")
+    assert [g.token_ids for g in fast] == [g.token_ids for g in plain]
+    for p, g in zip(PROMPTS, plain):
+        assert runner.generate(p, 40, speculative="ngram").token_ids == g.token_ids
+    stats = {}
+    "".join(runner.stream(PROMPTS[0], 40, speculative="ngram", stats=stats))
+    print(f"{backend}: drafted {stats['drafted']}, accepted {stats['accepted']}")
+    assert 0 < stats["accepted"] < stats["drafted"]  # the steps really verified drafts, and rejected some
+
+
+def test_greedy_speculative_equals_plain_on_smollm2_with_penalty_and_stop(serve_export):
+    from llgraph.runtime import ORTRunner
+
+    runner = ORTRunner(serve_export, max_seq_len=256)
+    text = open(__file__.rsplit("/", 1)[0] + "/data/tale-of-two-cities.txt").read()[:600]
+    prompts = [[{"role": "user", "content": "Repeat this passage exactly:\n\n" + text}], "The capital of France is",
+               [{"role": "user", "content": "Write a haiku about the sea."}]]
+    for kwargs in ({}, {"repetition_penalty": 1.3}, {"stop": ["\n\n"]}):
+        plain = runner.generate(prompts, 48, **kwargs)
+        fast = runner.generate(prompts, 48, speculative="ngram", **kwargs)
+        assert [(g.token_ids, g.text, g.finish_reason) for g in fast] == \
+               [(g.token_ids, g.text, g.finish_reason) for g in plain], kwargs
+    stats = {}
+    "".join(runner.stream(prompts[0], 48, speculative="ngram", stats=stats))
+    print(f"quoting: {stats['accepted']} of {stats['drafted']} drafted tokens accepted")
+    assert stats["accepted"] >= 24
+
+
+def _chi_square_p(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Two-sample chi-square test of equal distributions over counts `a`, `b` (categories with any count)."""
+    keep = (a + b) > 0
+    a, b = a[keep].double(), b[keep].double()
+    total = a + b
+    ea, eb = total * a.sum() / total.sum(), total * b.sum() / total.sum()
+    stat = (((a - ea) ** 2 / ea) + ((b - eb) ** 2 / eb)).sum()
+    df = keep.sum().item() - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+
+
+def _first_tokens(runner, draft, n: int, mode: str) -> torch.Tensor:
+    """Counts of the 2nd and 3rd sampled tokens (the ones speculation verifies) over n seeds."""
+    counts = torch.zeros(2, runner.backend.vocab_size, dtype=torch.int64)
+    for seed in range(n):
+        out = runner.generate([5, 6, 7], 3, temperature=1.5, seed=seed, speculative=mode).token_ids
+        counts[0, out[1]] += 1
+        counts[1, out[2]] += 1
+    return counts
+
+
+def test_sampled_speculation_keeps_the_distribution_and_a_broken_rule_does_not(tiny_runners, monkeypatch):
+    """Whatever the draft, the rule keeps plain sampling's distribution: the drafts here are forced (the plain
+    greedy continuation), so every seed verifies two drafted tokens."""
+    runner = tiny_runners[2]["torch"]
+    draft = runner.generate([5, 6, 7], 3).token_ids[1:]
+    monkeypatch.setattr(speculative.Lookup, "propose", lambda self, k: draft[:k])
+    n = 1500
+    plain, spec = _first_tokens(runner, draft, n, "off"), _first_tokens(runner, draft, n, "ngram")
+    p = [_chi_square_p(plain[i], spec[i]) for i in range(2)]
+    print(f"speculative vs plain sampling, {n} seeds: chi-square p = {p[0]:.3f} (2nd token), {p[1]:.3f} (3rd)")
+    assert min(p) > 1e-3
+
+    def broken(logits, draft, params, seen, generator, matcher=None):  # keeps every draft: q in place of p
+        return [*draft, int(torch.multinomial(logits[len(draft)].float().div(params.temperature).softmax(-1), 1,
+                                              generator=generator))]
+    monkeypatch.setattr(speculative, "accept", broken)
+    bad = _first_tokens(runner, draft, n, "ngram")
+    p_bad = _chi_square_p(plain[0], bad[0])
+    print(f"a rule that keeps every draft: p = {p_bad:.2e}")
+    assert p_bad < 1e-6
+
+
+def test_accept_draws_from_p_exactly():
+    """The rule on its own: the first emitted token's frequencies over 20,000 draws match p (goodness of fit), with
+    a draft token of probability 0.3; sampling the residual with the draft left in fails."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 12, generator=gen) * 1.5
+    logits[0, 4] = logits[0].max() + 0.2
+    p = logits[0].softmax(-1)
+    params, counts = Sampling(temperature=1.0), torch.zeros(12, dtype=torch.int64)
+    for _ in range(20000):
+        counts[speculative.accept(logits, [4], params, torch.zeros(1, 12, dtype=torch.bool), gen)[0]] += 1
+    expected = p.double() * counts.sum()
+    stat = ((counts - expected) ** 2 / expected).sum()
+    p_fit = float(torch.special.gammaincc(torch.tensor(11 / 2, dtype=torch.float64), stat / 2))
+    print(f"p(draft) = {p[4]:.3f}; goodness of fit p = {p_fit:.3f}")
+    assert p_fit > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["always", "draft", None, 3])
+def test_a_bad_mode_is_one_line(mode, tiny_runners):
+    with pytest.raises(RequestError, match="speculative .* must be one of off, ngram"):
+        tiny_runners[2]["torch"].generate([5, 6], 4, speculative=mode)
