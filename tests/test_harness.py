@@ -28,14 +28,15 @@ def _samples(out: Path, task: str) -> list[dict]:
     return sorted((json.loads(line) for line in Path(path).read_text().splitlines()), key=lambda s: s["doc_id"])
 
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 COMMON = ["--tasks", "llgraph_mc", "llgraph_ppl", "llgraph_gen", "--include_path", str(TASKS), "--log_samples",
           "--batch_size", "4"]
 
 
 def _run_side_by_side(runs: dict, out: Path) -> str:
     """lm_eval command lines run at once (each is mostly one core); the last one's output."""
-    procs = {name: subprocess.Popen([*cmd, *COMMON, "--output_path", str(out / name)], cwd=TASKS, env=ENV,
+    # the environment as the test sees it (conftest points LLGRAPH_CACHE_DIR at the session's own export cache)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    procs = {name: subprocess.Popen([*cmd, *COMMON, "--output_path", str(out / name)], cwd=TASKS, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for name, cmd in runs.items()}
     for name, p in procs.items():
