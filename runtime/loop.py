@@ -61,6 +61,11 @@ class Backend:
         scheduler prefills one slot while the others keep their caches); None: all of them."""
         raise NotImplementedError
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        """Copies cache positions 0..length-1 of row `src` into row `dst` (the scheduler's prefix reuse); False where
+        this backend cannot."""
+        return False
+
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # a conversation's roles (OpenAI's)
 

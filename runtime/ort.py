@@ -99,6 +99,11 @@ class OrtBackend(Backend):
         self.session.run_with_iobinding(self._binding)
         return torch.from_numpy(logits)
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        for array in self._arrays.values():
+            array[dst, :, :length] = array[src, :, :length]
+        return True
+
     def values(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> dict[str, np.ndarray]:
         """One step through session.run (no IO binding) returning every output the graph exposes (a diff side's
         tapped model exposes every IR value), the presents written back into the cache."""

@@ -49,6 +49,11 @@ class TorchBackend(Backend):
                                 lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device))
         self._batch = batch
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        for t in self._cache.values():
+            t[dst, :, :length] = t[src, :, :length]
+        return True
+
     def _feeds(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None, keep: int = 0) -> dict:
         cache = self._cache if rows is None else {k: v[rows] for k, v in self._cache.items()}  # views, written in place
         feeds = {"input_ids": input_ids.to(self.device), "position_ids": position_ids.to(self.device), **cache}

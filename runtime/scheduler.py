@@ -12,7 +12,16 @@ because the client left, or their timeout).
 Why it is exact: the static cache is indexed by position, so each slot's row holds that request's keys and values
 whatever the others do. A request is prefilled alone on its own row (`backend.forward(..., rows=slot)`), exactly as
 `Runner.generate` prefills it; each decode step runs every row up to the highest busy slot, a free row taking a
-dummy token at position 0 of its own (unused) cache. Each request samples with its own parameters and generator.
+dummy token at the last position of its own row. Each request samples with its own parameters and generator.
+
+Prefix reuse: a row keeps the keys and values of the tokens its request wrote (prompt, then each step's input)
+after the request leaves. A new request takes the free slot whose row holds the longest prefix of its prompt, or
+copies the longest one another row holds (a finished request's, or a running one's prompt: positions a request
+has written never change while it runs), and prefills only the rest: a shared system prompt, or a conversation's
+earlier turns, is prefilled once. It takes no memory of its own: the prefixes are the slots' rows, each kept until
+a request takes that row (a request with no match takes the lowest free row, so the higher rows keep theirs
+longest). A scored prompt (prompt logprobs) is prefilled whole.
+Speculative decoding (runtime/speculative.py) verifies a speculating request's draft in the same step.
 The thread that calls `start()` keeps the caller free: the decode loop runs on one background thread, and
 `submit`/`cancel` are thread-safe; events reach a consumer through a queue (or an asyncio loop's queue).
 """
@@ -35,6 +44,7 @@ from llgraph.runtime.score import TokenLogprob, token_logprobs
 from llgraph.runtime.speculative import Drafter, accept, check_mode, verify_logits
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
+MIN_REUSE = 8  # prompt tokens a cached prefix must cover to be copied from another slot
 
 
 class QueueFull(RequestError):
@@ -125,10 +135,13 @@ class Metrics:
     def speculated(self, drafted: int, accepted: int) -> None:
         """One verify step of a speculating request: its draft's length and how many of them were kept."""
 
+    def prefix(self, reused: int, prompt: int) -> None:
+        """One prefill: of its `prompt` tokens, `reused` came from the cache (prefix reuse)."""
+
 
 class Scheduler:
     def __init__(self, runner: Runner, slots: int = 8, max_queue: int = 64, timeout: float | None = None,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, reuse_prefixes: bool = True):
         if slots < 1 or max_queue < 0:
             raise RequestError(f"slots ({slots}) must be >= 1 and max_queue ({max_queue}) >= 0")
         self.runner, self.backend, self.slots, self.max_queue = runner, runner.backend, slots, max_queue
@@ -139,6 +152,11 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._stopping, self._stop_deadline, self._thread = False, None, None
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the last steps, for tokens/s
+        # prefix reuse: the tokens whose keys and values each slot's cache row holds at positions 0.. (kept after
+        # its request leaves), and the slots admitted but not yet prefilled (whose rows are about to change)
+        self._held: list[list[int]] = [[] for _ in range(slots)]
+        self._pending: set[int] = set()
+        self.reuse_prefixes = reuse_prefixes
 
     # -- the caller's side ------------------------------------------------------------------------------------------
     def start(self) -> "Scheduler":
@@ -255,7 +273,9 @@ class Scheduler:
                     if r.cancelled or (r.deadline is not None and time.monotonic() > r.deadline):
                         self._finish(r, "cancelled" if r.cancelled else "timeout")
                         continue
-                    r.slot = free.pop(0)  # lowest first: decode steps cover as few rows as they can
+                    r.slot = self._place(r, free)
+                    free.remove(r.slot)
+                    self._pending.add(r.slot)
                     self._active[r.slot] = r
                     admit.append(r)
             try:
@@ -272,16 +292,46 @@ class Scheduler:
                         r.deliver(Event("error", f"{type(e).__name__}: {e}"))
                     self._active.clear()
 
+    # -- prefix reuse -----------------------------------------------------------------------------------------------
+    def _common(self, slot: int, ids: list[int]) -> int:
+        """How many leading prompt tokens slot's row holds (at most all but the last: a prefill must compute
+        something to predict from)."""
+        held, n = self._held[slot], 0
+        limit = min(len(held), len(ids) - 1)
+        while n < limit and held[n] == ids[n]:
+            n += 1
+        return n
+
+    def _place(self, r: _Request, free: list[int]) -> int:
+        """The free slot whose row holds the longest prefix of r's prompt, else the lowest (decode steps cover as
+        few rows as they can)."""
+        return max(free, key=lambda s: (0 if s in self._pending else self._common(s, r.ids), -s))
+
+    def _reuse(self, r: _Request) -> int:
+        """Puts the longest cached prefix of r's prompt in its row (its own row's, or one copied from another
+        row's: a finished request's or a running one's prompt) -> the positions it need not prefill."""
+        if r.prompt_logprobs or not self.reuse_prefixes:  # a scored prompt needs every position's logits
+            return 0
+        sources = [s for s in range(self.slots) if s == r.slot or s not in self._pending]
+        length, source = max((self._common(s, r.ids), s == r.slot, s) for s in sources)[::2]
+        if source != r.slot and (length < MIN_REUSE or not self.backend.copy_prefix(source, r.slot, length)):
+            length = self._common(r.slot, r.ids)
+        return length
+
     def _prefill(self, r: _Request) -> None:
         scoring_only = r.decoding.max_new_tokens == 0
         ids = r.ids[:-1] if scoring_only else r.ids  # scoring alone never inputs the last token
         n = len(ids)
+        self._pending.discard(r.slot)
         if scoring_only and n == 0:  # one token: nothing predicts it
             r.prompt_scores = []
             self._finish(r, "length")
             return
-        logits = self.backend.forward(torch.tensor([ids]), torch.arange(n)[None], rows=slice(r.slot, r.slot + 1),
-                                      keep=0 if r.prompt_logprobs else 1)
+        reused = 0 if scoring_only else self._reuse(r)
+        self.metrics.prefix(reused, n)
+        self._held[r.slot] = list(ids)
+        logits = self.backend.forward(torch.tensor([ids[reused:]]), torch.arange(reused, n)[None],
+                                      rows=slice(r.slot, r.slot + 1), keep=0 if r.prompt_logprobs else 1)
         if r.prompt_logprobs:  # position t predicts token t + 1
             r.prompt_scores = token_logprobs(logits[0, :len(r.ids) - 1], r.ids[1:], r.logprobs or 0)
         if scoring_only:
@@ -294,7 +344,8 @@ class Scheduler:
 
     def _step(self) -> None:
         top = max(self._active) + 1
-        last, positions = [0] * top, [0] * top  # a free row: a dummy token at its own position 0
+        # a free row below the top: a dummy token at its row's last position, which no reusable prefix reaches
+        last, positions = [0] * top, [self.backend.max_seq_len - 1] * top
         drafts: list[list[int]] = [[] for _ in range(top)]
         for slot, r in self._active.items():
             last[slot], positions[slot] = r.token, r.position
@@ -304,21 +355,23 @@ class Scheduler:
                                                    self.backend.max_seq_len - 1 - r.position))
         logits = verify_logits(self.backend, last, positions, drafts, slice(0, top))
         for slot, r in list(self._active.items()):
-            self._take(r, logits[slot], drafts[slot])
+            before = r.token
+            tokens = self._take(r, logits[slot], drafts[slot])
+            self._held[slot] += [before, *tokens[:-1]]  # the inputs this step wrote: its last token, kept drafts
         with self._cond:
             now = time.monotonic()
             self._recent.append((now, len(self._active)))
             self._trim_recent(now)
 
-    def _take(self, r: _Request, logits: torch.Tensor, draft: list[int] = ()) -> None:
+    def _take(self, r: _Request, logits: torch.Tensor, draft: list[int] = ()) -> list[int]:
         """logits [len(draft) + 1, V] of the request's last token and its draft -> the tokens it emits (the accepted
-        drafts and one more), each an event; the request's position moves past them."""
+        drafts and one more; none if its sampling failed), each an event; its position moves past them."""
         try:
             tokens = accept(logits, list(draft), r.sampling, r.seen, r.generator, r.matcher)
         except Exception as e:  # this request's own sampling failed: it ends alone, its neighbours decode on
             r.decoding.finish_reason = "error"
             r.deliver(Event("error", f"{type(e).__name__}: {e}"))
-            return
+            return []
         if r.drafter is not None:
             r.drafter.took(list(draft), tokens)
             self.metrics.speculated(len(draft), len(tokens) - 1)
@@ -334,7 +387,8 @@ class Scheduler:
             r.deliver(Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token,
                             scored))
             if r.decoding.finish_reason is not None:
-                return
+                break
+        return tokens
 
     def _retire(self) -> None:
         """Frees the slots of finished, cancelled and timed-out requests."""

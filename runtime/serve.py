@@ -72,8 +72,15 @@ class PrometheusMetrics(Metrics):
         self.drafted = Counter("llgraph_speculative_draft_tokens", "tokens drafted by speculating requests", registry=r)
         self.accepted = Counter("llgraph_speculative_accepted_tokens", "drafted tokens kept", registry=r)
         self.verified = Counter("llgraph_speculative_steps", "verify steps of speculating requests", registry=r)
-        self.totals = {"drafted": 0, "accepted": 0, "steps": 0}
+        self.prefills = Counter("llgraph_prefills", "prompts prefilled", registry=r)
+        self.prompt_tokens = Counter("llgraph_prompt_tokens", "prompt tokens of those prefills", registry=r)
+        self.prefix_hits = Counter("llgraph_prefix_cache_hits", "prefills that reused a cached prefix", registry=r)
+        self.prefix_tokens = Counter("llgraph_prefix_cache_tokens", "prompt tokens reused, not prefilled (saved)",
+                                     registry=r)
+        self.totals = {"drafted": 0, "accepted": 0, "steps": 0, "prefills": 0, "hits": 0}
         t = self.totals
+        Gauge("llgraph_prefix_cache_hit_rate", "prefills that reused a cached prefix / prefills, since start",
+              registry=r).set_function(lambda: t["hits"] / max(t["prefills"], 1))
         Gauge("llgraph_speculative_acceptance_rate", "accepted / drafted tokens, since start", registry=r
               ).set_function(lambda: t["accepted"] / max(t["drafted"], 1))
         Gauge("llgraph_speculative_tokens_per_step", "tokens a speculating request emits per verify step (1 would "
@@ -89,6 +96,15 @@ class PrometheusMetrics(Metrics):
 
     def tokens(self, n: int) -> None:
         self.generated.inc(n)
+
+    def prefix(self, reused: int, prompt: int) -> None:
+        self.prefills.inc()
+        self.prompt_tokens.inc(prompt)
+        if reused:
+            self.prefix_hits.inc()
+            self.prefix_tokens.inc(reused)
+        self.totals["prefills"] += 1
+        self.totals["hits"] += bool(reused)
 
     def speculated(self, drafted: int, accepted: int) -> None:
         self.drafted.inc(drafted)

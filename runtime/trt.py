@@ -130,6 +130,12 @@ class TRTBackend(Backend):
                                    lambda shape: self.device.zeros(shape, self.io["past_key_values.0.key"]))
         self._bound = None
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        with self.device.on(self.stream):  # ordered with the steps that wrote and will read them
+            for t in self.cache.values():
+                t[dst, :, :length] = t[src, :, :length]
+        return True
+
     def _bind_cache(self, rows: slice) -> None:
         """Rows `rows` of each cache buffer (a contiguous view) as both past and present: the plugin writes it in
         place. Once per request, per profile switch (shapes are per profile) and per change of rows, not per step."""

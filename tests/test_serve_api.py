@@ -117,7 +117,8 @@ def test_chat_logprobs_and_n(server, runner):
     chunks = list(server.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8,
                                                         temperature=0, logprobs=True, top_logprobs=2, stream=True))
     streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert [e.token for e in streamed] == [e.token for e in content]  # (its prompt came from the prefix cache)
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed, content)) <= TOL
 
     r = server.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=6, temperature=0.9,
                                               seed=3, n=3)
