@@ -56,6 +56,20 @@ def test_trt_runner_on_the_twin_answers_as_onnx_runtime(model, request):
     assert [g.token_ids for g in batch] == [g.token_ids for g in reference.generate(PROMPTS, 8, eos_token_ids=[])]
 
 
+def test_speculative_decoding_on_the_twin_equals_plain(smollm2):
+    """Verify steps of several positions after a cached prefix, on the prefill profile, one row and a padded batch
+    (TRTBackend runs them in one forward), give plain decoding's tokens."""
+    runner = TRTRunner(smollm2[0], tensorrt="twin")
+    quote = "Repeat: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat, the cat sat on"
+    prompts = [quote, "The capital of France is", [1, 2, 3]]
+    plain = runner.generate(prompts, 24, eos_token_ids=[])
+    stats = {}
+    "".join(runner.stream(quote, 24, eos_token_ids=[], speculative="ngram", stats=stats))
+    fast = runner.generate(prompts, 24, eos_token_ids=[], speculative="ngram")
+    print(f"twin: {stats['accepted']} of {stats['drafted']} drafted tokens accepted")
+    assert [g.token_ids for g in fast] == [g.token_ids for g in plain] and stats["accepted"] > 0
+
+
 def test_scheduler_over_trt_backend_on_the_twin(tiny):
     """8 concurrent requests through the scheduler (one slot's rows bound per prefill, the live rows per decode
     step, profile switches between them) equal their solo answers."""
