@@ -118,24 +118,27 @@ def decode(backend, seqs, prompts: list[list[int]], first: torch.Tensor, pos: to
     counts.setdefault("drafted", 0)
     counts.setdefault("accepted", 0)
     drafters = [Drafter([*p, int(t)]) for p, t in zip(prompts, first.tolist())]
-    last = first.tolist()
+    last, at = first.tolist(), pos.tolist()  # plain lists: a step's bookkeeping is a few Python operations
     while not all(s.finish_reason for s in seqs):
         drafts = [[] if seq.finish_reason else
-                  drafters[r].draft(min(seq.max_new_tokens - seq.steps - 1, backend.max_seq_len - 1 - int(pos[r])))
+                  drafters[r].draft(min(seq.max_new_tokens - seq.steps - 1, backend.max_seq_len - 1 - at[r]))
                   for r, seq in enumerate(seqs)]
-        logits = verify_logits(backend, last, pos.tolist(), drafts)
+        logits = verify_logits(backend, last, at, drafts)
         for r, (seq, d) in enumerate(zip(seqs, drafts)):
             if seq.finish_reason:
                 continue
             out = accept(logits[r], d, params, seen[r:r + 1], generator, matchers[r])
-            drafters[r].took(d, out)
-            counts["drafted"] += len(d)
-            counts["accepted"] += len(out) - 1
+            if d:
+                drafters[r].took(d, out)
+                counts["drafted"] += len(d)
+                counts["accepted"] += len(out) - 1
+            else:
+                drafters[r].lookup.extend(out)
             for t in out:
                 if seq.push(t):
                     break
             last[r] = out[-1]
-            pos[r] += len(out)
+            at[r] += len(out)
         yield seqs
 
 

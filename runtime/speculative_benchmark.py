@@ -4,7 +4,8 @@ process, greedy (so both modes produce the same tokens: checked).
 
     python -m llgraph.runtime.speculative_benchmark [--model smollm2] [--threads 2] [--new-tokens 128] [--repeats 5]
 
-Decode tok/s = (tokens - 1) / the time after the first token; each row's best run counts.
+Decode tok/s = (tokens - 1) / the time after the first token; each row's best run counts. Then the cost of one
+step of S positions (what verifying S - 1 drafted tokens costs), after a 300-token prefix.
 """
 
 from __future__ import annotations
@@ -54,6 +55,29 @@ def main(argv=None) -> None:
         accepted, drafted = drafts[task, mode]
         print(f"{task:<18}{mode:<8}{rate:>14.1f}{rate / best[task, 'off']:>10.2f}  "
               f"{f'{accepted}/{drafted}' if mode != 'off' else '-':>16}  {texts[task, mode] == texts[task, 'off']}")
+
+
+    print("what a verify step costs: one step of S positions after a 300-token prefix, mean of 20:")
+    print("  " + ", ".join(f"S={n}: {1e3 * t:.1f} ms" for n, t in step_costs(runner.backend).items()))
+
+
+def step_costs(backend, sizes=(1, 2, 3, 5, 9), prefix: int = 300) -> dict[int, float]:
+    import time
+
+    import torch
+
+    backend.allocate(1)
+    backend.forward(torch.arange(prefix)[None] % 1000 + 5, torch.arange(prefix)[None], keep=1)
+    costs = {}
+    for n in sizes:
+        ids, pos = torch.arange(n)[None] + 7, (prefix + torch.arange(n))[None]
+        for _ in range(3):
+            backend.forward(ids, pos, keep=n)
+        start = time.perf_counter()
+        for _ in range(20):
+            backend.forward(ids, pos, keep=n)
+        costs[n] = (time.perf_counter() - start) / 20
+    return costs
 
 
 if __name__ == "__main__":
