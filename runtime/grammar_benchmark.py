@@ -10,7 +10,6 @@ Decode tok/s = (tokens - 1) / the time after the first token; each mode's best r
 
 from __future__ import annotations
 
-import argparse
 import time
 
 SCHEMA = {"type": "object", "properties": {"people": {
@@ -35,16 +34,10 @@ def _timed(cls, name: str, spent: dict):
 
 
 def main(argv=None) -> None:
+    from llgraph.runtime.bench_runner import runner_from_args
     from llgraph.runtime.grammar import Grammar, Matcher
-    from llgraph.runtime.registry import open_runner
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=5)
-    args = p.parse_args(argv)
-    runner = open_runner(args.model, "ort", 512, threads=args.threads)
+    args, runner = runner_from_args(__doc__, argv, new_tokens=256, max_seq_len=512)
     grammar = Grammar.json_schema(SCHEMA)
     spent: dict[str, float] = {}
     for name in ("allowed", "advance"):

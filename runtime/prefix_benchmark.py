@@ -1,7 +1,7 @@
 """What prefix reuse saves: time to first token of 8 chat requests sharing a ~400-token system prompt, through the
 scheduler, with and without reuse (same runner, one process).
 
-    python -m llgraph.runtime.prefix_benchmark [--model smollm2] [--threads 2] [--repeats 3]
+    python -m llgraph.runtime.prefix_benchmark [--model smollm2] [--threads 2] [--repeats 5]
 
 Request 1 comes alone; requests 2-8 then come one after another (each alone: its time to first token is its own
 prefill) and, in a second round, all at once (each also waits for the prefills before its own). Each figure is
@@ -10,7 +10,6 @@ the best of --repeats rounds.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 PASSAGE = Path(__file__).resolve().parents[1] / "tests" / "data" / "tale-of-two-cities.txt"
@@ -46,14 +45,9 @@ def _ttfts(runner, system: str, reuse: bool, together: bool) -> list[float]:
 
 
 def main(argv=None) -> None:
-    from llgraph.runtime.registry import open_runner
+    from llgraph.runtime.bench_runner import runner_from_args
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args(argv)
-    runner = open_runner(args.model, "ort", 1024, threads=args.threads)
+    args, runner = runner_from_args(__doc__, argv)
     text = PASSAGE.read_text() if PASSAGE.exists() else "It was the best of times, it was the worst of times. " * 60
     words, n = (text.split() * 4), 100  # the 160-word passage, repeated
     while True:  # the passage's first words, as many as make a ~400-token system prompt

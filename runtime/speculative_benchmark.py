@@ -10,7 +10,6 @@ step of S positions (what verifying S - 1 drafted tokens costs), after a 300-tok
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 PASSAGE = Path(__file__).resolve().parents[1] / "tests" / "data" / "tale-of-two-cities.txt"
@@ -21,15 +20,9 @@ TASKS = {
 
 
 def main(argv=None) -> None:
-    from llgraph.runtime.registry import open_runner
+    from llgraph.runtime.bench_runner import runner_from_args
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=5)
-    args = p.parse_args(argv)
-    runner = open_runner(args.model, "ort", 1024, threads=args.threads)
+    args, runner = runner_from_args(__doc__, argv, new_tokens=128)
     passage = PASSAGE.read_text()[:1200] if PASSAGE.exists() else "It was the best of times. " * 40
     prompts = {task: [{"role": "user", "content": text.format(passage=passage)}] for task, text in TASKS.items()}
 
