@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from llgraph.checkpoint import load_config
-from llgraph.cli_args import build_parser, sampling_of, weights_of
+from llgraph.cli_args import build_parser, sampling_of, share_threads_for_a_draft, weights_of
 from llgraph.errors import LlgraphError
 from llgraph.outdir import Terminated, signals_raise
 from llgraph.weight_request import Weights
@@ -143,6 +143,7 @@ def cmd_generate(args) -> None:
     prompt = parse_tokens(args.tokens) if args.tokens is not None else read_prompt(args.prompt, args.prompt_file)
     from llgraph.runtime.registry import open_runner
 
+    share_threads_for_a_draft(args)
     runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
                          args.threads)
     if chat:
@@ -151,11 +152,12 @@ def cmd_generate(args) -> None:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
         prompt = runner.render_chat([*system, {"role": "user", "content": prompt}])
     if runner.tokenizer is None:  # token ids in, token ids out
-        result = runner.generate([prompt], args.max_new_tokens, **sampling_of(args))[0]
+        result = runner.generate([prompt], args.max_new_tokens, **sampling_of(args, runner))[0]
         print(",".join(str(t) for t in result.token_ids))
         return
     stats = {}
-    pieces = runner.stream(prompt, args.max_new_tokens, stop=args.stop or (), stats=stats, **sampling_of(args))
+    pieces = runner.stream(prompt, args.max_new_tokens, stop=args.stop or (), stats=stats,
+                           **sampling_of(args, runner))
     for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()

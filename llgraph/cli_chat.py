@@ -10,15 +10,16 @@ HELP = "(/reset forgets the conversation, /system TEXT sets the system message, 
 
 
 def cmd_chat(args) -> int:
-    from llgraph.cli_args import sampling_of, weights_of
+    from llgraph.cli_args import sampling_of, share_threads_for_a_draft, weights_of
     from llgraph.runtime.chat import Conversation
     from llgraph.runtime.registry import open_runner
     from llgraph.runtime.sampling import RequestError, Sampling
 
     Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)  # before loading
+    share_threads_for_a_draft(args)
     runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
                          args.threads)
-    chat = Conversation(runner, args.system, args.max_new_tokens, **sampling_of(args))
+    chat = Conversation(runner, args.system, args.max_new_tokens, **sampling_of(args, runner))
     print(f"chatting with {args.model} {HELP}", file=sys.stderr)
     while True:
         sys.stdout.write("> ")  # on stdout with the replies (input()'s own prompt may go to stderr)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 
 
-def runner_from_args(doc: str, argv=None, new_tokens: int | None = None, max_seq_len: int = 1024):
-    """--model (default smollm2), --threads (2), --repeats (5) and, given a default, --new-tokens -> (args, runner)."""
+def runner_from_args(doc: str, argv=None, new_tokens: int | None = None, max_seq_len: int = 1024, extra=None):
+    """--model (default smollm2), --threads (2), --repeats (5) and, given a default, --new-tokens -> (args, runner).
+    `extra(parser)` adds a benchmark's own flags."""
     from llgraph.runtime.registry import open_runner
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -16,5 +17,11 @@ def runner_from_args(doc: str, argv=None, new_tokens: int | None = None, max_seq
     p.add_argument("--repeats", type=int, default=5)
     if new_tokens is not None:
         p.add_argument("--new-tokens", type=int, default=new_tokens)
+    if extra is not None:
+        extra(p)
     args = p.parse_args(argv)
+    if getattr(args, "draft", False):  # a model and its draft: one thread pool (runtime/ort.share_threads)
+        from llgraph.runtime.ort import share_threads
+
+        share_threads(args.threads)
     return args, open_runner(args.model, "ort", max_seq_len, threads=args.threads)

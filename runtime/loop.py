@@ -23,7 +23,7 @@ from llgraph.builder import DEFAULT_MAX_SEQ
 from llgraph.errors import LlgraphError
 from llgraph.runtime.grammar import row_masks
 from llgraph.runtime.sampling import RequestError, Sampling, sample
-from llgraph.runtime.speculative import check_mode
+from llgraph.runtime.speculative import check_draft, check_mode
 from llgraph.runtime.speculative import decode as speculative_decode
 
 
@@ -113,7 +113,7 @@ class Runner:
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
         seqs = []
         for seqs in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,
-                                 check_mode(speculative)):
+                                 self._speculation(speculative)):
             pass
         results = [Generation(s.text(), s.tokens, s.finish_reason) for s in seqs]
         return results[0] if single else results
@@ -145,7 +145,7 @@ class Runner:
         eos = kwargs.pop("eos_token_ids", None)
         stats = kwargs.pop("stats", None)  # a dict to fill: prompt_tokens, prefill_s, new_tokens, decode_s
         grammar = kwargs.pop("grammar", None)
-        speculative = check_mode(kwargs.pop("speculative", "off"))
+        speculative = self._speculation(kwargs.pop("speculative", "off"))
         start = first = time.perf_counter()
         seq, counts = None, {}
         for (seq,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar, speculative,
@@ -197,6 +197,12 @@ class Runner:
         return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else self.encode(continuation)
 
     # -- the loop ---------------------------------------------------------------------------------------------------
+    def _speculation(self, mode):
+        mode = check_mode(mode)
+        if not isinstance(mode, str):
+            check_draft(self, mode)
+        return mode
+
     def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar=None,
                 speculative="off", counts=None):
         """Yields the batch's Decodings after each step, as decoding goes; the steps run with the backend's
@@ -246,8 +252,9 @@ class Runner:
             yield seqs
             if all(s.finish_reason for s in seqs):
                 return
-            if speculative == "ngram":
-                yield from speculative_decode(b, seqs, ids, nxt, pos, params, seen, generator, matchers, counts)
+            if speculative != "off":
+                yield from speculative_decode(b, seqs, ids, nxt, pos, params, seen, generator, matchers, counts,
+                                              speculative)
                 return
             last = b.forward(nxt[:, None], pos[:, None], keep=1)[:, -1]
             pos += 1

@@ -34,6 +34,22 @@ from llgraph.weights import WeightSource
 TAPPED = "model.tapped.onnx"  # a diff side's copy of the graph with every IR value as an output
 
 
+_SHARED_POOL: list[int] = []  # the global thread pool's size, once share_threads() made it
+
+
+def share_threads(threads: int | None = None) -> None:
+    """Every ONNX Runtime session opened after this call, in this process, runs on one global pool of `threads`
+    (default: every core) instead of a pool of its own. For a model and its draft model: two pools' spinning
+    workers fight over the cores between each other's runs (measured on 2 cores: a float32 SmolLM2 with its 4-bit
+    self drafting decoded at 1.2x plain with a pool each, 2.1x with one shared). Takes effect once, before the
+    first session of the process."""
+    import onnxruntime as ort
+
+    if not _SHARED_POOL:
+        ort.capi._pybind_state.set_global_thread_pool_sizes(threads or os.cpu_count() or 1, 1)
+        _SHARED_POOL.append(threads or os.cpu_count() or 1)
+
+
 class OrtBackend(Backend):
     host_threads = 1  # ONNX Runtime's own pool does the work (loop.Backend.host_threads)
     multi_token_rows = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 and past ..."
@@ -53,7 +69,10 @@ class OrtBackend(Backend):
         self.vocab_size = self.config.vocab_size
         self._np_dtype = {"float32": np.float32, "float16": np.float16}[self.dtype]
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or os.cpu_count() or 1
+        if _SHARED_POOL:  # share_threads(): the process's one pool
+            opts.use_per_session_threads = False
+        else:
+            opts.intra_op_num_threads = threads or os.cpu_count() or 1
         opts.log_severity_level = 3
         if manifest.options.get("kernels") == "llgraph":
             _register_kernels(opts, folder)

@@ -176,7 +176,9 @@ class Scheduler:
         runtime.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and verifies
         the drafts in its decode steps (runtime/speculative.py)."""
         ids = self.runner.encode(prompt)
-        check_mode(speculative)
+        if not isinstance(check_mode(speculative), str):
+            raise RequestError("the scheduler drafts by prompt lookup only (speculative 'ngram'); a draft model "
+                               "runs in Runner.generate and `llgraph generate`")
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= MAX_LOGPROBS):
             raise RequestError(f"logprobs ({logprobs}) must be an integer in 0..{MAX_LOGPROBS}")
         if prompt_logprobs and max_new_tokens == 0:

@@ -23,7 +23,7 @@ import torch
 
 from llgraph.runtime.sampling import RequestError, Sampling, distribution, sample
 
-MODES = ("off", "ngram")
+MODES = ("off", "ngram")  # or a draft model's runner
 MAX_NGRAM = 3
 MIN_NGRAM = 3  # shorter matches guess badly in open text (measured: bigrams kept 0 of 7 drafts in open chat)
 MAX_DRAFT = 8
@@ -31,10 +31,24 @@ FIRST_DRAFT = 2
 PAUSE = 8  # plain steps after three drafts in a row that gained nothing
 
 
-def check_mode(mode) -> str:
-    if mode not in MODES:
-        raise RequestError(f"speculative ({mode!r}) must be one of {', '.join(MODES)}")
-    return mode
+def check_mode(mode):
+    """"off", "ngram", or a draft model: a Runner (any backend) over a smaller model sharing the tokenizer."""
+    if isinstance(mode, str) and mode in MODES or hasattr(mode, "backend") and hasattr(mode, "tokenizer"):
+        return mode
+    raise RequestError(f"speculative ({mode!r}) must be one of {', '.join(MODES)} or a draft model's runner")
+
+
+def check_draft(target, draft) -> None:
+    """A draft model must share the target's vocabulary (the same ids mean the same tokens) and hold its cache."""
+    vocab = (target.backend.vocab_size, draft.backend.vocab_size)
+    same = vocab[0] == vocab[1] and (target.tokenizer is None) == (draft.tokenizer is None) and (
+        target.tokenizer is None or target.tokenizer.tk.get_vocab(True) == draft.tokenizer.tk.get_vocab(True))
+    if not same:
+        raise RequestError(f"the draft model's vocabulary ({vocab[1]} tokens) is not the model's ({vocab[0]}); a "
+                           "draft model must share the tokenizer")
+    if draft.backend.max_seq_len < target.backend.max_seq_len:
+        raise RequestError(f"the draft model's cache ({draft.backend.max_seq_len} tokens) is shorter than the "
+                           f"model's ({target.backend.max_seq_len}); open it with the same --max-seq-len")
 
 
 class Lookup:
@@ -112,12 +126,18 @@ def accept(logits: torch.Tensor, draft: list[int], params: Sampling, seen: torch
 
 
 def decode(backend, seqs, prompts: list[list[int]], first: torch.Tensor, pos: torch.Tensor, params: Sampling,
-           seen: torch.Tensor, generator: torch.Generator, matchers: list, counts: dict):
+           seen: torch.Tensor, generator: torch.Generator, matchers: list, counts: dict, mode="ngram"):
     """The loop's decode steps after the prefill's tokens `first` [B] (already pushed), each verifying every row's
-    draft in one step; yields after each step. `counts` gains drafted and accepted tokens."""
+    draft in one step; yields after each step. `counts` gains drafted and accepted tokens. `mode`: "ngram" or a
+    draft model's runner (its cache gets a row per prompt)."""
     counts.setdefault("drafted", 0)
     counts.setdefault("accepted", 0)
-    drafters = [Drafter([*p, int(t)]) for p, t in zip(prompts, first.tolist())]
+    tokens = [[*p, int(t)] for p, t in zip(prompts, first.tolist())]
+    if mode == "ngram":
+        drafters = [Drafter(t) for t in tokens]
+    else:
+        mode.backend.allocate(len(tokens))
+        drafters = [ModelDrafter(mode.backend, r, t) for r, t in enumerate(tokens)]
     last, at = first.tolist(), pos.tolist()  # plain lists: a step's bookkeeping is a few Python operations
     while not all(s.finish_reason for s in seqs):
         drafts = [[] if seq.finish_reason else
@@ -128,12 +148,9 @@ def decode(backend, seqs, prompts: list[list[int]], first: torch.Tensor, pos: to
             if seq.finish_reason:
                 continue
             out = accept(logits[r], d, params, seen[r:r + 1], generator, matchers[r])
-            if d:
-                drafters[r].took(d, out)
-                counts["drafted"] += len(d)
-                counts["accepted"] += len(out) - 1
-            else:
-                drafters[r].lookup.extend(out)
+            drafters[r].took(d, out)
+            counts["drafted"] += len(d)
+            counts["accepted"] += len(out) - 1
             for t in out:
                 if seq.push(t):
                     break
@@ -156,6 +173,43 @@ class Drafter:
     def took(self, draft: list[int], emitted: list[int]) -> None:
         self.length.update(len(draft), len(emitted) - 1)
         self.lookup.extend(emitted)
+
+
+class ModelDrafter:
+    """One row's drafting by a draft model: its greedy tokens (a deterministic draft, so the same acceptance rule
+    keeps the distribution), from its own cache row, which holds the row's tokens up to `valid`."""
+
+    def __init__(self, backend, row: int, tokens: list[int]):
+        self.backend, self.row, self.tokens, self.valid = backend, row, list(tokens), 0
+        self.length = DraftLength()
+        self.next = self._catch_up()
+
+    def _step(self, tokens: list[int], start: int) -> int:
+        logits = self.backend.forward(torch.tensor([tokens]), torch.arange(start, start + len(tokens))[None],
+                                      rows=slice(self.row, self.row + 1), keep=1)
+        return int(logits[0, -1].argmax())
+
+    def _catch_up(self) -> int:
+        """Writes the tokens its row lacks -> its greedy token after all of them."""
+        token = self._step(self.tokens[self.valid:], self.valid)
+        self.valid = len(self.tokens)
+        return token
+
+    def draft(self, room: int) -> list[int]:
+        k = min(self.length.next(), room)
+        if k <= 0:
+            return []
+        draft = [self.next]
+        for i in range(1, k):  # each drafted token but the last is written at its position
+            draft.append(self._step(draft[-1:], len(self.tokens) + i - 1))
+        return draft
+
+    def took(self, draft: list[int], emitted: list[int]) -> None:
+        self.length.update(len(draft), len(emitted) - 1)
+        kept = min(len(emitted) - 1, max(len(draft) - 1, 0))  # accepted drafts this row already wrote
+        self.valid = len(self.tokens) + kept
+        self.tokens += emitted
+        self.next = self._catch_up()
 
 
 def verify_logits(backend, last: list[int], pos: list[int], drafts: list[list[int]], span: slice | None = None

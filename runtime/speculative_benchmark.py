@@ -3,6 +3,7 @@ task (quoting a passage of A Tale of Two Cities) and an open chat prompt, same r
 process, greedy (so both modes produce the same tokens: checked).
 
     python -m llgraph.runtime.speculative_benchmark [--model smollm2] [--threads 2] [--new-tokens 128] [--repeats 5]
+    python -m llgraph.runtime.speculative_benchmark --draft   # the float32 model, its 4-bit self drafting for it
 
 Decode tok/s = (tokens - 1) / the time after the first token; each row's best run counts. Then the cost of one
 step of S positions (what verifying S - 1 drafted tokens costs), after a 300-token prefix.
@@ -22,13 +23,21 @@ TASKS = {
 def main(argv=None) -> None:
     from llgraph.runtime.bench_runner import runner_from_args
 
-    args, runner = runner_from_args(__doc__, argv, new_tokens=128)
+    args, runner = runner_from_args(__doc__, argv, new_tokens=128, extra=lambda p: p.add_argument(
+        "--draft", action="store_true", help="time the float32 model with its 4-bit self as the draft model too"))
+    modes = {"off": "off", "ngram": "ngram"}
+    if args.draft:  # the float32 model as the target, this 4-bit one drafting for it
+        from llgraph.runtime.registry import open_runner
+        from llgraph.weight_request import Weights
+
+        modes["draft"] = runner
+        runner = open_runner(args.model, "ort", 1024, threads=args.threads, weights=Weights(dequantize=True))
     passage = PASSAGE.read_text()[:1200] if PASSAGE.exists() else "It was the best of times. " * 40
     prompts = {task: [{"role": "user", "content": text.format(passage=passage)}] for task, text in TASKS.items()}
 
     def run(task: str, mode: str):
         stats: dict = {}
-        text = "".join(runner.stream(prompts[task], args.new_tokens, speculative=mode, stats=stats))
+        text = "".join(runner.stream(prompts[task], args.new_tokens, speculative=modes[mode], stats=stats))
         return text, (stats["new_tokens"] - 1) / stats["decode_s"], stats
 
     for task in prompts:  # warm-up
@@ -36,13 +45,13 @@ def main(argv=None) -> None:
     best, texts, drafts = {}, {}, {}
     for _ in range(args.repeats):
         for task in prompts:
-            for mode in ("off", "ngram"):
+            for mode in modes:
                 text, rate, stats = run(task, mode)
                 best[task, mode] = max(best.get((task, mode), 0.0), rate)
                 texts.setdefault((task, mode), text)
                 drafts[task, mode] = (stats.get("accepted", 0), stats.get("drafted", 0))
-    print(f"\n{args.model} on ort, {args.threads} threads, {args.new_tokens} new tokens, greedy, best of "
-          f"{args.repeats}")
+    target = f"{args.model} float32 (the 4-bit one drafting)" if args.draft else args.model
+    print(f"\n{target} on ort, {args.threads} threads, {args.new_tokens} new tokens, greedy, best of {args.repeats}")
     print(f"{'task':<18}{'mode':<8}{'decode tok/s':>14}{'x plain':>10}  accepted/drafted  same tokens")
     for (task, mode), rate in best.items():
         accepted, drafted = drafts[task, mode]

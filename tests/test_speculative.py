@@ -120,3 +120,45 @@ def test_accept_draws_from_p_exactly():
 def test_a_bad_mode_is_one_line(mode, tiny_runners):
     with pytest.raises(RequestError, match="speculative .* must be one of off, ngram"):
         tiny_runners[2]["torch"].generate([5, 6], 4, speculative=mode)
+
+
+def test_a_draft_model_gives_plain_greedy_output(serve_export, tiny_runners):
+    """A draft model (here the 4-bit SmolLM2 drafting for the float32 one; and the tiny model for itself, with a
+    batch) drafts greedily, so the target's greedy output is unchanged; most of its drafts are kept."""
+    from llgraph.runtime import ORTRunner
+    from llgraph.runtime.registry import open_runner
+    from llgraph.weight_request import Weights
+
+    target = open_runner("smollm2", "ort", 256, weights=Weights(dequantize=True))
+    draft = ORTRunner(serve_export, max_seq_len=256)
+    prompts = [[{"role": "user", "content": "Write a haiku about the sea."}], "The capital of France is"]
+    stats = {}
+    "".join(target.stream(prompts[0], 32, speculative=draft, stats=stats))
+    assert [g.token_ids for g in target.generate(prompts, 32, speculative=draft)] == \
+           [g.token_ids for g in target.generate(prompts, 32)]
+    print(f"int4 drafting for fp32: {stats['accepted']} of {stats['drafted']} drafted tokens kept")
+    assert stats["accepted"] > stats["drafted"] / 2
+    tiny = tiny_runners[2]["ort"]
+    assert [g.token_ids for g in tiny.generate(PROMPTS, 20, speculative=tiny_runners[2]["torch"])] == \
+           [g.token_ids for g in tiny.generate(PROMPTS, 20)]
+
+    with pytest.raises(RequestError, match="the draft model's vocabulary \\(97 tokens\\) is not the model's"):
+        target.generate("Hi", 4, speculative=tiny)
+
+
+def test_cli_draft_of_another_vocabulary_is_one_line_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    def llgraph(*args):
+        return subprocess.run([sys.executable, "-m", "llgraph", *args], capture_output=True, text=True, cwd=tmp_path)
+
+    assert llgraph("export", "--config", "tiny", "-o", "tiny-ort").returncode == 0
+    r = llgraph("generate", "smollm2", "--prompt", "Hi", "--max-new-tokens", "4", "--max-seq-len", "128",
+                "--speculative", f"draft={tmp_path / 'tiny-ort'}")
+    print(r.stderr)
+    last = r.stderr.strip().splitlines()[-1]  # (after the first run's progress lines)
+    assert r.returncode == 2 and not r.stdout
+    assert last.startswith("llgraph: error: the draft model's vocabulary (256 tokens)")
+    r = llgraph("generate", "smollm2", "--prompt", "Hi", "--speculative", "draft=")
+    assert r.returncode == 2 and "is not off, ngram or draft=MODEL" in r.stderr
