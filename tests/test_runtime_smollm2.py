@@ -62,10 +62,11 @@ def test_generate_cli_streams_a_chat_answer():
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
-    # --stats: one last line on stderr, the prompt's tokens and speed, the answer's tokens and decode speed
+    # --stats: one last line on stderr, the prompt's tokens and speed, the answer's tokens and decode speed, and
+    # what speculation (the CLI's default, ngram) kept of its drafts
     import re
-    assert re.fullmatch(r"prompt: \d+ tokens in \d+ ms \([\d.]+ tok/s\); generated: \d+ tokens, decode [\d.]+ tok/s",
-                        r.stderr.strip().splitlines()[-1]), r.stderr
+    assert re.fullmatch(r"prompt: \d+ tokens in \d+ ms \([\d.]+ tok/s\); generated: \d+ tokens, decode [\d.]+ tok/s; "
+                        r"speculative: \d+ of \d+ drafted tokens accepted", r.stderr.strip().splitlines()[-1]), r.stderr
 
 
 def test_chat_takes_a_conversation(smollm2_export):
