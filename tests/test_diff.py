@@ -129,7 +129,10 @@ def test_cli_saves_loads_and_exits_nonzero_on_failure(tmp_path):
 
 @pytest.mark.slow
 def test_cli_torch_vs_ort_on_smollm2_passes(tmp_path):
-    r = cli("smollm2", "--b", "ort", "--steps", "2", "--save", "run.npz", cwd=tmp_path)
+    # atol 5e-3: layer 29's down projection of SmolLM2 sums terms far larger than some of its outputs, and float32
+    # cancels there: ORT is 2.9e-3 from a float64 executor on one element (--a-dtype float64), torch's float32
+    # 2.4e-3, on an Intel Xeon (the default 1e-4 + 1e-3 |a| held on an AMD EPYC only by a margin)
+    r = cli("smollm2", "--b", "ort", "--steps", "2", "--atol", "5e-3", "--save", "run.npz", cwd=tmp_path)
     print(r.stdout[-1500:])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "first divergence: none" in r.stdout and "layers.29.out" in r.stdout
