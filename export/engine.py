@@ -20,15 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from llgraph.builder import DEFAULT_MAX_SEQ, MAX_SEQ, cache_pairs
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.export_folder import ENGINE_FILE, ENGINE_META, TIMING_CACHE, Manifest
+from llgraph.ir import DTYPE_BYTES
 from llgraph.outdir import write_atomic
 from llgraph.plugins.qdp import TensorRTMissing, register_plugins
-from llgraph.weights import TORCH_DTYPES
 
 PREFILL, DECODE = 0, 1
 ALIGN = 256  # TensorRT's setTensorAddress takes 256-byte aligned addresses only
@@ -94,12 +92,11 @@ def read_manifest(folder: Path) -> Manifest:
     return manifest
 
 
-def io_dtypes(cfg: LlamaConfig, dtype: str) -> dict[str, torch.dtype]:
+def io_dtypes(cfg: LlamaConfig, dtype: str) -> dict[str, str]:
     """Every engine I/O tensor and the dtype `TRTBackend` binds it with (ids int64; logits and caches the model's)."""
-    model = TORCH_DTYPES[dtype]
     pairs = cache_pairs(cfg)
-    return {"input_ids": torch.int64, "position_ids": torch.int64, **{past: model for past, _ in pairs},
-            "logits": model, **{present: model for _, present in pairs}}
+    return {"input_ids": "int64", "position_ids": "int64", **{past: dtype for past, _ in pairs},
+            "logits": dtype, **{present: dtype for _, present in pairs}}
 
 
 def profiles(cfg: LlamaConfig, max_batch: int, max_seq_len: int, opt_prefill: int) -> list[dict]:
@@ -113,10 +110,21 @@ def profiles(cfg: LlamaConfig, max_batch: int, max_seq_len: int, opt_prefill: in
     return [shapes((1, min(opt_prefill, max_seq_len), max_seq_len)), shapes((1, 1, 1))]
 
 
+def cuda_device() -> str | None:
+    """The visible CUDA GPU's name, through torch (which TensorRT's runtime side binds buffers with); None where
+    there is none, or no torch to ask."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def check_gpu() -> None:
-    if not torch.cuda.is_available():
-        raise TensorRTMissing("TensorRT needs an NVIDIA GPU and none is visible (torch.cuda.is_available() is "
-                              "False); run this on a GPU machine, or use --backend ort on CPU")
+    if cuda_device() is None:
+        raise TensorRTMissing("TensorRT needs an NVIDIA GPU and none is visible to torch (torch.cuda.is_available() "
+                              "is False, or torch is not installed); run this on a GPU machine with torch, or use "
+                              "--backend ort on CPU")
 
 
 def trt_logger(trt: TensorRT):
@@ -199,7 +207,7 @@ def check_build_request(folder: Path, max_batch: int, max_seq_len: int | None, p
 
 def cache_row_bytes(cfg: LlamaConfig, dtype: str, max_seq_len: int) -> int:
     """Bytes of one batch row of a cache tensor, [kv_heads, max_seq_len, head_dim] in the model's dtype."""
-    return cfg.num_kv_heads * max_seq_len * cfg.head_dim * TORCH_DTYPES[dtype].itemsize
+    return cfg.num_kv_heads * max_seq_len * cfg.head_dim * DTYPE_BYTES[dtype]
 
 
 def aligned_cache_length(manifest: Manifest, max_seq_len: int) -> int:
@@ -287,7 +295,7 @@ def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, m
     write_atomic(engine, data)
     if trt.flavor == "tensorrt":
         write_atomic(timing, bytes(config.get_timing_cache().serialize()))
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    gpu = cuda_device()
     meta = {"engine": os.path.relpath(engine.resolve(), folder.resolve()), "max_batch": max_batch,
             "max_seq_len": max_seq_len, "opt_prefill": opt_prefill,
             "profiles": {"prefill": PREFILL, "decode": DECODE}, "profile_shapes": reported, "plugins": plugins,

@@ -18,7 +18,6 @@ from typing import Callable
 
 import numpy as np
 import onnx
-import torch
 from onnx import TensorProto, helper
 
 from llgraph import __version__
@@ -27,7 +26,7 @@ from llgraph.export_folder import DATA_FILE, MANIFEST, MODEL_FILE, Manifest
 from llgraph.ir import DTYPE_BYTES, Graph, Node
 from llgraph.outdir import PARTIAL_MARK, staged_folder
 from llgraph.passes import run_passes
-from llgraph.weights import TORCH_DTYPES, WeightSource, check_weights, load_param
+from llgraph.weights import DTYPES, WeightSource, check_weights, load_param
 
 ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
                "bfloat16": TensorProto.BFLOAT16, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
@@ -108,7 +107,7 @@ class Emitter:
             if compute is not None:
                 tensor = compute(tensor)
             if transpose:
-                tensor = tensor.t()  # a view: _write makes it contiguous a chunk at a time
+                tensor = tensor.T  # a view: _write makes it contiguous a chunk at a time
             self.initializers.append(self._write(name, tensor))
         self._weights[key] = name
         return name
@@ -118,11 +117,12 @@ class Emitter:
         reads rows alone (an 8B model's embedding and lm head: 2.1 GB each in fp32), else None."""
         if param.is_constant or param.component is not None or len(param.parts) != 1 or len(param.value.shape) != 2:
             return None
-        dtype, (part,) = TORCH_DTYPES[param.value.dtype], param.parts
+        dtype, (part,) = DTYPES[param.value.dtype], param.parts
         if math.prod(param.value.shape) * dtype.itemsize <= CHUNK_BYTES or \
                 self.source.load_rows(part.name, 0, 1, dtype) is None:
             return None
-        return tuple(param.value.shape), dtype, lambda a, b: self.source.load_rows(part.name, a, b, dtype).to(dtype)
+        return (tuple(param.value.shape), dtype,
+                lambda a, b: self.source.load_rows(part.name, a, b, dtype).astype(dtype, copy=False))
 
     def derived(self, name: str, fn, *params: str, onnx_type: int | None = None, dims=None) -> str:
         """Initializer `name` = fn(*the params' tensors), written once. `onnx_type`/`dims` store the bytes under
@@ -136,14 +136,14 @@ class Emitter:
             self._weights[name] = name
         return self._weights[name]
 
-    def _write(self, name: str, tensor: torch.Tensor) -> TensorProto:
+    def _write(self, name: str, tensor: np.ndarray) -> TensorProto:
         offset = self._align()
-        rows = max(1, CHUNK_BYTES // max(1, tensor[0].numel() * tensor.element_size())) if tensor.dim() else 1
-        for i in range(0, max(1, tensor.shape[0] if tensor.dim() else 1), rows):
-            self._put((tensor[i:i + rows] if tensor.dim() else tensor).contiguous())
+        rows = max(1, CHUNK_BYTES // max(1, tensor[0].nbytes)) if tensor.ndim else 1
+        for i in range(0, max(1, tensor.shape[0] if tensor.ndim else 1), rows):
+            self._put(np.ascontiguousarray(tensor[i:i + rows] if tensor.ndim else tensor))
         return self._proto(name, tensor.dtype, tensor.shape, offset)
 
-    def _write_rows(self, name: str, shape, dtype: torch.dtype, read, transpose: bool) -> TensorProto:
+    def _write_rows(self, name: str, shape, dtype: np.dtype, read, transpose: bool) -> TensorProto:
         """A matrix read rows at a time (never whole): as it is, or transposed — each block of rows is then a
         block of columns of the output, written row by row at its place."""
         offset, (rows, cols) = self._align(), shape
@@ -151,13 +151,13 @@ class Emitter:
         for a in range(0, rows, step):
             b = min(rows, a + step)
             if not transpose:
-                self._put(read(a, b).contiguous())
+                self._put(np.ascontiguousarray(read(a, b)))
                 continue
-            block = read(a, b).t().contiguous()  # [cols, b - a]: output rows i, columns a..b
+            block = np.ascontiguousarray(read(a, b).T)  # [cols, b - a]: output rows i, columns a..b
             for i in range(cols):
                 self.data.seek(offset + (i * rows + a) * dtype.itemsize)
                 self._put(block[i], progress=False)
-            self.on_weight(block.numel() * dtype.itemsize)
+            self.on_weight(block.nbytes)
         self.data.seek(offset + rows * cols * dtype.itemsize)
         return self._proto(name, dtype, (cols, rows) if transpose else (rows, cols), offset)
 
@@ -165,16 +165,14 @@ class Emitter:
         self.data.write(b"\0" * (-self.data.tell() % ALIGN))
         return self.data.tell()
 
-    def _put(self, chunk: torch.Tensor, progress: bool = True) -> None:
-        if chunk.dtype == torch.bfloat16:  # numpy has no bfloat16; the bytes are the same
-            chunk = chunk.view(torch.int16)
-        self.data.write(memoryview(chunk.numpy()).cast("B"))
+    def _put(self, chunk: np.ndarray, progress: bool = True) -> None:
+        self.data.write(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8).data)
         if progress:
-            self.on_weight(chunk.numel() * chunk.element_size())
+            self.on_weight(chunk.nbytes)
 
     @staticmethod
-    def _proto(name: str, dtype: torch.dtype, dims, offset: int) -> TensorProto:
-        proto = TensorProto(name=name, data_type=ONNX_DTYPES[str(dtype).removeprefix("torch.")], dims=list(dims),
+    def _proto(name: str, dtype: np.dtype, dims, offset: int) -> TensorProto:
+        proto = TensorProto(name=name, data_type=ONNX_DTYPES[np.dtype(dtype).name], dims=list(dims),
                             data_location=TensorProto.EXTERNAL)
         length = math.prod(dims) * dtype.itemsize
         for k, v in (("location", DATA_FILE), ("offset", str(offset)), ("length", str(length))):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import torch
 from onnx import TensorProto
 
 from llgraph.export.lower import Emitter, Target
@@ -41,7 +40,8 @@ def offset_term(em: Emitter, node: Node, shift: int) -> str:
     _, blocks, _ = em.graph.values[codes].shape
 
     def offset(s, *m):
-        return ((m[0].float() if m else 0) + s.float() * (shift - zp)).to(s.dtype).t()
+        f32 = np.float32
+        return ((m[0].astype(f32) if m else f32(0)) + s.astype(f32) * f32(shift - zp)).astype(s.dtype).T
     table = em.derived(f"{scales}.offset{shift}.T", offset, scales, *([mins] if mins else []))
     grouped = em.node("Reshape", [x, em.const([0, 0, blocks, block], "int64")], hint=node.name)[0]
     sums = em.node("ReduceSum", [grouped, em.const([-1], "int64")], hint=node.name, keepdims=0)[0]
@@ -69,11 +69,11 @@ def qlinear(em: Emitter, node: Node) -> None:
             hint=node.name)
 
 
-def _signed_codes(c: torch.Tensor, bits: int, shift: int) -> torch.Tensor:
+def _signed_codes(c: np.ndarray, bits: int, shift: int) -> np.ndarray:
     """Packed unsigned codes -> the bytes of q - shift as two's-complement int4 (shift 8) or int8."""
     if bits == 4:
         return c ^ 0x88
-    return ((c.to(torch.int16) - shift) & 0xFF).to(torch.uint8)
+    return ((c.astype(np.int16) - shift) & 0xFF).astype(np.uint8)
 
 
 def embedding(em: Emitter, node: Node) -> None:

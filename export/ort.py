@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import torch
+import numpy as np
 from onnx import TensorProto
 
 import llgraph.export.onnx as std
@@ -27,7 +27,7 @@ from llgraph.ir import Node
 from llgraph.passes import keep_last_positions
 from llgraph.plugins import cpu
 from llgraph.weight_request import DEFAULT_ACCURACY_LEVEL
-from llgraph.weights import TORCH_DTYPES
+from llgraph.weights import DTYPES
 
 MS = "com.microsoft"
 
@@ -135,8 +135,8 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
     attrs = {}
     if rotary is not None:
         rot, cos_sin = rotary
-        inputs += [em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "cos_cache", torch.cos)),
-                   em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "sin_cache", torch.sin))]
+        inputs += [em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "cos_cache", np.cos)),
+                   em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "sin_cache", np.sin))]
         attrs = {"do_rotary": 1, "rotary_interleaved": int(rot.attrs["interleaved"])}
     if a["window"]:  # GroupQueryAttention's window counts the query's own key, as transformers' does (tested)
         attrs["local_window_size"] = a["window"]
@@ -205,7 +205,7 @@ def _zero_points_input(em: Emitter, name: str, codes: str, bits: int, z: int) ->
     """MatMulNBits' uint8 zero points, `z` for every block of `codes` (4-bit: two blocks a byte)."""
     out, blocks, _ = em.graph.values[codes].shape
     per_row, byte = (blocks if bits == 8 else (blocks + 1) // 2), _zero_point_byte(bits, z)
-    return em.derived(name, lambda c: torch.full((out * per_row,), byte, dtype=torch.uint8), codes)
+    return em.derived(name, lambda c: np.full((out * per_row,), byte, np.uint8), codes)
 
 
 def _zero_point_byte(bits: int, z: int) -> int:
@@ -256,13 +256,13 @@ def _gather(em: Emitter, node: Node, codes: str, scales: str, bits: int, zp: int
     if zp != 1 << (bits - 1):  # uint8 [rows, blocks, 1]: one code (4-bit: the byte's two nibbles) per block
         byte = _zero_point_byte(bits, zp)
         inputs.append(em.derived(f"{scales_param}.gather_zero_points{byte}",
-                                 lambda t: torch.full((*t.shape, 1), byte, dtype=torch.uint8), scales_param))
+                                 lambda t: np.full((*t.shape, 1), byte, np.uint8), scales_param))
     return em.node("GatherBlockQuantized", inputs, hint=node.name, domain=MS, bits=bits,
                    block_size=node.attrs["block_size"], gather_axis=0, quantize_axis=2)[0]
 
 
 def _per_block(t):
-    return t.unsqueeze(-1)
+    return t[..., None]
 
 
 def _flat(t):
@@ -271,11 +271,11 @@ def _flat(t):
 
 def _table(em: Emitter, cos_sin: Node, name: str, fn):
     """RoPE table [max_positions, rotary_dim/2] in the model's dtype, from the inv_freq constant."""
-    dtype = TORCH_DTYPES[em.graph.metadata["dtype"]]
+    dtype = DTYPES[em.graph.metadata["dtype"]]
 
     def table(inv_freq):
-        angles = torch.arange(em.max_positions, dtype=torch.float32)[:, None] * inv_freq.float()[None]
-        return (fn(angles) * cos_sin.attrs["scaling"]).to(dtype)
+        angles = np.arange(em.max_positions, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None]
+        return (fn(angles) * np.float32(cos_sin.attrs["scaling"])).astype(dtype)
     table.__name__ = name
     return table
 
@@ -313,39 +313,41 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
             block_size=block, zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
 
 
-def _glu_groups(t: torch.Tensor) -> torch.Tensor:
+def _glu_groups(t: np.ndarray) -> np.ndarray:
     """A packed [gate; up] tensor (rows first) in the interleaved layout with its row groups alternating: 16 gate
     rows, the same 16 rows of up, ... (each half padded to whole groups), so one group pair makes 16 outputs."""
-    gate, up = t.chunk(2)
-    pad = -gate.shape[0] % 16
-    gate, up = (torch.cat([h, h.new_zeros((pad,) + tuple(h.shape[1:]))]).unflatten(0, (-1, 16)) for h in (gate, up))
-    return _interleave16(torch.stack([gate, up], 1).flatten(0, 2))
+    gate, up = (_pad16(h).reshape(-1, 16, *h.shape[1:]) for h in np.split(t, 2))
+    return _interleave16(np.stack([gate, up], 1).reshape(-1, *t.shape[1:]))
 
 
-def _glu_groups_half(t: torch.Tensor) -> torch.Tensor:
+def _pad16(t: np.ndarray) -> np.ndarray:
+    """Rows padded with zeros to a multiple of 16."""
+    return np.concatenate([t, np.zeros((-t.shape[0] % 16, *t.shape[1:]), t.dtype)])
+
+
+def _glu_groups_half(t: np.ndarray) -> np.ndarray:
     return _halved(_glu_groups(t))
 
 
-def _halved(t: torch.Tensor) -> torch.Tensor:
-    half = t.to(torch.float16)
-    return half if torch.equal(half.to(t.dtype), t) else t
+def _halved(t: np.ndarray) -> np.ndarray:
+    half = t.astype(np.float16)
+    return half if np.array_equal(half.astype(t.dtype), t) else t
 
 
-def _interleave16_half(t: torch.Tensor) -> torch.Tensor:
+def _interleave16_half(t: np.ndarray) -> np.ndarray:
     """Scales or mins interleaved, as half floats where that is lossless (a GGUF's are half floats widened): a
     block's bytes drop from 24 to 20 (Q4_1), and the kernels widen them back exactly."""
     return _halved(_interleave16(t))
 
 
-def _interleave16(t: torch.Tensor) -> torch.Tensor:
+def _interleave16(t: np.ndarray) -> np.ndarray:
     """Codes [N, nb, bytes] -> [ceil(N/16), nb, 16 * bytes] (each block's bytes 4 at a time, row by row of 16);
     scales or mins [N, nb] -> [ceil(N/16), nb, 16]. Rows past N are zeros (the kernel writes only N)."""
-    n = t.shape[0]
-    t = torch.cat([t, t.new_zeros((-n % 16,) + tuple(t.shape[1:]))])
+    t = _pad16(t)
     groups = t.shape[0] // 16
-    if t.dim() == 3:
-        return t.reshape(groups, 16, t.shape[1], -1, 4).permute(0, 2, 3, 1, 4).reshape(groups, t.shape[1], -1)
-    return t.reshape(groups, 16, -1).permute(0, 2, 1).contiguous()
+    if t.ndim == 3:
+        return t.reshape(groups, 16, t.shape[1], -1, 4).transpose(0, 2, 3, 1, 4).reshape(groups, t.shape[1], -1)
+    return np.ascontiguousarray(t.reshape(groups, 16, -1).transpose(0, 2, 1))
 
 
 def extras(folder: Path, manifest) -> None:

@@ -80,7 +80,7 @@ def cmd_serve(args) -> int:
     weights = check_weights(args.backend, weights_of(args))
     options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
                            args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes, args.threads,
-                           args.speculative)
+                           args.speculative, args.draft_max)
     if args.ray:
         serve_on_ray(options, args.replicas, args.host, args.port, args.ray_address)
     else:
@@ -263,7 +263,7 @@ def cmd_diff(args) -> int:
     opened = open_model(model, model if is_checkpoint else None, Weights(dequantize=True))
     cfg, source, graph = opened.config, opened.source, opened.graph
     dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
-    makers = diff_sides()  # every backend's sides: torch, ort, onnx, trt
+    makers = diff_sides((args.a, args.b))  # every backend's sides: torch, ort, onnx, trt
 
     def sides(name: str, dtype: str):
         return makers[name](SideRequest(cfg, source, dtype, args.max_seq_len, args.engine, args.tensorrt))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from llgraph.ir import Graph, Node
-from llgraph.weights import WeightSource, iter_params
+from llgraph.weights import DTYPES, WeightSource, iter_params
 
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 TORCH_IMPLS: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {}
 
 
@@ -32,7 +34,7 @@ class TorchExecutor:
         if missing:
             raise NotImplementedError(f"the torch executor has no implementation for {missing}")
         self.graph, self.device = graph, torch.device(device)
-        self.params = {name: t.to(self.device) for name, t in iter_params(graph, source, progress)}
+        self.params = {name: as_torch(a).to(self.device) for name, a in iter_params(graph, source, progress)}
         self._last_use = {}
         for i, node in enumerate(graph.nodes):
             for name in node.inputs:
@@ -49,7 +51,7 @@ class TorchExecutor:
             raise ValueError(f"missing graph inputs {missing}")
         keep = set(self._outputs) | (set(self.graph.values) if record is True else set(record or ()))
         env: dict[str, torch.Tensor] = dict(self.params)
-        env.update({name: t.to(self.device) for name, t in feeds.items()})
+        env.update({name: as_torch(t).to(self.device) for name, t in feeds.items()})
         for i, node in enumerate(self.graph.nodes):
             outs = TORCH_IMPLS[node.op](node, *(env[n] if n is not None else None for n in node.inputs))
             env.update(zip(node.outputs, outs))
@@ -57,6 +59,28 @@ class TorchExecutor:
                 if self._last_use.get(name) == i and name not in keep and name not in self.params:
                     env.pop(name, None)
         return {name: env[name] for name in keep if name in env}
+
+
+def as_torch(a) -> torch.Tensor:
+    """A numpy array (the weights' and the runtime's tensor library; ml_dtypes' bfloat16 included) as a CPU tensor
+    sharing its memory where it can; a tensor as it is."""
+    if isinstance(a, torch.Tensor):
+        return a
+    a = np.asarray(a)
+    if a.dtype == DTYPES["bfloat16"]:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, bits: int, zero_point: int,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+    """llgraph/quant.py's blocked codes -> float weight [out, in] in torch, on the codes' device: scales * (q -
+    zero_point) + mins per block, computed in float32 then cast to `dtype` (scales' dtype)."""
+    q = codes if bits == 8 else torch.stack((codes & 0x0F, codes >> 4), dim=-1).flatten(-2)
+    w = (q.to(torch.float32) - zero_point) * scales.to(torch.float32)[..., None]
+    if mins is not None:
+        w = w + mins.to(torch.float32)[..., None]
+    return w.flatten(1).to(dtype or scales.dtype)
 
 
 # -- one implementation per op (schemas in llgraph/ops.py) -------------------------------------------------------
@@ -82,9 +106,7 @@ def _linear(node: Node, x, weight, bias=None):
 
 @torch_impl("QLinear")
 def _qlinear(node: Node, x, codes, scales, mins=None, bias=None):
-    """The reference: dequantize the blocks (llgraph/quant.py, in float32) and run the float Linear."""
-    from llgraph.quant import dequantize
-
+    """The reference: dequantize the blocks (in float32) and run the float Linear."""
     a = node.attrs
     return (F.linear(x, dequantize(codes, scales, mins, a["bits"], a["zero_point"], x.dtype), bias),)
 
@@ -92,8 +114,6 @@ def _qlinear(node: Node, x, codes, scales, mins=None, bias=None):
 @torch_impl("QEmbedding")
 def _qembedding(node: Node, ids, codes, scales, mins=None):
     """The rows asked for, dequantized as QLinear's reference does (== the whole table dequantized, then gathered)."""
-    from llgraph.quant import dequantize
-
     a, flat = node.attrs, ids.reshape(-1)
     rows = dequantize(codes[flat], scales[flat], None if mins is None else mins[flat], a["bits"], a["zero_point"])
     out = rows.reshape(*ids.shape, rows.shape[-1])

@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from llgraph.config import ConfigError, LlamaConfig, RopeConfig
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
@@ -124,7 +123,7 @@ class GGUFSource(WeightSource):
         q = from_gguf_blocks(raw, t.tensor_type.name, self.shape(name))
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             heads = self._heads if m[1] == "q" else self._kv_heads
-            q = QuantTensor(*(None if a is None else torch.from_numpy(interleaved_to_half(a.numpy(), heads))
+            q = QuantTensor(*(None if a is None else np.ascontiguousarray(interleaved_to_half(a, heads))
                               for a in (q.codes, q.scales, q.mins)), q.fmt)
         return q
 
@@ -137,12 +136,12 @@ class GGUFSource(WeightSource):
             rows[i:i + step] = self._rows(name, i, min(rows.shape[0], i + step))
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             out = interleaved_to_half(out, self._heads if m[1] == "q" else self._kv_heads)
-        return torch.from_numpy(np.ascontiguousarray(out))
+        return np.ascontiguousarray(out)
 
     def load_rows(self, name, start, stop, dtype=None):
         if len(self.shape(name)) != 2 or (self._unpermute and re.search(r"self_attn\.[qk]_proj", name)):
             return None  # unpermuting q/k moves rows between heads
-        return torch.from_numpy(self._rows(name, start, stop))
+        return self._rows(name, start, stop)
 
     def _rows(self, name, start, stop) -> np.ndarray:
         """Rows [start, stop) dequantized to float32 (a row is whole blocks). The bytes are read rather than touched

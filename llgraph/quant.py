@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 
 @dataclass(frozen=True)
@@ -57,12 +56,12 @@ class QuantFormat:
 @dataclass
 class QuantTensor:
     """A weight [out, in] in blocked form (see the module docstring)."""
-    codes: torch.Tensor  # uint8 [out, in/B, B*bits/8]
-    scales: torch.Tensor  # float [out, in/B]
-    mins: torch.Tensor | None  # float [out, in/B]
+    codes: np.ndarray  # uint8 [out, in/B, B*bits/8]
+    scales: np.ndarray  # float [out, in/B]
+    mins: np.ndarray | None  # float [out, in/B]
     fmt: QuantFormat
 
-    def component(self, name: str) -> torch.Tensor:
+    def component(self, name: str) -> np.ndarray:
         return {"codes": self.codes, "scales": self.scales, "mins": self.mins}[name]
 
 
@@ -77,22 +76,22 @@ def pack(q: np.ndarray, bits: int) -> np.ndarray:
     return q if bits == 8 else (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
 
 
-def unpack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+def unpack(codes: np.ndarray, bits: int) -> np.ndarray:
     """Packed uint8 [..., B*bits/8] -> codes [..., B] as uint8."""
     if bits == 8:
         return codes
     low, high = codes & 0x0F, codes >> 4
-    return torch.stack((low, high), dim=-1).flatten(-2)
+    return np.stack((low, high), axis=-1).reshape(*codes.shape[:-1], -1)
 
 
-def dequantize(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, bits: int, zero_point: int,
-               dtype: torch.dtype | None = None) -> torch.Tensor:
+def dequantize(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, bits: int, zero_point: int,
+               dtype: np.dtype | None = None) -> np.ndarray:
     """Blocked codes -> float weight [out, in], computed in float32 then cast to `dtype` (scales' dtype)."""
-    q = unpack(codes, bits).to(torch.float32) - zero_point  # [out, nb, B]
-    w = q * scales.to(torch.float32)[..., None]
+    q = unpack(codes, bits).astype(np.float32) - np.float32(zero_point)  # [out, nb, B]
+    w = q * scales.astype(np.float32)[..., None]
     if mins is not None:
-        w = w + mins.to(torch.float32)[..., None]
-    return w.flatten(1).to(dtype or scales.dtype)
+        w = w + mins.astype(np.float32)[..., None]
+    return w.reshape(w.shape[0], -1).astype(dtype or scales.dtype, copy=False)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -136,13 +135,10 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     """GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K block bytes of a [out, in] tensor -> QuantTensor, without rounding."""
     fmt = GGUF_FORMATS[type_name]
     out, n_in = shape
-
-    def to_torch(a):
-        return torch.from_numpy(np.ascontiguousarray(a))
     if type_name.endswith("_K"):
         q, scales, mins = _from_k_blocks(raw.reshape(out, n_in // 256, -1), type_name)
-        return QuantTensor(to_torch(pack(q, fmt.bits)), to_torch(scales.astype(np.float32)),
-                           None if mins is None else to_torch(mins.astype(np.float32)), fmt)
+        return QuantTensor(np.ascontiguousarray(pack(q, fmt.bits)), np.ascontiguousarray(scales.astype(np.float32)),
+                           None if mins is None else np.ascontiguousarray(mins.astype(np.float32)), fmt)
     nb = n_in // 32
     blocks = raw.reshape(out, nb, -1)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
@@ -155,29 +151,28 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
         mins = blocks[..., 2:4].copy().view(np.float16)[..., 0] if type_name == "Q4_1" else None
         if mins is not None:  # d == 0: every weight of the block is m whatever q says; make q agree
             q = np.where((d == 0)[..., None], 0, q)
-    return QuantTensor(to_torch(pack(q, fmt.bits)), to_torch(d.astype(np.float32)),
-                       None if mins is None else to_torch(mins.astype(np.float32)), fmt)
+    return QuantTensor(np.ascontiguousarray(pack(q, fmt.bits)), np.ascontiguousarray(d.astype(np.float32)),
+                       None if mins is None else np.ascontiguousarray(mins.astype(np.float32)), fmt)
 
 
-def quantize_rtn(w: torch.Tensor, bits: int, block_size: int, symmetric: bool) -> QuantTensor:
+def quantize_rtn(w: np.ndarray, bits: int, block_size: int, symmetric: bool) -> QuantTensor:
     """Round-to-nearest: per block, symmetric (scale = max|w| / (2^(bits-1) - 1), zero point 2^(bits-1)) or
     asymmetric (scale = (max - min) / (2^bits - 1), min kept as the block's min)."""
     out, n_in = w.shape
     if n_in % block_size:
         raise ValueError(f"block size {block_size} does not divide the input features ({n_in})")
-    x = w.to(torch.float32).reshape(out, n_in // block_size, block_size)
+    x = w.astype(np.float32).reshape(out, n_in // block_size, block_size)
     levels = (1 << bits) - 1
     if symmetric:
         zp = 1 << (bits - 1)
-        scale = x.abs().amax(-1) / (zp - 1)
-        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-        q = torch.clamp(torch.round(x / safe[..., None]) + zp, 0, levels)
+        scale = np.abs(x).max(-1) / np.float32(zp - 1)
+        safe = np.where(scale == 0, np.float32(1), scale)
+        q = np.clip(np.round(x / safe[..., None]) + zp, 0, levels)
         mins, fmt = None, QuantFormat(bits, block_size, zp, False)
     else:
-        lo, hi = x.amin(-1), x.amax(-1)
-        scale = (hi - lo) / levels
-        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-        q = torch.clamp(torch.round((x - lo[..., None]) / safe[..., None]), 0, levels)
+        lo, hi = x.min(-1), x.max(-1)
+        scale = (hi - lo) / np.float32(levels)
+        safe = np.where(scale == 0, np.float32(1), scale)
+        q = np.clip(np.round((x - lo[..., None]) / safe[..., None]), 0, levels)
         mins, fmt = lo, QuantFormat(bits, block_size, 0, True)
-    codes = torch.from_numpy(pack(q.to(torch.uint8).numpy(), bits))
-    return QuantTensor(codes, scale, mins, fmt)
+    return QuantTensor(pack(q.astype(np.uint8), bits), scale, mins, fmt)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-import torch
+import numpy as np
 
 from llgraph.config import LlamaConfig
 from llgraph.quant import QuantFormat, QuantTensor, dequantize, quantize_rtn
@@ -70,15 +70,15 @@ class QuantizedSource(WeightSource):
         step = max(1, self.ROUND_BYTES // (4 * n_in))
         parts = []
         for start in range(0, out, step):
-            rows = self.base.load_rows(name, start, min(out, start + step), torch.float32)
+            rows = self.base.load_rows(name, start, min(out, start + step), np.dtype(np.float32))
             if rows is None:  # a source without row reads: the tensor whole
-                return quantize_rtn(self.base.load(name, torch.float32).float(), bits, self.block_size,
+                return quantize_rtn(self.base.load(name, np.dtype(np.float32)), bits, self.block_size,
                                     self.symmetric)
-            parts.append(quantize_rtn(rows.float(), bits, self.block_size, self.symmetric))
+            parts.append(quantize_rtn(rows, bits, self.block_size, self.symmetric))
         if len(parts) == 1:
             return parts[0]
-        mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])
-        return QuantTensor(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), mins,
+        mins = None if parts[0].mins is None else np.concatenate([p.mins for p in parts])
+        return QuantTensor(np.concatenate([p.codes for p in parts]), np.concatenate([p.scales for p in parts]), mins,
                            parts[0].fmt)
 
     def load_rows(self, name, start, stop, dtype=None):
@@ -88,7 +88,7 @@ class QuantizedSource(WeightSource):
         if self.quant_format(name) is None:
             return self.base.load(name, dtype)
         q = self.load_quantized(name)
-        return dequantize(q.codes, q.scales, q.mins, q.fmt.bits, q.fmt.zero_point, torch.float32)
+        return dequantize(q.codes, q.scales, q.mins, q.fmt.bits, q.fmt.zero_point, np.dtype(np.float32))
 
 
 def rtn_view(source: WeightSource, cfg: LlamaConfig, quantize: str | None = None, block_size: int = 32,
@@ -143,7 +143,7 @@ class FusedSplitSource(WeightSource):
         if name not in self._parts:
             return self.base.load(name, dtype)
         fused, start, rows = self._parts[name]
-        return self.base.load(fused, dtype)[start:start + rows].clone()
+        return self.base.load(fused, dtype)[start:start + rows].copy()
 
     def tokenizer_files(self):
         return self.base.tokenizer_files()
@@ -165,7 +165,7 @@ class NormOffsetSource(WeightSource):
 
     def load(self, name, dtype=None):
         t = self.base.load(name, dtype)
-        return t.float() + self.offset if name.endswith("norm.weight") else t
+        return t.astype(np.float32) + np.float32(self.offset) if name.endswith("norm.weight") else t
 
     def tokenizer_files(self):
         return self.base.tokenizer_files()

@@ -15,15 +15,17 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
+import ml_dtypes
 import numpy as np
-import torch
 
 from llgraph.errors import LlgraphError
 from llgraph.ir import Graph, Param
 from llgraph.quant import QuantFormat, QuantTensor
 
-TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-                "bfloat16": torch.bfloat16}
+# numpy is the tensor library of weights and exports (torch is the executor's alone); ml_dtypes gives numpy a
+# bfloat16 that rounds as torch's does (to nearest even)
+DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
+          "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 # Tensors some checkpoints carry that no Llama graph reads: HF's old rotary buffers.
 _IGNORABLE = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
@@ -45,12 +47,12 @@ class WeightSource:
     def shape(self, name: str) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def load(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The tensor as a CPU float tensor: its stored float dtype (float32 after dequantization). `dtype` is a
+    def load(self, name: str, dtype: np.dtype | None = None) -> np.ndarray:
+        """The tensor as a float numpy array: its stored float dtype (float32 after dequantization). `dtype` is a
         hint a source may use to avoid a full-size intermediate; the caller still casts."""
         raise NotImplementedError
 
-    def load_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    def load_rows(self, name: str, start: int, stop: int, dtype: np.dtype | None = None) -> np.ndarray | None:
         """Rows [start, stop) of a 2-D float tensor, read without loading the rest, as `load` would give them; None
         where this source cannot (the exporter then loads the tensor whole)."""
         return None
@@ -73,7 +75,7 @@ QUANTIZABLE = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight
 CARRIED = re.compile(rf"{QUANTIZABLE.pattern}|lm_head\.weight|model\.embed_tokens\.weight")
 
 
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_ST_DTYPES = {"F64": DTYPES["float64"], "F32": DTYPES["float32"], "F16": DTYPES["float16"], "BF16": DTYPES["bfloat16"]}
 
 
 class SafetensorsSource(WeightSource):
@@ -99,7 +101,7 @@ class SafetensorsSource(WeightSource):
         else:
             files, self.folder = [path], path.parent
         self.description = f"safetensors {path}"
-        self._entries: dict[str, tuple[Path, int, torch.dtype, tuple[int, ...]]] = {}
+        self._entries: dict[str, tuple[Path, int, np.dtype, tuple[int, ...]]] = {}
         for f in files:
             if not f.exists():
                 raise WeightError(f"shard {f} named in the index is missing; re-download the checkpoint")
@@ -119,11 +121,11 @@ class SafetensorsSource(WeightSource):
 
     def _read(self, name, start, stop):
         path, offset, st_dtype, shape = self._entries[name]
-        out = torch.empty((stop - start, *shape[1:]) if shape else shape, dtype=st_dtype)
-        row_bytes = out[0].numel() * out.element_size() if shape else 0
+        out = np.empty((stop - start, *shape[1:]) if shape else shape, dtype=st_dtype)
+        row_bytes = out[0].nbytes if shape else 0
         with open(path, "rb") as f:
             f.seek(offset + start * row_bytes)
-            if f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != out.numel() * out.element_size():
+            if f.readinto(memoryview(out.reshape(-1).view(np.uint8))) != out.nbytes:
                 raise WeightError(f"{path} ends inside tensor {name}; the file is truncated, re-download it")
         return out
 
@@ -179,25 +181,25 @@ class RandomSource(WeightSource):
 
     def load(self, name, dtype=None):
         shape = self._shapes[name]
-        return self._draw(name, 0, math.prod(shape), dtype).view(shape)
+        return self._draw(name, 0, math.prod(shape), dtype).reshape(shape)
 
     def load_rows(self, name, start, stop, dtype=None):
         shape = self._shapes[name]
         if len(shape) != 2:
             return None
-        return self._draw(name, start * shape[1], stop * shape[1], dtype).view(stop - start, shape[1])
+        return self._draw(name, start * shape[1], stop * shape[1], dtype).reshape(stop - start, shape[1])
 
     def _draw(self, name, begin, end, dtype):
         """Flat elements [begin, end) of tensor `name`: chunk k of CHUNK elements is drawn from a generator seeded by
         (seed, name, k) — chunk 0 by (seed, name) alone, so a tensor of one chunk draws what it always drew."""
-        out = torch.empty(end - begin, dtype=dtype or torch.float32)
+        out = np.empty(end - begin, dtype=dtype or np.float32)
         seed, offset = self.seed * 1_000_003 + zlib.crc32(name.encode()), 1.0 if "norm" in name else 0.0
         for k in range(begin // self.CHUNK, -(-end // self.CHUNK)):
             lo, hi = max(begin, k * self.CHUNK), min(end, (k + 1) * self.CHUNK)
-            g = torch.Generator().manual_seed(seed * 65_537 + k if k else seed)
+            g = np.random.default_rng(seed * 65_537 + k if k else seed)
             n = min(self.CHUNK, math.prod(self._shapes[name]) - k * self.CHUNK)
-            out[lo - begin:hi - begin] = (torch.randn(n, generator=g)[lo - k * self.CHUNK:hi - k * self.CHUNK]
-                                          * self.std + offset)
+            drawn = g.standard_normal(n, dtype=np.float32)[lo - k * self.CHUNK:hi - k * self.CHUNK]
+            out[lo - begin:hi - begin] = drawn * np.float32(self.std) + np.float32(offset)
         return out
 
 
@@ -236,22 +238,22 @@ def _few(items: list[str], n: int = 8) -> str:
     return ", ".join(items[:n]) + more
 
 
-def load_param(param: Param, source: WeightSource) -> torch.Tensor:
+def load_param(param: Param, source: WeightSource) -> np.ndarray:
     """The parameter's tensor in its graph dtype: its constant, its checkpoint tensor, or its parts concatenated
     along axis 0 (a packed param)."""
     if param.component is not None:  # a piece of the blocked form: codes stay uint8, scales/mins take the dtype
         pieces = [source.load_quantized(p.name).component(param.component) for p in param.parts]
-        pieces = [t if param.component == "codes" else t.to(TORCH_DTYPES[param.value.dtype]) for t in pieces]
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
-    dtype = TORCH_DTYPES[param.value.dtype]
+        pieces = [t if param.component == "codes" else t.astype(DTYPES[param.value.dtype]) for t in pieces]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+    dtype = DTYPES[param.value.dtype]
     if param.is_constant:
-        return torch.from_numpy(np.asarray(param.constant)).to(dtype)
-    tensors = [source.load(p.name, dtype).to(dtype) for p in param.parts]
-    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+        return np.asarray(param.constant).astype(dtype)
+    tensors = [source.load(p.name, dtype).astype(dtype, copy=False) for p in param.parts]
+    return tensors[0] if len(tensors) == 1 else np.concatenate(tensors, axis=0)
 
 
 def iter_params(graph: Graph, source: WeightSource, progress: bool = False
-                ) -> Iterator[tuple[str, torch.Tensor]]:
+                ) -> Iterator[tuple[str, np.ndarray]]:
     """Checks the source once, then yields (name, tensor) one parameter at a time."""
     from tqdm import tqdm
 

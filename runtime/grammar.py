@@ -21,7 +21,6 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from llgraph.errors import LlgraphError
 from llgraph.runtime.sampling import RequestError
@@ -108,12 +107,12 @@ class Matcher:
         self._bits = np.zeros(self._words, np.int32)
         self._check()
 
-    def allowed(self, vocab_size: int) -> torch.Tensor:
+    def allowed(self, vocab_size: int) -> np.ndarray:
         """[vocab_size] bool: the tokens that keep the output valid."""
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         self._check()
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:vocab_size]
-        return torch.from_numpy(bits.view(np.bool_))  # unpackbits gives 0/1 bytes: a bool view, no copy
+        return bits.view(np.bool_)  # unpackbits gives 0/1 bytes: a bool view, no copy
 
     def advance(self, token: int) -> None:
         self._m.consume_token(token)
@@ -124,9 +123,8 @@ class Matcher:
             raise RequestError(f"structured output failed: {self._m.get_error()[:200]}")
 
 
-def row_masks(matchers: list, vocab_size: int) -> torch.Tensor | None:
+def row_masks(matchers: list, vocab_size: int) -> np.ndarray | None:
     """[B, V] bool for a batch's rows (a row without a matcher allows everything); None when no row has one."""
     if not any(matchers):
         return None
-    return torch.stack([m.allowed(vocab_size) if m is not None else torch.ones(vocab_size, dtype=torch.bool)
-                        for m in matchers])
+    return np.stack([m.allowed(vocab_size) if m is not None else np.ones(vocab_size, np.bool_) for m in matchers])

@@ -11,19 +11,18 @@ slot p >= len(b), and row b's decode token at position p overwrites slot p befor
 
 from __future__ import annotations
 
-import contextlib
 import numbers
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-import torch
+import numpy as np
 
 from llgraph.builder import DEFAULT_MAX_SEQ
 from llgraph.errors import LlgraphError
 from llgraph.runtime.grammar import row_masks
 from llgraph.runtime.sampling import RequestError, Sampling, sample
-from llgraph.runtime.speculative import check_draft, check_mode
+from llgraph.runtime.speculative import MAX_DRAFT, check_draft, check_draft_max, check_mode
 from llgraph.runtime.speculative import decode as speculative_decode
 
 
@@ -39,13 +38,12 @@ def cache_length(requested: int | None, limit: int, what: str) -> int:
     return requested
 
 
+MIN_REUSE = 8  # prompt tokens a cached prefix must cover to be copied between rows rather than computed again
+
+
 class Backend:
     max_seq_len: int
     vocab_size: int
-    # torch threads for the loop's own small tensors (sampling, indexing) between this backend's steps; None leaves
-    # torch alone. ONNX Runtime's pool owns the cores: a second pool of torch threads waking beside its spinning
-    # workers cost a 29-token prefill 30% and decode 7% on 2 cores (runtime/ort.py sets 1).
-    host_threads: int | None = None
     # whether one forward may run several rows of more than one token after a cached prefix (speculative
     # verification); ONNX Runtime's GroupQueryAttention takes only one such row (runtime/ort.py sets False)
     multi_token_rows: bool = True
@@ -53,9 +51,10 @@ class Backend:
     def allocate(self, batch: int) -> None:
         raise NotImplementedError
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None,
-                keep: int = 0) -> torch.Tensor:
-        """input_ids, position_ids: [B, S] int64 -> logits [B, K, V] (any float dtype, CPU) of the last K positions:
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+                keep: int = 0) -> np.ndarray:
+        """input_ids, position_ids: [B, S] int64 numpy arrays -> logits [B, K, V] (a float numpy array: float32,
+        float16 or ml_dtypes' bfloat16) of the last K positions:
         K = S when `keep` is 0, else min(keep, S) or more (an engine whose graph has no logits_to_keep input gives
         all S). `rows`: run on that contiguous range of the allocated cache's rows only (B == its length; the
         scheduler prefills one slot while the others keep their caches); None: all of them."""
@@ -77,21 +76,10 @@ class Generation:
     finish_reason: str  # "eos", "stop" (a stop string), or "length"
 
 
-@contextlib.contextmanager
-def host_threads(n: int | None):
-    """torch's thread count set to `n` inside, restored after (torch keeps one count for the process)."""
-    before = torch.get_num_threads()
-    if n is None or n == before:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 class Runner:
+    # a batch whose prompts share a prefix prefills it once, in row 0, and copies it to the other rows
+    reuse_prefixes = True
+
     def __init__(self, backend: Backend, tokenizer=None, eos_token_ids: Sequence[int] = ()):
         self.backend, self.tokenizer = backend, tokenizer
         self.eos_token_ids = set(eos_token_ids)
@@ -100,12 +88,13 @@ class Runner:
     def generate(self, prompts, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None, grammar=None,
-                 speculative: str = "off"):
+                 speculative: str = "off", draft_max: int = MAX_DRAFT):
         """One prompt (a string, a list of token ids, or a conversation: a list of {"role", "content"} messages,
         rendered with the model's chat template) -> a Generation; a list of prompts -> a list of them.
         `grammar`: a runtime.grammar.Grammar (e.g. Grammar.json_schema(schema)) every output must follow.
         `speculative`: "ngram" drafts tokens by prompt lookup and verifies them in one step (runtime/speculative.py):
-        the same greedy output, the same sampling distribution, fewer steps where the output repeats its context."""
+        the same greedy output, the same sampling distribution, fewer steps where the output repeats its context;
+        `draft_max` bounds the tokens drafted a step (the length adapts below it)."""
         if len(prompts) == 0:
             raise RequestError("the prompt is empty; give at least one token")
         single = isinstance(prompts, str) or isinstance(prompts[0], (numbers.Integral, dict))  # numpy ints too
@@ -113,7 +102,7 @@ class Runner:
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
         seqs = []
         for seqs in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,
-                                 self._speculation(speculative)):
+                                 self._speculation(speculative), draft_max=check_draft_max(draft_max)):
             pass
         results = [Generation(s.text(), s.tokens, s.finish_reason) for s in seqs]
         return results[0] if single else results
@@ -146,10 +135,11 @@ class Runner:
         stats = kwargs.pop("stats", None)  # a dict to fill: prompt_tokens, prefill_s, new_tokens, decode_s
         grammar = kwargs.pop("grammar", None)
         speculative = self._speculation(kwargs.pop("speculative", "off"))
+        draft_max = check_draft_max(kwargs.pop("draft_max", MAX_DRAFT))
         start = first = time.perf_counter()
         seq, counts = None, {}
         for (seq,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar, speculative,
-                                   counts):
+                                   counts, draft_max):
             if seq.steps <= 1:
                 first = time.perf_counter()  # prefill done and its token sampled
             piece = seq.new_text()
@@ -204,30 +194,20 @@ class Runner:
         return mode
 
     def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar=None,
-                speculative="off", counts=None):
-        """Yields the batch's Decodings after each step, as decoding goes; the steps run with the backend's
-        host_threads, the caller's code between them with its own. `counts` gains speculation's drafted and
+                speculative="off", counts=None, draft_max: int = MAX_DRAFT):
+        """Yields the batch's Decodings after each step, as decoding goes. `counts` gains speculation's drafted and
         accepted tokens."""
-        steps = self._steps(prompts, max_new_tokens, params, stop, eos_token_ids, grammar, speculative,
-                            {} if counts is None else counts)
-        while True:
-            with host_threads(self.backend.host_threads):
-                seqs = next(steps, None)
-            if seqs is None:
-                return
-            yield seqs
+        yield from self._steps(prompts, max_new_tokens, params, stop, eos_token_ids, grammar, speculative,
+                               {} if counts is None else counts, draft_max)
 
-    def _steps(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar, speculative, counts):
+    def _steps(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar, speculative, counts,
+               draft_max):
         ids = [self.encode(p) for p in prompts]
         eos = self.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         b = self.backend
         self.check_room(max(len(p) for p in ids), max_new_tokens)
-        longest = max(len(p) for p in ids)
-        lengths = torch.tensor([len(p) for p in ids])
-        tokens = torch.zeros(len(ids), longest, dtype=torch.int64)
-        for row, p in enumerate(ids):
-            tokens[row, :len(p)] = torch.tensor(p)
-        seen = torch.zeros(len(ids), b.vocab_size, dtype=torch.bool)  # for the repetition penalty
+        lengths = np.array([len(p) for p in ids])
+        seen = np.zeros((len(ids), b.vocab_size), np.bool_)  # for the repetition penalty
         for row, p in enumerate(ids):
             seen[row, p] = True
         generator = params.generator()
@@ -235,11 +215,8 @@ class Runner:
         matchers = [grammar.matcher(self.tokenizer, b.vocab_size, eos) if grammar else None for _ in ids]
 
         b.allocate(len(ids))
-        positions = torch.arange(longest).expand(len(ids), longest)
-        # logits of the positions from the shortest row's last token on: one row of the head for a single prompt
-        logits = b.forward(tokens, positions, keep=longest - int(lengths.min()) + 1)
-        last = logits[torch.arange(len(ids)), lengths - 1 - (longest - logits.shape[1])]  # each row's last token
-        pos = lengths.clone()  # the position each row's next token takes
+        last = self._prefill(ids)
+        pos = lengths.copy()  # the position each row's next token takes
         while True:
             live = [m if s.finish_reason is None else None for m, s in zip(matchers, seqs)]
             nxt = sample(last, params, seen, generator, row_masks(live, b.vocab_size))
@@ -254,10 +231,28 @@ class Runner:
                 return
             if speculative != "off":
                 yield from speculative_decode(b, seqs, ids, nxt, pos, params, seen, generator, matchers, counts,
-                                              speculative)
+                                              speculative, draft_max)
                 return
             last = b.forward(nxt[:, None], pos[:, None], keep=1)[:, -1]
             pos += 1
+
+    def _prefill(self, ids: list[list[int]]) -> np.ndarray:
+        """Writes the prompts into the allocated rows -> each row's last-token logits [B, V]. A prefix every prompt
+        shares (MIN_REUSE tokens or more, short of the shortest prompt's last token) is computed once, in row 0,
+        and copied to the other rows (Backend.copy_prefix; probed with an empty copy), then the tails follow."""
+        b, shared = self.backend, 0
+        if self.reuse_prefixes and len(ids) > 1:
+            shared = min(_common_prefix(ids), min(map(len, ids)) - 1)
+        if shared < MIN_REUSE or not b.copy_prefix(0, 0, 0):
+            return _last_logits(b, ids, 0, None)
+        b.forward(np.array([ids[0][:shared]], np.int64), np.arange(shared)[None], rows=slice(0, 1), keep=1)
+        for row in range(1, len(ids)):
+            b.copy_prefix(0, row, shared)
+        tails = [p[shared:] for p in ids]
+        if b.multi_token_rows:
+            return _last_logits(b, tails, shared, None)
+        # ONNX Runtime's GroupQueryAttention: one row of several tokens after a cached prefix per forward
+        return np.concatenate([_last_logits(b, [t], shared, slice(r, r + 1)) for r, t in enumerate(tails)])
 
     def check_room(self, prompt_tokens: int, max_new_tokens) -> None:
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -285,6 +280,28 @@ class Runner:
 
     def text_of(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
+
+
+def _common_prefix(ids: list[list[int]]) -> int:
+    n = min(map(len, ids))
+    for i in range(n):
+        if any(p[i] != ids[0][i] for p in ids):
+            return i
+    return n
+
+
+def _last_logits(backend: Backend, rows: list[list[int]], start: int, span: slice | None) -> np.ndarray:
+    """One right-padded forward of `rows` (row r's tokens at positions start..) on the allocated rows (`span`: a
+    range of them) -> each row's last-token logits [B, V]. Only the positions from the shortest row's last token on
+    are asked for (one row of the head for a single prompt)."""
+    lengths = np.array([len(r) for r in rows])
+    longest = int(lengths.max())
+    tokens = np.zeros((len(rows), longest), np.int64)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = r
+    positions = np.broadcast_to(np.arange(start, start + longest), tokens.shape)
+    logits = backend.forward(tokens, positions, rows=span, keep=longest - int(lengths.min()) + 1)
+    return logits[np.arange(len(rows)), lengths - 1 - (longest - logits.shape[1])]
 
 
 class Decoding:

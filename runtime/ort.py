@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
@@ -51,7 +50,6 @@ def share_threads(threads: int | None = None) -> None:
 
 
 class OrtBackend(Backend):
-    host_threads = 1  # ONNX Runtime's own pool does the work (loop.Backend.host_threads)
     multi_token_rows = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 and past ..."
 
     def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None,
@@ -100,11 +98,11 @@ class OrtBackend(Backend):
             self._binding.bind_ortvalue_output(present, value)
         self._rows = rows
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None,
-                keep: int = 0) -> torch.Tensor:
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+                keep: int = 0) -> np.ndarray:
         self._bind_cache(slice(0, self._batch) if rows is None else rows)
-        self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids.numpy()))
-        self._binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids.numpy()))
+        self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
+        self._binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, np.int64))
         batch, seq = input_ids.shape
         if self._keeps:  # the graph computes the head for the last `keep` positions only (passes.py)
             # an overridable initializer: bind_cpu_input looks among the required inputs only
@@ -116,17 +114,17 @@ class OrtBackend(Backend):
         logits = np.empty((batch, kept, self.vocab_size), self._np_dtype)
         self._binding.bind_ortvalue_output("logits", self._ort.OrtValue.ortvalue_from_numpy(logits))
         self.session.run_with_iobinding(self._binding)
-        return torch.from_numpy(logits)
+        return logits
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
         for array in self._arrays.values():
             array[dst, :, :length] = array[src, :, :length]
         return True
 
-    def values(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> dict[str, np.ndarray]:
+    def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, np.ndarray]:
         """One step through session.run (no IO binding) returning every output the graph exposes (a diff side's
         tapped model exposes every IR value), the presents written back into the cache."""
-        feeds = {"input_ids": input_ids.numpy(), "position_ids": position_ids.numpy(), **self._arrays}
+        feeds = {"input_ids": input_ids, "position_ids": position_ids, **self._arrays}
         names = [o.name for o in self.session.get_outputs()]
         values = dict(zip(names, self.session.run(names, feeds)))
         for past, present in cache_pairs(self.config):
@@ -198,7 +196,7 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
             if fresh[0]:
                 backend.allocate(s["input_ids"].shape[0], zeroed=True)
                 fresh[0] = False
-            values = backend.values(torch.from_numpy(s["input_ids"]), torch.from_numpy(s["position_ids"]))
+            values = backend.values(s["input_ids"], s["position_ids"])
             return {k: v.astype(np.float32) for k, v in values.items()}
         return step
     return stepper

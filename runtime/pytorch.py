@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from llgraph.builder import new_cache
@@ -23,7 +24,7 @@ from llgraph.runtime.loop import Backend, Runner, cache_length
 from llgraph.runtime.registry import BackendSpec, RunOptions
 from llgraph.tokenizer import Tokenizer
 from llgraph.weight_request import Weights
-from llgraph.weights import TORCH_DTYPES, WeightSource
+from llgraph.weights import WeightSource
 
 
 class TorchBackend(Backend):
@@ -32,13 +33,13 @@ class TorchBackend(Backend):
                  limit: int | None = None):
         """`limit`: the longest cache allowed (default the model's context; the executor computes RoPE at any
         position, and a diff side matches an export's range)."""
-        from llgraph.executor import TorchExecutor
+        from llgraph.executor import TORCH_DTYPES, TorchExecutor
 
         self.config, self.dtype, self.device = config, dtype, device
         self.max_seq_len = cache_length(max_seq_len, limit or config.max_position_embeddings, "the model's context")
         self.vocab_size = config.vocab_size
         self.executor = TorchExecutor(graph or model_graph(config, dtype), source, device, progress)
-        self._batch, self._cache = None, {}
+        self._batch, self._cache, self._torch_dtype = None, {}, TORCH_DTYPES[dtype]
         self._keeps = any(v.name == KEEP_INPUT for v in self.executor.graph.inputs)
 
     def allocate(self, batch: int, zeroed: bool = False) -> None:
@@ -46,7 +47,7 @@ class TorchBackend(Backend):
         if batch == self._batch and not zeroed:
             return
         self._cache = new_cache(self.config, batch, self.max_seq_len,
-                                lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device))
+                                lambda shape: torch.zeros(shape, dtype=self._torch_dtype, device=self.device))
         self._batch = batch
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
@@ -54,20 +55,25 @@ class TorchBackend(Backend):
             t[dst, :, :length] = t[src, :, :length]
         return True
 
-    def _feeds(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None, keep: int = 0) -> dict:
+    def _feeds(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None, keep: int = 0) -> dict:
         cache = self._cache if rows is None else {k: v[rows] for k, v in self._cache.items()}  # views, written in place
-        feeds = {"input_ids": input_ids.to(self.device), "position_ids": position_ids.to(self.device), **cache}
+        feeds = {"input_ids": _ids(input_ids, self.device), "position_ids": _ids(position_ids, self.device), **cache}
         if self._keeps:  # a graph with passes.keep_last_positions applied
             feeds[KEEP_INPUT] = torch.tensor(keep, dtype=torch.int64)
         return feeds
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None,
-                keep: int = 0) -> torch.Tensor:
-        return self.executor.run(self._feeds(input_ids, position_ids, rows, keep))["logits"].float().cpu()
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+                keep: int = 0) -> np.ndarray:
+        return self.executor.run(self._feeds(input_ids, position_ids, rows, keep))["logits"].float().cpu().numpy()
 
-    def values(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, torch.Tensor]:
         """One step like forward, returning every IR value it computed (the present caches are live storage)."""
         return self.executor.run(self._feeds(input_ids, position_ids, None), record=True)
+
+
+def _ids(a, device) -> torch.Tensor:
+    """[B, S] integer ids or positions (a numpy array) -> an int64 tensor on `device`."""
+    return torch.tensor(np.asarray(a), dtype=torch.int64, device=device)
 
 
 class TorchRunner(Runner):
@@ -96,7 +102,7 @@ def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", m
             if fresh[0]:
                 backend.allocate(s["input_ids"].shape[0], zeroed=True)
                 fresh[0] = False
-            recorded = backend.values(torch.from_numpy(s["input_ids"]), torch.from_numpy(s["position_ids"]))
+            recorded = backend.values(s["input_ids"], s["position_ids"])
             return {k: v.float().numpy().copy() for k, v in recorded.items()}  # present is live storage: copy
         return step
     return stepper

@@ -60,11 +60,16 @@ class BackendSpec:
 
 
 def backend(name: str) -> BackendSpec:
-    if name not in BACKENDS:
-        from llgraph.errors import LlgraphError
+    from llgraph.errors import LlgraphError, MissingExtra
 
+    if name not in BACKENDS:
         raise LlgraphError(f"unknown backend '{name}'; use one of {', '.join(BACKENDS)}")
-    return importlib.import_module(BACKENDS[name][0]).BACKEND
+    try:
+        return importlib.import_module(BACKENDS[name][0]).BACKEND
+    except ImportError as e:  # torch is the executor's and TensorRT's buffers' package, not the ORT path's
+        if (e.name or "").split(".")[0] != "torch":
+            raise
+        raise MissingExtra(f"--backend {name}", "torch", "torch", e) from None
 
 
 def check_weights(name: str, weights: Weights) -> Weights:
@@ -73,9 +78,20 @@ def check_weights(name: str, weights: Weights) -> Weights:
     return weights.check(name, spec.bf16, spec.accuracy_level, spec.kernels)
 
 
-def diff_sides() -> dict[str, Callable[[SideRequest], Callable]]:
-    """Every diff side of every backend, by name (torch, ort, onnx, trt)."""
-    return {side: make for name in BACKENDS for side, make in backend(name).sides.items()}
+def diff_sides(wanted=()) -> dict[str, Callable[[SideRequest], Callable]]:
+    """Every diff side of every backend that imports here, by name (torch, ort, onnx, trt); a side in `wanted`
+    that none gives, because a backend's packages are missing, raises that backend's one-line error."""
+    from llgraph.errors import MissingExtra
+
+    sides, missing = {}, None
+    for name in BACKENDS:
+        try:
+            sides.update(backend(name).sides)
+        except MissingExtra as e:
+            missing = missing or e
+    if missing is not None and any(w is not None and w not in sides for w in wanted):
+        raise missing
+    return sides
 
 
 def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir: str | None = None,

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from llgraph.errors import LlgraphError
 
@@ -49,64 +48,94 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW or self.top_k == 1
 
-    def generator(self) -> torch.Generator:
-        g = torch.Generator()
-        if self.seed is None:
-            g.seed()  # nondeterministic, from the OS
-        else:
-            g.manual_seed(self.seed)
-        return g
+    def generator(self) -> np.random.Generator:
+        """numpy's PCG64, seeded by `seed` (None: fresh entropy from the OS)."""
+        return np.random.default_rng(self.seed)
 
 
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
     """logits: [B, V]; seen: [B, V] bool, the tokens already in each row's sequence."""
     if penalty == 1.0:
         return logits
-    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen, penalized, logits)
+    with np.errstate(divide="ignore", over="ignore"):  # a tiny penalty overflows to inf, clamped by distribution()
+        penalized = np.where(logits > 0, logits / np.float32(penalty), logits * np.float32(penalty))
+    return np.where(seen, penalized, logits)
 
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+def filter_logits(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     """-inf outside the top_k largest and outside the smallest set whose probability reaches top_p."""
     if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        kth = -np.partition(-logits, top_k - 1, axis=-1)[..., top_k - 1:top_k]
+        logits = np.where(logits < kth, -np.inf, logits).astype(logits.dtype)
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs >= top_p  # keep a token while the mass before it is < top_p
-        drop[..., 0] = False  # and always the most likely one (a top_p below float32's range rounds to 0)
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        probs = _softmax(logits)
+        keep = np.zeros(logits.shape, np.bool_)
+        for row, p in enumerate(probs.reshape(-1, probs.shape[-1])):
+            keep.reshape(-1, keep.shape[-1])[row, _nucleus(p, top_p)] = True
+        logits = np.where(keep, logits, -np.inf).astype(logits.dtype)
     return logits
 
 
-def sample(logits: torch.Tensor, params: Sampling, seen: torch.Tensor, generator: torch.Generator,
-           allowed: torch.Tensor | None = None) -> torch.Tensor:
+def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """The indices top_p keeps of one row: in descending probability (ties by index), each token while the mass
+    before it is < top_p, and always the first (a top_p below float32's range rounds to 0). Sorted among the few
+    most likely candidates only (a full sort of a 49k vocabulary took 5 ms a token): the answer is the full sort's
+    once the kept tokens all outweigh every token left out of the candidates, else the candidates grow."""
+    n, k = probs.shape[-1], 256
+    while True:
+        candidates = np.arange(n) if k >= n else np.argpartition(-probs, k - 1)[:k]
+        order = candidates[np.lexsort((candidates, -probs[candidates]))]
+        ranked = probs[order]
+        drop = np.cumsum(ranked, dtype=np.float64) - ranked >= top_p
+        drop[0] = False
+        kept = order[~drop]
+        if k >= n or (drop.any() and probs[kept[-1]] > ranked[-1]):
+            return kept
+        k *= 8
+
+
+def sample(logits: np.ndarray, params: Sampling, seen: np.ndarray, generator: np.random.Generator,
+           allowed: np.ndarray | None = None) -> np.ndarray:
     """logits: [B, V] float -> next tokens [B] int64. `allowed`: [B, V] bool, the only tokens a row may take (a
     grammar's mask: runtime/grammar.py), applied before anything else."""
-    if params.greedy:  # numpy's argmax (the same first-maximum rule): 8 us on a 49k-vocab row here, torch's 80 us
-        return torch.from_numpy(np.argmax(_processed(logits, params, seen, allowed).numpy(), axis=-1))
-    return torch.multinomial(distribution(logits, params, seen, allowed), 1, generator=generator)[:, 0]
+    if params.greedy:
+        return np.argmax(_processed(logits, params, seen, allowed), axis=-1)
+    return np.array([draw(p, generator) for p in distribution(logits, params, seen, allowed)], np.int64)
 
 
-def distribution(logits: torch.Tensor, params: Sampling, seen: torch.Tensor,
-                 allowed: torch.Tensor | None = None) -> torch.Tensor:
+def draw(probs: np.ndarray, generator: np.random.Generator) -> int:
+    """One index drawn with probabilities `probs` [V] (summing to about 1; a zero-probability index is never drawn):
+    the first whose cumulative sum passes a uniform draw scaled to the total."""
+    cdf = np.cumsum(probs, dtype=np.float64)
+    i = int(np.searchsorted(cdf, generator.random() * cdf[-1], side="right"))
+    return int(np.flatnonzero(probs)[-1]) if i >= len(probs) else i  # only a draw of exactly the total lands past
+
+
+def distribution(logits: np.ndarray, params: Sampling, seen: np.ndarray,
+                 allowed: np.ndarray | None = None) -> np.ndarray:
     """The probabilities [B, V] a sampled (not greedy) row draws from: penalty, mask, temperature, top-k, top-p."""
     logits = _processed(logits, params, seen, allowed)
     # the top logit becomes 0 and every other one <= 0, whatever the temperature (a penalty's overflow to +inf is
     # clamped first, so inf - inf cannot make a NaN)
-    logits = logits.clamp(max=torch.finfo(logits.dtype).max)
-    logits = filter_logits((logits - logits.amax(-1, keepdim=True)) / params.temperature, params.top_k, params.top_p)
-    probs = logits.softmax(-1)
-    if not torch.isfinite(probs).all():
+    logits = np.minimum(logits, np.finfo(logits.dtype).max)
+    with np.errstate(over="ignore"):  # a logit far below the top may become -inf: probability 0, as it should
+        scaled = (logits - logits.max(-1, keepdims=True)) / np.float32(params.temperature)
+    probs = _softmax(filter_logits(scaled, params.top_k, params.top_p))
+    if not np.isfinite(probs).all():
         raise RequestError("the model's logits are not finite (NaN); this request cannot be sampled")
     return probs
 
 
-def _processed(logits: torch.Tensor, params: Sampling, seen: torch.Tensor, allowed: torch.Tensor | None):
-    logits = apply_repetition_penalty(logits.float(), seen, params.repetition_penalty)
+def _softmax(x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):  # a NaN row stays NaN, for the caller to refuse
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+
+def _processed(logits: np.ndarray, params: Sampling, seen: np.ndarray, allowed: np.ndarray | None):
+    logits = apply_repetition_penalty(np.asarray(logits, np.float32), seen, params.repetition_penalty)
     if allowed is not None:
         if not allowed.any(-1).all():
             raise RequestError("the grammar allows no token here; the output cannot continue")
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        logits = np.where(allowed, logits, -np.inf).astype(np.float32)
     return logits

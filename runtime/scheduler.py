@@ -36,15 +36,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
-from llgraph.runtime.loop import Decoding, Runner, host_threads
+from llgraph.runtime.loop import MIN_REUSE, Decoding, Runner
 from llgraph.runtime.sampling import RequestError, Sampling
 from llgraph.runtime.score import TokenLogprob, token_logprobs
-from llgraph.runtime.speculative import Drafter, accept, check_mode, verify_logits
+from llgraph.runtime.speculative import MAX_DRAFT, Drafter, accept, check_draft_max, check_mode, verify_logits
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
-MIN_REUSE = 8  # prompt tokens a cached prefix must cover to be copied from another slot
 
 
 class QueueFull(RequestError):
@@ -76,8 +75,8 @@ class _Request:
     slot: int = -1
     position: int = 0  # where `token` goes
     token: int = 0  # the last sampled token, input of the next step
-    seen: torch.Tensor | None = None
-    generator: torch.Generator | None = None
+    seen: np.ndarray | None = None
+    generator: np.random.Generator | None = None
     first_token_at: float | None = None
     cancelled: bool = False
     logprobs: int | None = None  # each sampled token's log-probability and this many alternatives; None: off
@@ -168,17 +167,18 @@ class Scheduler:
     def submit(self, prompt, max_new_tokens: int = 64, sampling: Sampling = Sampling(), stop=(),
                eos_token_ids=None, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None,
                logprobs: int | None = None, prompt_logprobs: bool = False, grammar=None,
-               speculative: str = "off") -> Handle:
+               speculative: str = "off", draft_max: int = MAX_DRAFT) -> Handle:
         """Queues a request (a text or token ids). Raises RequestError for a bad one, QueueFull when the queue is
         at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it.
         `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
         `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only). `grammar`: a
         runtime.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and verifies
-        the drafts in its decode steps (runtime/speculative.py)."""
+        the drafts in its decode steps (runtime/speculative.py), at most `draft_max` a step."""
         ids = self.runner.encode(prompt)
         if not isinstance(check_mode(speculative), str):
             raise RequestError("the scheduler drafts by prompt lookup only (speculative 'ngram'); a draft model "
                                "runs in Runner.generate and `llgraph generate`")
+        check_draft_max(draft_max)
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= MAX_LOGPROBS):
             raise RequestError(f"logprobs ({logprobs}) must be an integer in 0..{MAX_LOGPROBS}")
         if prompt_logprobs and max_new_tokens == 0:
@@ -197,7 +197,7 @@ class Scheduler:
         request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling, deliver,
                            None if timeout is None else time.monotonic() + timeout, id=next(self._ids),
                            logprobs=logprobs, prompt_logprobs=prompt_logprobs, matcher=matcher,
-                           drafter=Drafter(ids) if speculative == "ngram" else None)
+                           drafter=Drafter(ids, draft_max) if speculative == "ngram" else None)
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down; send the request to another replica")
@@ -281,13 +281,12 @@ class Scheduler:
                     self._active[r.slot] = r
                     admit.append(r)
             try:
-                with host_threads(self.backend.host_threads):
-                    for r in admit:
-                        self._prefill(r)
+                for r in admit:
+                    self._prefill(r)
+                self._retire()
+                if self._active:
+                    self._step()
                     self._retire()
-                    if self._active:
-                        self._step()
-                        self._retire()
             except Exception as e:  # a backend failure ends every running request with its message
                 with self._cond:
                     for r in list(self._active.values()):
@@ -332,14 +331,14 @@ class Scheduler:
         reused = 0 if scoring_only else self._reuse(r)
         self.metrics.prefix(reused, n)
         self._held[r.slot] = list(ids)
-        logits = self.backend.forward(torch.tensor([ids[reused:]]), torch.arange(reused, n)[None],
+        logits = self.backend.forward(np.array([ids[reused:]], np.int64), np.arange(reused, n)[None],
                                       rows=slice(r.slot, r.slot + 1), keep=0 if r.prompt_logprobs else 1)
         if r.prompt_logprobs:  # position t predicts token t + 1
             r.prompt_scores = token_logprobs(logits[0, :len(r.ids) - 1], r.ids[1:], r.logprobs or 0)
         if scoring_only:
             self._finish(r, "length")
             return
-        r.seen = torch.zeros(1, self.backend.vocab_size, dtype=torch.bool)
+        r.seen = np.zeros((1, self.backend.vocab_size), np.bool_)
         r.seen[0, r.ids] = True
         r.generator, r.position = r.sampling.generator(), n - 1  # the last prompt token's; _take moves it on
         self._take(r, logits[0, -1:])
@@ -365,7 +364,7 @@ class Scheduler:
             self._recent.append((now, len(self._active)))
             self._trim_recent(now)
 
-    def _take(self, r: _Request, logits: torch.Tensor, draft: list[int] = ()) -> list[int]:
+    def _take(self, r: _Request, logits: np.ndarray, draft: list[int] = ()) -> list[int]:
         """logits [len(draft) + 1, V] of the request's last token and its draft -> the tokens it emits (the accepted
         drafts and one more; none if its sampling failed), each an event; its position moves past them."""
         try:

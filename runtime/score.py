@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import torch
+import numpy as np
 
 from llgraph.runtime.sampling import RequestError
 
@@ -36,18 +36,26 @@ class TokenLogprob:
     top: list[tuple[int, float]]
 
 
-def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top: int = 0) -> list[TokenLogprob]:
+def token_logprobs(logits: np.ndarray, targets: Sequence[int], top: int = 0) -> list[TokenLogprob]:
     """logits [K, V] (row k predicts targets[k]), the model's own (before any sampling parameter) -> each target's
     log-probability and the `top` most likely tokens, from the same float64 log-softmax as score_pairs (so a
     served prompt's log-probabilities equal Runner.score's on it)."""
-    logp = logits.double().log_softmax(-1)
-    chosen = logp.gather(-1, torch.tensor(list(targets), dtype=torch.int64)[:, None])[:, 0].tolist()
+    logp = log_softmax(logits)
+    chosen = logp[np.arange(len(targets)), list(targets)].tolist()
     if top:
-        values, ids = logp.topk(top, dim=-1)
-        tops = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+        ids = np.argpartition(-logp, top - 1, axis=-1)[:, :top]  # the top `top`, then ordered by logprob
+        ids = np.take_along_axis(ids, np.argsort(-np.take_along_axis(logp, ids, -1), axis=-1, kind="stable"), -1)
+        tops = [list(zip(i, v)) for i, v in zip(ids.tolist(), np.take_along_axis(logp, ids, -1).tolist())]
     else:
         tops = [[] for _ in chosen]
     return [TokenLogprob(int(t), lp, tp) for t, lp, tp in zip(targets, chosen, tops)]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """[..., V] -> float64 log-probabilities."""
+    x = np.asarray(logits, np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def score_pairs(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
@@ -63,16 +71,16 @@ def score_pairs(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], b
                                    "shorten it or raise --max-seq-len")
         rows = [(list(c) + list(x))[:-1] for c, x in chunk]  # the last token is predicted, never input
         longest = max(len(r) for r in rows)
-        tokens = torch.zeros(len(rows), longest, dtype=torch.int64)
+        tokens = np.zeros((len(rows), longest), np.int64)
         for i, r in enumerate(rows):
-            tokens[i, :len(r)] = torch.tensor(r)
+            tokens[i, :len(r)] = r
         backend.allocate(len(rows))
-        logits = backend.forward(tokens, torch.arange(longest).expand(len(rows), longest))
+        logits = backend.forward(tokens, np.broadcast_to(np.arange(longest), (len(rows), longest)))
         for i, (c, x) in enumerate(chunk):
-            span = logits[i, len(c) - 1:len(c) + len(x) - 1].double().log_softmax(-1)  # predicts x's tokens
-            target = torch.tensor(list(x))
-            out.append(Score(span.gather(-1, target[:, None]).sum().item(), bool((span.argmax(-1) == target).all()),
-                             len(x)))
+            span = log_softmax(logits[i, len(c) - 1:len(c) + len(x) - 1])  # predicts x's tokens
+            target = np.array(list(x))
+            out.append(Score(float(span[np.arange(len(x)), target].sum()),
+                             bool((span.argmax(-1) == target).all()), len(x)))
     return out
 
 

@@ -19,9 +19,9 @@ drafts keep failing stops drafting for a while (its steps are plain one-token st
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
-from llgraph.runtime.sampling import RequestError, Sampling, distribution, sample
+from llgraph.runtime.sampling import RequestError, Sampling, distribution, draw, sample
 
 MODES = ("off", "ngram")  # or a draft model's runner
 MAX_NGRAM = 3
@@ -36,6 +36,13 @@ def check_mode(mode):
     if isinstance(mode, str) and mode in MODES or hasattr(mode, "backend") and hasattr(mode, "tokenizer"):
         return mode
     raise RequestError(f"speculative ({mode!r}) must be one of {', '.join(MODES)} or a draft model's runner")
+
+
+def check_draft_max(draft_max) -> int:
+    """The most tokens a row may draft in one step (llama.cpp's --draft-max, vLLM's num_speculative_tokens)."""
+    if not isinstance(draft_max, int) or isinstance(draft_max, bool) or draft_max < 1:
+        raise RequestError(f"draft_max ({draft_max!r}) must be an integer >= 1: the most tokens a step drafts")
+    return draft_max
 
 
 def check_draft(target, draft) -> None:
@@ -78,8 +85,9 @@ class Lookup:
 class DraftLength:
     """How many tokens a row drafts next, from how its last drafts fared."""
 
-    def __init__(self):
-        self.k, self.misses, self.paused = FIRST_DRAFT, 0, 0
+    def __init__(self, limit: int = MAX_DRAFT):
+        self.limit = check_draft_max(limit)
+        self.k, self.misses, self.paused = min(FIRST_DRAFT, limit), 0, 0
 
     def next(self) -> int:
         if self.paused:
@@ -90,14 +98,14 @@ class DraftLength:
     def update(self, drafted: int, accepted: int) -> None:
         if not drafted:
             return
-        self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else max(accepted + 1, 1)
+        self.k = min(2 * self.k, self.limit) if accepted == drafted else min(max(accepted + 1, 1), self.limit)
         self.misses = self.misses + 1 if accepted == 0 else 0
         if self.misses >= 3:
             self.misses, self.paused, self.k = 0, PAUSE, 1
 
 
-def accept(logits: torch.Tensor, draft: list[int], params: Sampling, seen: torch.Tensor,
-           generator: torch.Generator, matcher=None) -> list[int]:
+def accept(logits: np.ndarray, draft: list[int], params: Sampling, seen: np.ndarray,
+           generator: np.random.Generator, matcher=None) -> list[int]:
     """logits [len(draft) + 1, V]: position i predicts the token after draft[:i] -> the tokens to emit: the accepted
     drafts, then the sampler's own token (a correction, or one more after all were accepted). `seen` ([1, V], the
     repetition penalty's) and `matcher` (a grammar's) advance with each emitted token."""
@@ -111,11 +119,11 @@ def accept(logits: torch.Tensor, draft: list[int], params: Sampling, seen: torch
             token = int(sample(row, params, seen, generator, allowed)[0])
         else:
             probs = distribution(row, params, seen, allowed)[0]
-            if float(torch.rand((), generator=generator)) < float(probs[d]):
+            if generator.random() < float(probs[d]):
                 token = d
             else:  # the residual: p without the rejected draft token (p(d) < 1 here)
                 probs[d] = 0
-                token = int(torch.multinomial(probs, 1, generator=generator)[0])
+                token = draw(probs, generator)
         out.append(token)
         seen[0, token] = True
         if matcher is not None:
@@ -125,19 +133,20 @@ def accept(logits: torch.Tensor, draft: list[int], params: Sampling, seen: torch
     return out
 
 
-def decode(backend, seqs, prompts: list[list[int]], first: torch.Tensor, pos: torch.Tensor, params: Sampling,
-           seen: torch.Tensor, generator: torch.Generator, matchers: list, counts: dict, mode="ngram"):
+def decode(backend, seqs, prompts: list[list[int]], first: np.ndarray, pos: np.ndarray, params: Sampling,
+           seen: np.ndarray, generator: np.random.Generator, matchers: list, counts: dict, mode="ngram",
+           draft_max: int = MAX_DRAFT):
     """The loop's decode steps after the prefill's tokens `first` [B] (already pushed), each verifying every row's
     draft in one step; yields after each step. `counts` gains drafted and accepted tokens. `mode`: "ngram" or a
-    draft model's runner (its cache gets a row per prompt)."""
+    draft model's runner (its cache gets a row per prompt); `draft_max`: the most tokens a row drafts a step."""
     counts.setdefault("drafted", 0)
     counts.setdefault("accepted", 0)
     tokens = [[*p, int(t)] for p, t in zip(prompts, first.tolist())]
     if mode == "ngram":
-        drafters = [Drafter(t) for t in tokens]
+        drafters = [Drafter(t, draft_max) for t in tokens]
     else:
         mode.backend.allocate(len(tokens))
-        drafters = [ModelDrafter(mode.backend, r, t) for r, t in enumerate(tokens)]
+        drafters = [ModelDrafter(mode.backend, r, t, draft_max) for r, t in enumerate(tokens)]
     last, at = first.tolist(), pos.tolist()  # plain lists: a step's bookkeeping is a few Python operations
     while not all(s.finish_reason for s in seqs):
         drafts = [[] if seq.finish_reason else
@@ -162,8 +171,8 @@ def decode(backend, seqs, prompts: list[list[int]], first: torch.Tensor, pos: to
 class Drafter:
     """One request's drafting: its tokens' lookup and its adaptive draft length."""
 
-    def __init__(self, tokens):
-        self.lookup, self.length = Lookup(tokens), DraftLength()
+    def __init__(self, tokens, draft_max: int = MAX_DRAFT):
+        self.lookup, self.length = Lookup(tokens), DraftLength(draft_max)
 
     def draft(self, room: int) -> list[int]:
         """Up to `room` tokens (what the request's length and the cache leave)."""
@@ -179,13 +188,13 @@ class ModelDrafter:
     """One row's drafting by a draft model: its greedy tokens (a deterministic draft, so the same acceptance rule
     keeps the distribution), from its own cache row, which holds the row's tokens up to `valid`."""
 
-    def __init__(self, backend, row: int, tokens: list[int]):
+    def __init__(self, backend, row: int, tokens: list[int], draft_max: int = MAX_DRAFT):
         self.backend, self.row, self.tokens, self.valid = backend, row, list(tokens), 0
-        self.length = DraftLength()
+        self.length = DraftLength(draft_max)
         self.next = self._catch_up()
 
     def _step(self, tokens: list[int], start: int) -> int:
-        logits = self.backend.forward(torch.tensor([tokens]), torch.arange(start, start + len(tokens))[None],
+        logits = self.backend.forward(np.array([tokens], np.int64), np.arange(start, start + len(tokens))[None],
                                       rows=slice(self.row, self.row + 1), keep=1)
         return int(logits[0, -1].argmax())
 
@@ -213,7 +222,7 @@ class ModelDrafter:
 
 
 def verify_logits(backend, last: list[int], pos: list[int], drafts: list[list[int]], span: slice | None = None
-                  ) -> list[torch.Tensor]:
+                  ) -> list[np.ndarray]:
     """Each row's logits for its last token and its draft, [len(draft) + 1, V]; rows are those of `span` (None:
     every allocated row), row r's last token at position pos[r]. One forward padded to the longest draft, or, where
     the backend cannot run several rows of more than one token after a cached prefix (ONNX Runtime's
@@ -221,25 +230,28 @@ def verify_logits(backend, last: list[int], pos: list[int], drafts: list[list[in
     rows, width = len(last), 1 + max(map(len, drafts))
     clamp = backend.max_seq_len - 1  # finished or free rows may sit at the cache's end
     if width == 1:  # no draft anywhere: a plain step
-        logits = backend.forward(torch.tensor(last)[:, None], torch.tensor(pos).clamp(max=clamp)[:, None],
-                                 rows=span, keep=1)
+        logits = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=span, keep=1)
         return list(logits[:, -1:])
     if width > 1 and rows > 1 and not backend.multi_token_rows:
-        first = backend.forward(torch.tensor(last)[:, None], torch.tensor(pos).clamp(max=clamp)[:, None],
-                                rows=span, keep=1)[:, -1:]
+        first = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=span, keep=1)[:, -1:]
         base = 0 if span is None else span.start
         out = []
         for r, d in enumerate(drafts):
             if d:
-                more = backend.forward(torch.tensor([d]), (pos[r] + 1 + torch.arange(len(d)))[None],
+                more = backend.forward(np.array([d], np.int64), (pos[r] + 1 + np.arange(len(d)))[None],
                                        rows=slice(base + r, base + r + 1), keep=len(d))[0, -len(d):]
-            out.append(torch.cat([first[r], more]) if d else first[r])
+            out.append(np.concatenate([first[r], more]) if d else first[r])
         return out
-    ids = torch.zeros(rows, width, dtype=torch.int64)
+    ids = np.zeros((rows, width), np.int64)
     for r, d in enumerate(drafts):
         ids[r, 0] = last[r]
-        ids[r, 1:1 + len(d)] = torch.tensor(d, dtype=torch.int64)
+        ids[r, 1:1 + len(d)] = d
     # a row's pad positions past its draft are overwritten before any query sees them
-    positions = (torch.tensor(pos)[:, None] + torch.arange(width)).clamp(max=clamp)
+    positions = np.minimum(_column(pos) + np.arange(width), clamp)
     logits = backend.forward(ids, positions, rows=span, keep=width)[:, -width:]
     return [logits[r, :len(d) + 1] for r, d in enumerate(drafts)]
+
+
+def _column(values: list[int]) -> np.ndarray:
+    """[B] ints -> [B, 1] int64."""
+    return np.array(values, np.int64)[:, None]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from llgraph.builder import cache_pairs, new_cache
@@ -66,7 +67,8 @@ class TRTBackend(Backend):
             raise EngineError(f"{folder} has no engine; build one with `llgraph build {folder}`")
         meta = json.loads(meta_path.read_text())
         self.config = manifest.config
-        self.io = io_dtypes(self.config, manifest.dtype)  # what the build test checks the network against
+        # what the build test checks the network against, as the torch dtypes bound
+        self.io = {name: getattr(torch, d) for name, d in io_dtypes(self.config, manifest.dtype).items()}
         self.vocab_size = self.config.vocab_size
         self.max_seq_len, self.max_batch = meta["max_seq_len"], meta["max_batch"]
         if tensorrt == "twin":
@@ -146,8 +148,8 @@ class TRTBackend(Backend):
             self._call(self.context.set_tensor_address(present, t.data_ptr()), f"the address of {present}")
         self._bound = rows
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: slice | None = None,
-                keep: int = 0) -> torch.Tensor:  # every position's logits, whatever `keep` asks
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+                keep: int = 0) -> np.ndarray:  # every position's logits, whatever `keep` asks
         batch, seq = input_ids.shape
         rows = slice(0, next(iter(self.cache.values())).shape[0]) if rows is None else rows
         with self.device.on(self.stream):
@@ -159,8 +161,8 @@ class TRTBackend(Backend):
             if self._bound != rows:
                 self._bind_cache(rows)
             # contiguous: TensorRT reads a bound address as a dense row-major tensor of the shape set
-            ids = self.device.upload(input_ids.contiguous(), self.io["input_ids"])
-            pos = self.device.upload(position_ids.contiguous(), self.io["position_ids"])
+            ids = self.device.upload(_host(input_ids), self.io["input_ids"])
+            pos = self.device.upload(_host(position_ids), self.io["position_ids"])
             logits = self.device.empty((batch, seq, self.vocab_size), self.io["logits"])
             for name, t in (("input_ids", ids), ("position_ids", pos)):
                 self._call(self.context.set_input_shape(name, tuple(t.shape)), f"the shape {tuple(t.shape)} of {name}")
@@ -169,7 +171,14 @@ class TRTBackend(Backend):
             if not self.context.execute_async_v3(self.stream.cuda_stream):
                 raise EngineError("TensorRT failed to run the engine (see its log above)")
         self.stream.synchronize()
-        return logits.float().cpu()
+        return logits.float().cpu().numpy()
+
+
+def _host(a: np.ndarray) -> torch.Tensor:
+    """[B, S] ids or positions as a contiguous int64 CPU tensor (TensorRT reads a bound address as a dense row-major
+    tensor of the shape set), for the upload."""
+    return torch.from_numpy(np.array(a, np.int64, order="C"))  # a copy, writable and row-major (order "K", numpy's
+    # default, keeps a broadcast array's column-major strides)
 
 
 def engine_side(folder: str | Path, tensorrt: str = "auto"):
@@ -184,8 +193,7 @@ def engine_side(folder: str | Path, tensorrt: str = "auto"):
             if fresh[0]:
                 backend.allocate(s["input_ids"].shape[0])
                 fresh[0] = False
-            logits = backend.forward(torch.from_numpy(s["input_ids"]), torch.from_numpy(s["position_ids"]))
-            values = {"logits": logits.numpy()}
+            values = {"logits": backend.forward(s["input_ids"], s["position_ids"])}
             for past, present in cache_pairs(backend.config):
                 values[present] = backend.cache[past].to("cpu", torch.float32, copy=True).numpy()  # not a view
             return values

@@ -1,9 +1,16 @@
+import numpy as np
 import pytest
-import torch
 
 
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item()
+def max_diff(a, b) -> float:
+    """max |a - b| in float64 of two tensors or arrays (torch tensors, numpy arrays, ml_dtypes' bfloat16)."""
+    return float(np.abs(_f64(a) - _f64(b)).max())
+
+
+def _f64(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor
+        return x.detach().double().cpu().numpy()
+    return np.asarray(x).astype(np.float64)
 
 
 @pytest.fixture
@@ -80,12 +87,25 @@ class Replay:
                     if replay.live_history != key[:-1]:  # bring a fresh stepper to this history
                         replay.live, replay.live_history = replay.make(), ()
                         for shape, values in key[:-1]:
-                            replay.live.step(torch.tensor(values).reshape(shape))
+                            replay.live.step(_ids(values, shape, ids))
                     out = replay.live.step(ids)
-                    replay.memo[key] = {k: v.clone() for k, v in out.items()}  # presents alias the live cache
+                    replay.memo[key] = {k: _copy(v) for k, v in out.items()}  # presents alias the live cache
                     replay.live_history = key
                 return replay.memo[key]
         return Session()
+
+
+def _copy(v):
+    return v.clone() if hasattr(v, "clone") else v.copy()
+
+
+def _ids(values, shape, like):
+    """Recorded ids as the kind of array a step was given (a torch tensor or a numpy array)."""
+    if hasattr(like, "detach"):
+        import torch
+
+        return torch.tensor(values).reshape(shape)
+    return np.array(values, np.int64).reshape(shape)
 
 
 @pytest.fixture(scope="session")

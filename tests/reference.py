@@ -8,8 +8,8 @@ import torch
 
 from llgraph.builder import build_graph, cache_pairs, new_cache
 from llgraph.config import LlamaConfig
-from llgraph.executor import TorchExecutor
-from llgraph.weights import TORCH_DTYPES, WeightSource
+from llgraph.executor import TORCH_DTYPES, TorchExecutor, as_torch
+from llgraph.weights import WeightSource
 
 
 class Stepper:
@@ -67,7 +67,7 @@ def hf_model(cfg: LlamaConfig, source: WeightSource, attn: str = "eager", unread
     torch.manual_seed(0)
     model = LlamaForCausalLM(hf_config(cfg)).eval()
     model.config._attn_implementation = attn
-    state = {n: source.load(n) for n in source.names()}
+    state = {n: as_torch(source.load(n)) for n in source.names()}
     result = model.load_state_dict(state, strict=False)
     assert not result.unexpected_keys, result.unexpected_keys
     missing = {k for k in result.missing_keys if not (unread and unread in k)}
@@ -154,7 +154,7 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
     w.add_rope_dimension_count(cfg.head_dim)
     expected = {}
     for i, name in enumerate(source.names()):
-        x = source.load(name).numpy()
+        x = source.load(name)
         heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(name.split(".")[-2])
         if heads:  # HF rows (i, i + d/2) -> GGUF rows (2i, 2i+1), as convert_hf_to_gguf permutes them
             d = x.shape[0] // heads
@@ -195,7 +195,7 @@ def write_hf_checkpoint(folder, cfg: LlamaConfig, source: WeightSource):
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({n: source.load(n).contiguous() for n in source.names()}, str(folder / "model.safetensors"))
+    save_file({n: as_torch(source.load(n)).contiguous() for n in source.names()}, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
     return folder
 

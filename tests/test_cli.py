@@ -35,12 +35,12 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
 
 
 def test_export_bundled_model_as_the_readme_says(tmp_path):
-    r = llgraph("export", "--checkpoint", "smollm2", "-o", "smollm2-onnx", cwd=tmp_path)
+    r = llgraph("export", "--checkpoint", "smollm2", "-o", "smollm2-ort", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    out = tmp_path / "smollm2-onnx"
+    out = tmp_path / "smollm2-ort"
     assert {"model.onnx", "model.onnx.data", "manifest.json", "genai_config.json"} <= {p.name for p in out.iterdir()}
     assert "export ort" in r.stderr  # the progress bar
-    assert [p.name for p in tmp_path.iterdir()] == ["smollm2-onnx"]  # no temporary left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["smollm2-ort"]  # no temporary left behind
 
 
 def test_export_errors_are_one_line_exit_2_and_leave_nothing(tmp_path):

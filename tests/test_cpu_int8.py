@@ -27,7 +27,6 @@ from llgraph.weight_request import Weights
 # rounded to half first, as GGUF stores them).
 PROBE = QLINEAR_PROBE + r'''
 from llgraph.export.ort import _interleave16
-import torch
 worst, far = 0.0, 0.0
 interleave, half = int(os.environ["INTERLEAVE"]), os.environ["HALF"] == "1"
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
@@ -54,7 +53,7 @@ for bits, B, zp, with_mins, with_bias, M in cases:
     attrs = {"interleave": 16, "rows": N} if interleave else {}
     given = {"codes": codes, "scales": scales, "mins": mins}
     if interleave:
-        given = {k: v if v is None else _interleave16(torch.from_numpy(v)).numpy() for k, v in given.items()}
+        given = {k: v if v is None else _interleave16(v) for k, v in given.items()}
     if half:
         given = {k: v if v is None or k == "codes" else v.astype(np.float16) for k, v in given.items()}
     given["bias"] = bias

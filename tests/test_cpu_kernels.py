@@ -63,7 +63,6 @@ isa.restype = ctypes.c_char_p
 # w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]. Run in a fresh process per instruction
 # set: the library picks it when it loads.
 PROBE = QLINEAR_PROBE + r'''
-import torch
 from llgraph.export.ort import _interleave16
 worst = {"stored": 0.0, "interleaved": 0.0, "interleaved, half": 0.0}
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
@@ -80,7 +79,7 @@ for bits, B, zp, with_mins, with_bias, M in cases:
     for layout in worst:
         attrs = {}
         if layout == "interleaved":
-            given = {k: v if v is None or k == "bias" else _interleave16(torch.from_numpy(v)).numpy()
+            given = {k: v if v is None or k == "bias" else _interleave16(v)
                      for k, v in given.items()}
         if layout == "interleaved, half":
             given = {k: v.astype(np.float16) if k in ("scales", "mins") and v is not None else v
@@ -101,9 +100,9 @@ for bits, B, zp, M in [(4, 32, 0, 1), (8, 32, 128, 3), (4, 16, 8, 5)]:
     y = x.reshape(M, -1).astype(np.float64) @ w.reshape(2 * I, -1).T
     want = y[:, :I] / (1 + np.exp(-y[:, :I])) * y[:, I:]
     for per_block in (_glu_groups, _glu_groups_half):
-        given = {"codes": _glu_groups(torch.from_numpy(codes)).numpy(),
-                 "scales": per_block(torch.from_numpy(scales)).numpy(),
-                 "mins": per_block(torch.from_numpy(mins)).numpy()}
+        given = {"codes": _glu_groups(codes),
+                 "scales": per_block(scales),
+                 "mins": per_block(mins)}
         got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, interleave=16, rows=I, activation=1)
         worst["swiglu"] = max(worst["swiglu"], float(np.abs(got.reshape(M, I) - want).max() / np.abs(want).max()))
 # a norm weight (x's RMSNorm first, epsilon as the attribute) and a residual (added to y): one node
@@ -117,9 +116,9 @@ for bits, B, zp, M in [(4, 32, 0, 1), (8, 32, 128, 3), (4, 64, 8, 6)]:
     x64 = x.astype(np.float64)
     xn = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * norm
     want = xn @ w.reshape(N, -1).T + bias + residual
-    given = {"codes": _interleave16(torch.from_numpy(codes)).numpy(),
-             "scales": _interleave16(torch.from_numpy(scales)).numpy(),
-             "mins": _interleave16(torch.from_numpy(mins)).numpy(), "bias": bias, "residual": residual, "norm": norm}
+    given = {"codes": _interleave16(codes),
+             "scales": _interleave16(scales),
+             "mins": _interleave16(mins), "bias": bias, "residual": residual, "norm": norm}
     got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, interleave=16, rows=N, epsilon=1e-5)
     worst["norm, residual"] = max(worst["norm, residual"], float(np.abs(got - want).max() / np.abs(want).max()))
 print(isa().decode(), *worst.values())
@@ -175,7 +174,8 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     ops = [n.op_type for n in graph.node]
     assert len(fused) == cfg.num_layers and not {"Split", "QuickGelu", "Sigmoid", "RMSNormalization"} & set(ops)
     assert ops.count("Add") == 1, ops
-    dtype, tol = ("float64", 5e-4) if qtype.name.endswith("_K") else ("float32", None)
+    # the K-quants' tolerance is test_quant's (float32 sums of 256/512 terms against a float64 truth: 6.7e-4 here)
+    dtype, tol = ("float64", 1e-3) if qtype.name.endswith("_K") else ("float32", None)
     truth = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64, dtype=dtype)
     compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"ort llgraph {qtype.name}",
                   tol=tol)

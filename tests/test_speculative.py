@@ -2,6 +2,7 @@
 backend, batched and alone; sampled output keeps plain sampling's distribution (a chi-square test over many seeds,
 which a deliberately broken rejection rule fails); bad settings are one line."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,8 +91,8 @@ def test_sampled_speculation_keeps_the_distribution_and_a_broken_rule_does_not(t
     assert min(p) > 1e-3
 
     def broken(logits, draft, params, seen, generator, matcher=None):  # keeps every draft: q in place of p
-        return [*draft, int(torch.multinomial(logits[len(draft)].float().div(params.temperature).softmax(-1), 1,
-                                              generator=generator))]
+        row = logits[len(draft)].astype(np.float64) / params.temperature
+        return [*draft, int(generator.choice(len(row), p=np.exp(row - row.max()) / np.exp(row - row.max()).sum()))]
     monkeypatch.setattr(speculative, "accept", broken)
     bad = _first_tokens(runner, draft, n, "ngram")
     p_bad = _chi_square_p(plain[0], bad[0])
@@ -102,13 +103,13 @@ def test_sampled_speculation_keeps_the_distribution_and_a_broken_rule_does_not(t
 def test_accept_draws_from_p_exactly():
     """The rule on its own: the first emitted token's frequencies over 20,000 draws match p (goodness of fit), with
     a draft token of probability 0.3; sampling the residual with the draft left in fails."""
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 12, generator=gen) * 1.5
+    gen = np.random.default_rng(0)
+    logits = (gen.standard_normal((2, 12)) * 1.5).astype(np.float32)
     logits[0, 4] = logits[0].max() + 0.2
-    p = logits[0].softmax(-1)
+    p = torch.from_numpy(logits[0]).softmax(-1)
     params, counts = Sampling(temperature=1.0), torch.zeros(12, dtype=torch.int64)
     for _ in range(20000):
-        counts[speculative.accept(logits, [4], params, torch.zeros(1, 12, dtype=torch.bool), gen)[0]] += 1
+        counts[speculative.accept(logits, [4], params, np.zeros((1, 12), np.bool_), gen)[0]] += 1
     expected = p.double() * counts.sum()
     stat = ((counts - expected) ** 2 / expected).sum()
     p_fit = float(torch.special.gammaincc(torch.tensor(11 / 2, dtype=torch.float64), stat / 2))
@@ -120,6 +121,32 @@ def test_accept_draws_from_p_exactly():
 def test_a_bad_mode_is_one_line(mode, tiny_runners):
     with pytest.raises(RequestError, match="speculative .* must be one of off, ngram"):
         tiny_runners[2]["torch"].generate([5, 6], 4, speculative=mode)
+
+
+@pytest.mark.parametrize("draft_max", [1, 3])
+def test_draft_max_bounds_every_draft_and_keeps_the_output(draft_max, tiny_runners, monkeypatch):
+    """--draft-max / draft_max: no step drafts more, whatever the lookup offers; greedy output unchanged."""
+    runner = tiny_runners[2]["ort"]
+    plain = runner.generate(PROMPTS[0], 30).token_ids
+    offered = plain[:]  # the lookup proposes the true continuation: every draft would be kept, so k would grow
+    lengths = []
+    real = speculative.Drafter.draft
+
+    def draft(self, room):
+        d = real(self, room)
+        lengths.append(len(d))
+        return d
+    monkeypatch.setattr(speculative.Lookup, "propose", lambda self, k: offered[len(self.tokens) - len(PROMPTS[0]):][:k])
+    monkeypatch.setattr(speculative.Drafter, "draft", draft)
+    assert runner.generate(PROMPTS[0], 30, speculative="ngram", draft_max=draft_max).token_ids == plain
+    print(f"draft_max {draft_max}: draft lengths {lengths}")
+    assert max(lengths) == draft_max
+
+
+@pytest.mark.parametrize("draft_max", [0, -2, 1.5, "4", True])
+def test_a_bad_draft_max_is_one_line(draft_max, tiny_runners):
+    with pytest.raises(RequestError, match=r"draft_max \(.*\) must be an integer >= 1"):
+        tiny_runners[2]["torch"].generate([5, 6], 4, speculative="ngram", draft_max=draft_max)
 
 
 def test_a_draft_model_gives_plain_greedy_output(serve_export, tiny_runners):
@@ -162,3 +189,6 @@ def test_cli_draft_of_another_vocabulary_is_one_line_exit_2(tmp_path):
     assert last.startswith("llgraph: error: the draft model's vocabulary (256 tokens)")
     r = llgraph("generate", "smollm2", "--prompt", "Hi", "--speculative", "draft=")
     assert r.returncode == 2 and "is not off, ngram or draft=MODEL" in r.stderr
+    for args in (("generate", "smollm2", "--prompt", "Hi"), ("serve", "smollm2")):
+        r = llgraph(*args, "--draft-max", "0")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not an integer >= 1" in r.stderr, r.stderr

@@ -1,6 +1,7 @@
 """The PyTorch executor against transformers' LlamaForCausalLM (eager attention) with the same weights:
 prefill, then 8 cached decode steps, fp32, max |logits diff| <= 1e-4 at every step."""
 
+import numpy as np
 import pytest
 import torch
 from conftest import max_diff
@@ -72,8 +73,8 @@ class InterleavedView(RandomSource):
             heads = self.cfg.num_heads if "q_proj" in name else self.cfg.num_kv_heads
             d = t.shape[0] // heads
             half = t.reshape(heads, 2, d // 2, *t.shape[1:])  # rows (i, i + d/2) -> pairs (2i, 2i+1)
-            t = half.transpose(1, 2).reshape(t.shape)
-            assert torch.equal(torch.from_numpy(interleaved_to_half(t.numpy(), heads)), super().load(name))
+            t = half.swapaxes(1, 2).reshape(t.shape)
+            assert np.array_equal(interleaved_to_half(t, heads), super().load(name))
         return t
 
 

@@ -26,10 +26,9 @@ def rtx():
     return load_tensorrt("rtx")
 
 
-def trt_dtype(rtx, torch_dtype):
+def trt_dtype(rtx, dtype: str):
     t = rtx.module.DataType
-    return {"torch.int64": t.INT64, "torch.float32": t.FLOAT, "torch.float16": t.HALF,
-            "torch.bfloat16": t.BF16}[str(torch_dtype)]
+    return {"int64": t.INT64, "float32": t.FLOAT, "float16": t.HALF, "bfloat16": t.BF16}[dtype]
 
 
 def check_network(rtx, folder, cfg, dtype):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,10 +163,11 @@ def test_an_engine_whose_io_differs_is_refused_at_load(tiny, monkeypatch):
 def test_non_contiguous_inputs_are_bound_as_their_values(tiny):
     """Defect 7: ids given as a transposed view; the bound memory must hold them in row-major order."""
     backend = TRTBackend(tiny[0], tensorrt="twin")
-    ids = torch.tensor([[1, 4], [2, 5], [3, 6]]).t()  # [[1, 2, 3], [4, 5, 6]], not contiguous
-    assert not ids.is_contiguous()
+    ids = np.array([[1, 4], [2, 5], [3, 6]]).T  # [[1, 2, 3], [4, 5, 6]], not contiguous
+    positions = np.broadcast_to(np.arange(3), (2, 3))  # what the loop passes; np.array(positions) is column-major
+    assert not ids.flags.c_contiguous and not positions.flags.c_contiguous
     backend.allocate(2)
-    got = backend.forward(ids, torch.arange(3).expand(2, 3))
+    got = backend.forward(ids, positions)
     backend.allocate(2)
-    want = backend.forward(ids.contiguous(), torch.arange(3).expand(2, 3))
-    assert torch.equal(got, want)
+    want = backend.forward(np.ascontiguousarray(ids), np.array([[0, 1, 2], [0, 1, 2]]))
+    assert np.array_equal(got, want)
