@@ -82,6 +82,21 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int, what: st
                    help="draft tokens and verify them in one step (the same greedy output and sampling distribution): "
                         "ngram by prompt lookup (faster where the answer repeats its context), draft=MODEL by a "
                         f"smaller model sharing the tokenizer (default {SPECULATIVE_DEFAULT})")
+    add_draft_max(p)
+
+
+def add_draft_max(p: argparse.ArgumentParser) -> None:
+    from llgraph.runtime.speculative import MAX_DRAFT
+
+    p.add_argument("--draft-max", type=_draft_max, default=MAX_DRAFT, metavar="N",
+                   help=f"the most tokens speculation drafts a step; the draft length adapts below it (default "
+                        f"{MAX_DRAFT})")
+
+
+def _draft_max(value: str) -> int:
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"{value!r} is not an integer >= 1 (the most tokens drafted a step)")
 
 
 SPECULATIVE_DEFAULT = "ngram"  # measured: 1.6x on quoting a passage, ~1.0x on open chat (README, "Speculative")
@@ -114,7 +129,8 @@ def sampling_of(args, runner) -> dict:
                                   args.cache_dir, args.tensorrt, threads=args.threads)
         check_draft(runner, speculative)  # before anything is generated
     return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                repetition_penalty=args.repetition_penalty, seed=args.seed, speculative=speculative)
+                repetition_penalty=args.repetition_penalty, seed=args.seed, speculative=speculative,
+                draft_max=args.draft_max)
 
 
 def weights_of(args) -> Weights:
@@ -256,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--speculative", choices=("off", "ngram"), default="off", help="requests' default speculative "
                    "decoding (a request's \"speculative\" field overrides it; default off: in a busy batch on ONNX "
                    "Runtime each drafting request costs a forward of its own)")
+    add_draft_max(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--grace", type=float, default=10.0, help="on SIGTERM: seconds running requests get to finish "

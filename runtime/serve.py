@@ -34,6 +34,7 @@ except ImportError as e:
 from llgraph.runtime.scheduler import Metrics, Scheduler
 from llgraph.runtime.serve_completions import answer, parse
 from llgraph.runtime.serve_request import ApiError, chat_prompt, flag, read_json
+from llgraph.runtime.speculative import MAX_DRAFT
 from llgraph.weight_request import Weights
 
 
@@ -53,6 +54,7 @@ class ServeOptions:
     max_request_bytes: int = 8 << 20  # a larger body is a 413 before it is read
     threads: int | None = None  # CPU threads of the runner (registry.RunOptions.threads)
     speculative: str = "off"  # requests' default (runtime/speculative.py); a request's "speculative" overrides it
+    draft_max: int = MAX_DRAFT  # requests' default most drafted tokens a step; "speculative.n_max" overrides it
 
     @property
     def served_name(self) -> str:
@@ -178,7 +180,8 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
         body = await read_json(request, options.max_request_bytes)
         _check_model(body)
         runner, scheduler = state["runner"], state["scheduler"]
-        ask = parse(body, chat, runner, options.slots, options.slots + options.max_queue, options.speculative)
+        ask = parse(body, chat, runner, options.slots, options.slots + options.max_queue, options.speculative,
+                    options.draft_max)
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": options.served_name}
         return await answer(request, ask, runner, scheduler, meta)

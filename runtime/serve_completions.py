@@ -36,7 +36,7 @@ from llgraph.runtime.serve_request import (
     refuse_unsupported,
     stop_strings,
 )
-from llgraph.runtime.speculative import MODES
+from llgraph.runtime.speculative import MAX_DRAFT, MODES
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 SEED_SPAN = 1 << 64
@@ -56,14 +56,16 @@ class Ask:
     logprobs: int | None  # alternatives per token; None: no log-probabilities
     grammar: object  # runtime.grammar.Grammar (response_format) or None
     speculative: str  # "off" or "ngram" (llgraph's field; the server's --speculative by default)
+    draft_max: int  # the most tokens drafted a step ("speculative.n_max", llama.cpp's field; --draft-max by default)
     echo: bool
     stream: bool
     usage: bool
 
 
-def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative: str = "off") -> Ask:
+def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative: str = "off",
+          draft_max: int = MAX_DRAFT) -> Ask:
     """The request's fields, each checked (ApiError naming it). `capacity`: the choices one request may ask for;
-    `speculative`: the server's default."""
+    `speculative`, `draft_max`: the server's defaults."""
     n = number(body, "n", 1, 1, 1 << 30, integer=True)
     if n > slots:
         raise ApiError(400, f"'n' ({n}) exceeds this server's {slots} slots (each choice decodes in a slot of its "
@@ -110,8 +112,9 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
     if speculative not in MODES:
         raise ApiError(400, f"'speculative' ({str(speculative)[:40]}) must be one of {', '.join(MODES)}",
                        param="speculative")
+    draft_max = number(body, "speculative.n_max", draft_max, 1, 1 << 10, integer=True)
     return Ask(chat, prompts, n, max_tokens, key, samplings, stop_strings(body), ignore_eos, logprobs, grammar,
-               speculative, echo, flag(body, "stream"), include_usage(body))
+               speculative, draft_max, echo, flag(body, "stream"), include_usage(body))
 
 
 async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
@@ -134,7 +137,7 @@ async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
                     prompt, max_tokens, sampling, ask.stop, () if ask.ignore_eos else None,
                     loop=asyncio.get_running_loop(), logprobs=ask.logprobs,
                     prompt_logprobs=ask.echo and (ask.logprobs is not None or max_tokens == 0), grammar=ask.grammar,
-                    speculative=ask.speculative))
+                    speculative=ask.speculative, draft_max=ask.draft_max))
     except BaseException as e:
         for h in handles:
             h.cancel()

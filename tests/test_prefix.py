@@ -86,3 +86,31 @@ def test_without_reuse_every_prompt_is_prefilled_whole(ort_runner):
     finally:
         scheduler.stop()
     assert [reused for reused, _ in metrics.prefills] == [0, 0, 0]
+
+
+def test_a_generate_batch_sharing_a_prompt_prefix_computes_it_once(ort_runner, tiny_runners, monkeypatch):
+    """Runner.generate on a batch whose prompts share a system prompt prefills it in row 0 only, copies it to the
+    other rows and prefills their tails: the same tokens as each prompt alone (greedy), and as the batch without
+    reuse (seeded sampling), on ONNX Runtime (tails one row at a time) and on torch (one padded forward)."""
+    prompts = [_chat(q) for q in QUESTIONS[:4]]
+    solo = [ort_runner.generate(p, 12).token_ids for p in prompts]
+    calls = []
+    forward = ort_runner.backend.forward
+
+    def counted(ids, positions, rows=None, keep=0):
+        calls.append(ids.shape)
+        return forward(ids, positions, rows, keep)
+    monkeypatch.setattr(ort_runner.backend, "forward", counted)
+    assert [g.token_ids for g in ort_runner.generate(prompts, 12)] == solo
+    prefilled = sum(rows * seq for rows, seq in calls if seq > 1)
+    whole = sum(len(ort_runner.encode(p)) for p in prompts)
+    print(f"batch of 4 sharing a system prompt: {prefilled} tokens prefilled of {whole}")
+    assert prefilled < whole / 2
+    sampled = dict(temperature=0.8, top_p=0.9, seed=4)
+    reused = [g.token_ids for g in ort_runner.generate(prompts, 12, **sampled)]
+    monkeypatch.setattr(ort_runner, "reuse_prefixes", False)
+    assert [g.token_ids for g in ort_runner.generate(prompts, 12, **sampled)] == reused
+    torch_runner, shared = tiny_runners[2]["torch"], list(range(1, 20))
+    tiny = [shared + [30, 31], shared + [40], shared + [50, 51, 52, 53]]
+    assert [g.token_ids for g in torch_runner.generate(tiny, 10)] == \
+        [torch_runner.generate(p, 10).token_ids for p in tiny]

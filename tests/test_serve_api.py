@@ -219,6 +219,7 @@ def test_16_concurrent_speculating_requests_equal_plain_solo_answers(server, run
     ("/v1/completions", {"prompt": "Hi", "response_format": {"type": "json_object"}, "ignore_eos": True},
      "ignore_eos"),
     ("/v1/completions", {"prompt": "Hi", "speculative": "always"}, "speculative"),
+    ("/v1/completions", {"prompt": "Hi", "speculative": "ngram", "speculative.n_max": 0}, "speculative.n_max"),
     ("/tokenize", {"prompt": 5}, "prompt"),
     ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens"),
 ])
