@@ -23,8 +23,9 @@ import json
 import time
 from pathlib import Path
 
-import torch
+import numpy as np
 
+from llgraph.runtime.score import log_softmax
 from llgraph.weight_request import Weights
 
 PROMPT = ("Write a short story about a lighthouse keeper who discovers a message in a bottle. "
@@ -79,6 +80,7 @@ def genai_engine(folder: Path, prompt: list[int], n: int, threads: int):
 
 
 def transformers_engine(hf_dir: Path, prompt: list[int], n: int, threads: int):
+    import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
     torch.set_num_threads(threads)
@@ -144,7 +146,7 @@ def _serve(conn, factory, args) -> None:
 
 class Isolated:
     """An engine in a process of its own, so that each engine's peak RSS is its own: `Isolated(None)` is the
-    baseline, a process that imported what every engine's process imports (Python, torch, this module)."""
+    baseline, a process that imported what every engine's process imports (Python, numpy, this module)."""
 
     def __init__(self, factory, *args):
         import multiprocessing
@@ -208,8 +210,6 @@ def int4_engines(args, hf_dir: Path, prompt: list[int]) -> tuple[dict, dict]:
 def int4_fidelity(args, folders: dict, gguf: Path) -> None:
     """How far each int4 engine's next-token distributions are from the exact ones (llgraph at accuracy level 0
     on the same GGUF blocks): mean KL and top-1 agreement over TEXT, teacher-forced in one prefill."""
-    import numpy as np
-
     from llgraph.tokenizer import Tokenizer
 
     ids = Tokenizer.load(gguf).encode(TEXT)
@@ -219,7 +219,7 @@ def int4_fidelity(args, folders: dict, gguf: Path) -> None:
 
         model = Llama(str(gguf), n_ctx=len(ids), n_threads=args.threads, n_batch=1, logits_all=True, verbose=False)
         model.eval(ids)
-        logp["llama.cpp Q4_1"] = torch.from_numpy(np.array(model.scores[:len(ids)])).double().log_softmax(-1)
+        logp["llama.cpp Q4_1"] = log_softmax(np.array(model.scores[:len(ids)]))
     print(f"\nvs the exact computation (llgraph, MatMulNBits exact) over {len(ids)} tokens of A Tale of Two Cities:")
     kl_table(logp.pop("llgraph int4 (MatMulNBits, exact)"), logp, "engine")
 
@@ -257,21 +257,22 @@ def quality(args, hf_dir: Path) -> None:
     kl_table(logp.pop("fp32"), logp, "weights")
 
 
-def teacher_forced(folder: Path, ids: list[int], threads: int) -> torch.Tensor:
+def teacher_forced(folder: Path, ids: list[int], threads: int):
     """Next-token log-probabilities [len(ids), vocab] of an export folder over `ids`, in one ORT prefill."""
     from llgraph.runtime.ort import OrtBackend
 
     backend = OrtBackend(folder, len(ids), threads)
     backend.allocate(1)
-    return backend.forward(torch.tensor([ids]), torch.arange(len(ids))[None]).double().log_softmax(-1)[0]
+    return log_softmax(backend.forward(np.array([ids]), np.arange(len(ids))[None]))[0]
 
 
-def kl_table(ref: torch.Tensor, logp: dict, what: str) -> None:
-    """Per entry, the mean KL(ref || entry) of the next-token distributions and the top-1 agreement with ref."""
+def kl_table(ref, logp: dict, what: str) -> None:
+    """Per entry, the mean KL(ref || entry) of the next-token distributions (float64 log-probabilities) and the
+    top-1 agreement with ref."""
     print(f"{what:<44}{'mean KL':>10}{'top-1 agreement':>18}")
     for name, lp in logp.items():
-        kl = (ref.exp() * (ref - lp)).sum(-1).mean().item()
-        print(f"{name:<44}{kl:>10.4f}{(ref.argmax(-1) == lp.argmax(-1)).double().mean().item():>18.3f}")
+        kl = float((np.exp(ref) * (ref - lp)).sum(-1).mean())
+        print(f"{name:<44}{kl:>10.4f}{float((ref.argmax(-1) == lp.argmax(-1)).mean()):>18.3f}")
 
 
 def main(argv=None) -> None:
@@ -331,7 +332,7 @@ def report(engines: dict, args, prompt: list[int], title: str, peer: str, refere
     bare = baseline.peak_rss()
     want = results[reference][0]
     print(f"\n{title}, prompt {len(prompt)} tokens, {args.new_tokens} new tokens, {args.threads} threads, best of "
-          f"{args.repeats}; each engine in its own process, peak RSS above a bare one's ({bare:.0f} MB: Python, torch)")
+          f"{args.repeats}; each engine in its own process, peak RSS above a bare one's ({bare:.0f} MB: Python, numpy)")
     width = max(len("engine"), *map(len, results)) + 2
     print(f"{'engine':<{width}}{'prefill tok/s':>15}{'decode tok/s':>14}{f'x {peer}':>28}{'peak RSS MB':>13}  "
           f"tokens == {reference}")

@@ -66,13 +66,13 @@ def main(argv=None) -> None:
 def step_costs(backend, sizes=(1, 2, 3, 5, 9), prefix: int = 300) -> dict[int, float]:
     import time
 
-    import torch
+    import numpy as np
 
     backend.allocate(1)
-    backend.forward(torch.arange(prefix)[None] % 1000 + 5, torch.arange(prefix)[None], keep=1)
+    backend.forward(np.arange(prefix)[None] % 1000 + 5, np.arange(prefix)[None], keep=1)
     costs = {}
     for n in sizes:
-        ids, pos = torch.arange(n)[None] + 7, (prefix + torch.arange(n))[None]
+        ids, pos = np.arange(n)[None] + 7, (prefix + np.arange(n))[None]
         for _ in range(3):
             backend.forward(ids, pos, keep=n)
         start = time.perf_counter()

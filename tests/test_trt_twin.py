@@ -110,9 +110,9 @@ def test_a_cache_zero_filled_on_another_stream_is_caught(tiny, monkeypatch):
     backend.allocate = racy_allocate
     backend.allocate(1)
     with pytest.raises(ContractError, match="written on stream 0, which it never waited for"):
-        backend.forward(torch.tensor([[1, 2]]), torch.tensor([[0, 1]]))
+        backend.forward(np.array([[1, 2]]), np.array([[0, 1]]))
     backend.stream.wait_stream(backend.device.default)  # the other fix: the engine's stream waits for the fill
-    backend.forward(torch.tensor([[1, 2]]), torch.tensor([[0, 1]]))
+    backend.forward(np.array([[1, 2]]), np.array([[0, 1]]))
 
 
 def test_cache_rows_are_256_byte_aligned(tiny, tmp_path):
@@ -138,13 +138,13 @@ def test_a_refused_binding_call_stops_the_step(tiny, monkeypatch):
     raising; the backend stops there (before, a refused profile switch silently kept the old profile)."""
     backend = TRTBackend(tiny[0], tensorrt="twin")
     backend.allocate(1)
-    backend.forward(torch.tensor([[1, 2]]), torch.tensor([[0, 1]]))
+    backend.forward(np.array([[1, 2]]), np.array([[0, 1]]))
     monkeypatch.setattr(type(backend.context), "set_optimization_profile_async", lambda self, i, s: False)
     with pytest.raises(LlgraphError, match="TensorRT refused optimization profile 1"):
-        backend.forward(torch.tensor([[3]]), torch.tensor([[2]]))
+        backend.forward(np.array([[3]]), np.array([[2]]))
     monkeypatch.undo()
     with pytest.raises(LlgraphError, match="TensorRT refused the shape \\(1, 99\\) of input_ids"):
-        backend.forward(torch.tensor([list(range(99))]), torch.arange(99)[None])  # past the prefill profile
+        backend.forward(np.array([list(range(99))]), np.arange(99)[None])  # past the prefill profile
 
 
 def test_an_engine_whose_io_differs_is_refused_at_load(tiny, monkeypatch):
