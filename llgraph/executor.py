@@ -72,6 +72,13 @@ def as_torch(a) -> torch.Tensor:
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
+def ids_tensor(a, device="cpu") -> torch.Tensor:
+    """[B, S] token ids or positions (a numpy array, any strides: the loop passes broadcast views) as a fresh
+    row-major int64 tensor on `device`. Row-major by request: numpy's default copy (order "K") and torch.tensor both
+    keep a transposed or broadcast source's column-major strides, which a bound TensorRT address would misread."""
+    return torch.from_numpy(np.array(a, np.int64, order="C")).to(device)
+
+
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, bits: int, zero_point: int,
                dtype: torch.dtype | None = None) -> torch.Tensor:
     """llgraph/quant.py's blocked codes -> float weight [out, in] in torch, on the codes' device: scales * (q -

@@ -123,7 +123,7 @@ class GGUFSource(WeightSource):
         q = from_gguf_blocks(raw, t.tensor_type.name, self.shape(name))
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             heads = self._heads if m[1] == "q" else self._kv_heads
-            q = QuantTensor(*(None if a is None else np.ascontiguousarray(interleaved_to_half(a, heads))
+            q = QuantTensor(*(None if a is None else interleaved_to_half(a, heads)
                               for a in (q.codes, q.scales, q.mins)), q.fmt)
         return q
 

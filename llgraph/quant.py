@@ -61,6 +61,10 @@ class QuantTensor:
     mins: np.ndarray | None  # float [out, in/B]
     fmt: QuantFormat
 
+    def __post_init__(self):  # dense row-major arrays, whatever view made them
+        self.codes, self.scales = np.ascontiguousarray(self.codes), np.ascontiguousarray(self.scales)
+        self.mins = None if self.mins is None else np.ascontiguousarray(self.mins)
+
     def component(self, name: str) -> np.ndarray:
         return {"codes": self.codes, "scales": self.scales, "mins": self.mins}[name]
 
@@ -137,8 +141,8 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     out, n_in = shape
     if type_name.endswith("_K"):
         q, scales, mins = _from_k_blocks(raw.reshape(out, n_in // 256, -1), type_name)
-        return QuantTensor(np.ascontiguousarray(pack(q, fmt.bits)), np.ascontiguousarray(scales.astype(np.float32)),
-                           None if mins is None else np.ascontiguousarray(mins.astype(np.float32)), fmt)
+        return QuantTensor(pack(q, fmt.bits), scales.astype(np.float32), None if mins is None else
+                           mins.astype(np.float32), fmt)
     nb = n_in // 32
     blocks = raw.reshape(out, nb, -1)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
@@ -151,8 +155,7 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
         mins = blocks[..., 2:4].copy().view(np.float16)[..., 0] if type_name == "Q4_1" else None
         if mins is not None:  # d == 0: every weight of the block is m whatever q says; make q agree
             q = np.where((d == 0)[..., None], 0, q)
-    return QuantTensor(np.ascontiguousarray(pack(q, fmt.bits)), np.ascontiguousarray(d.astype(np.float32)),
-                       None if mins is None else np.ascontiguousarray(mins.astype(np.float32)), fmt)
+    return QuantTensor(pack(q, fmt.bits), d.astype(np.float32), None if mins is None else mins.astype(np.float32), fmt)
 
 
 def quantize_rtn(w: np.ndarray, bits: int, block_size: int, symmetric: bool) -> QuantTensor:

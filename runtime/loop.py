@@ -21,6 +21,7 @@ import numpy as np
 from llgraph.builder import DEFAULT_MAX_SEQ
 from llgraph.errors import LlgraphError
 from llgraph.runtime.grammar import row_masks
+from llgraph.runtime.prefix import MIN_REUSE, shared_prefix
 from llgraph.runtime.sampling import RequestError, Sampling, sample
 from llgraph.runtime.speculative import MAX_DRAFT, check_draft, check_draft_max, check_mode
 from llgraph.runtime.speculative import decode as speculative_decode
@@ -36,9 +37,6 @@ def cache_length(requested: int | None, limit: int, what: str) -> int:
         raise LlgraphError(f"--max-seq-len ({requested}) exceeds {what} ({limit} positions); lower it, or "
                            f"re-export with `llgraph export --max-seq-len {requested}`")
     return requested
-
-
-MIN_REUSE = 8  # prompt tokens a cached prefix must cover to be copied between rows rather than computed again
 
 
 class Backend:
@@ -197,11 +195,7 @@ class Runner:
                 speculative="off", counts=None, draft_max: int = MAX_DRAFT):
         """Yields the batch's Decodings after each step, as decoding goes. `counts` gains speculation's drafted and
         accepted tokens."""
-        yield from self._steps(prompts, max_new_tokens, params, stop, eos_token_ids, grammar, speculative,
-                               {} if counts is None else counts, draft_max)
-
-    def _steps(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar, speculative, counts,
-               draft_max):
+        counts = {} if counts is None else counts
         ids = [self.encode(p) for p in prompts]
         eos = self.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         b = self.backend
@@ -240,9 +234,8 @@ class Runner:
         """Writes the prompts into the allocated rows -> each row's last-token logits [B, V]. A prefix every prompt
         shares (MIN_REUSE tokens or more, short of the shortest prompt's last token) is computed once, in row 0,
         and copied to the other rows (Backend.copy_prefix; probed with an empty copy), then the tails follow."""
-        b, shared = self.backend, 0
-        if self.reuse_prefixes and len(ids) > 1:
-            shared = min(_common_prefix(ids), min(map(len, ids)) - 1)
+        b = self.backend
+        shared = shared_prefix(ids) if self.reuse_prefixes and len(ids) > 1 else 0
         if shared < MIN_REUSE or not b.copy_prefix(0, 0, 0):
             return _last_logits(b, ids, 0, None)
         b.forward(np.array([ids[0][:shared]], np.int64), np.arange(shared)[None], rows=slice(0, 1), keep=1)
@@ -280,14 +273,6 @@ class Runner:
 
     def text_of(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
-
-
-def _common_prefix(ids: list[list[int]]) -> int:
-    n = min(map(len, ids))
-    for i in range(n):
-        if any(p[i] != ids[0][i] for p in ids):
-            return i
-    return n
 
 
 def _last_logits(backend: Backend, rows: list[list[int]], start: int, span: slice | None) -> np.ndarray:

@@ -17,6 +17,7 @@ from llgraph.builder import new_cache
 from llgraph.checkpoint import open_model
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
+from llgraph.executor import TORCH_DTYPES, TorchExecutor, ids_tensor
 from llgraph.export_folder import Manifest
 from llgraph.ir import Graph
 from llgraph.passes import KEEP_INPUT, model_graph
@@ -33,13 +34,11 @@ class TorchBackend(Backend):
                  limit: int | None = None):
         """`limit`: the longest cache allowed (default the model's context; the executor computes RoPE at any
         position, and a diff side matches an export's range)."""
-        from llgraph.executor import TORCH_DTYPES, TorchExecutor
-
         self.config, self.dtype, self.device = config, dtype, device
         self.max_seq_len = cache_length(max_seq_len, limit or config.max_position_embeddings, "the model's context")
         self.vocab_size = config.vocab_size
         self.executor = TorchExecutor(graph or model_graph(config, dtype), source, device, progress)
-        self._batch, self._cache, self._torch_dtype = None, {}, TORCH_DTYPES[dtype]
+        self._batch, self._cache = None, {}
         self._keeps = any(v.name == KEEP_INPUT for v in self.executor.graph.inputs)
 
     def allocate(self, batch: int, zeroed: bool = False) -> None:
@@ -47,7 +46,7 @@ class TorchBackend(Backend):
         if batch == self._batch and not zeroed:
             return
         self._cache = new_cache(self.config, batch, self.max_seq_len,
-                                lambda shape: torch.zeros(shape, dtype=self._torch_dtype, device=self.device))
+                                lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device))
         self._batch = batch
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
@@ -57,7 +56,8 @@ class TorchBackend(Backend):
 
     def _feeds(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None, keep: int = 0) -> dict:
         cache = self._cache if rows is None else {k: v[rows] for k, v in self._cache.items()}  # views, written in place
-        feeds = {"input_ids": _ids(input_ids, self.device), "position_ids": _ids(position_ids, self.device), **cache}
+        feeds = {"input_ids": ids_tensor(input_ids, self.device),
+                 "position_ids": ids_tensor(position_ids, self.device), **cache}
         if self._keeps:  # a graph with passes.keep_last_positions applied
             feeds[KEEP_INPUT] = torch.tensor(keep, dtype=torch.int64)
         return feeds
@@ -69,11 +69,6 @@ class TorchBackend(Backend):
     def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, torch.Tensor]:
         """One step like forward, returning every IR value it computed (the present caches are live storage)."""
         return self.executor.run(self._feeds(input_ids, position_ids, None), record=True)
-
-
-def _ids(a, device) -> torch.Tensor:
-    """[B, S] integer ids or positions (a numpy array) -> an int64 tensor on `device`."""
-    return torch.tensor(np.asarray(a), dtype=torch.int64, device=device)
 
 
 class TorchRunner(Runner):

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llgraph.runtime.loop import MIN_REUSE, Decoding, Runner
+from llgraph.runtime.loop import Decoding, Runner
+from llgraph.runtime.prefix import CachedRows
 from llgraph.runtime.sampling import RequestError, Sampling
 from llgraph.runtime.score import TokenLogprob, token_logprobs
 from llgraph.runtime.speculative import MAX_DRAFT, Drafter, accept, check_draft_max, check_mode, verify_logits
@@ -151,11 +152,7 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._stopping, self._stop_deadline, self._thread = False, None, None
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the last steps, for tokens/s
-        # prefix reuse: the tokens whose keys and values each slot's cache row holds at positions 0.. (kept after
-        # its request leaves), and the slots admitted but not yet prefilled (whose rows are about to change)
-        self._held: list[list[int]] = [[] for _ in range(slots)]
-        self._pending: set[int] = set()
-        self.reuse_prefixes = reuse_prefixes
+        self._rows = CachedRows(self.backend, slots, reuse_prefixes)  # prefix reuse: what each slot's row holds
 
     # -- the caller's side ------------------------------------------------------------------------------------------
     def start(self) -> "Scheduler":
@@ -275,9 +272,8 @@ class Scheduler:
                     if r.cancelled or (r.deadline is not None and time.monotonic() > r.deadline):
                         self._finish(r, "cancelled" if r.cancelled else "timeout")
                         continue
-                    r.slot = self._place(r, free)
+                    r.slot = self._rows.place(r.ids, free)
                     free.remove(r.slot)
-                    self._pending.add(r.slot)
                     self._active[r.slot] = r
                     admit.append(r)
             try:
@@ -293,44 +289,18 @@ class Scheduler:
                         r.deliver(Event("error", f"{type(e).__name__}: {e}"))
                     self._active.clear()
 
-    # -- prefix reuse -----------------------------------------------------------------------------------------------
-    def _common(self, slot: int, ids: list[int]) -> int:
-        """How many leading prompt tokens slot's row holds (at most all but the last: a prefill must compute
-        something to predict from)."""
-        held, n = self._held[slot], 0
-        limit = min(len(held), len(ids) - 1)
-        while n < limit and held[n] == ids[n]:
-            n += 1
-        return n
-
-    def _place(self, r: _Request, free: list[int]) -> int:
-        """The free slot whose row holds the longest prefix of r's prompt, else the lowest (decode steps cover as
-        few rows as they can)."""
-        return max(free, key=lambda s: (0 if s in self._pending else self._common(s, r.ids), -s))
-
-    def _reuse(self, r: _Request) -> int:
-        """Puts the longest cached prefix of r's prompt in its row (its own row's, or one copied from another
-        row's: a finished request's or a running one's prompt) -> the positions it need not prefill."""
-        if r.prompt_logprobs or not self.reuse_prefixes:  # a scored prompt needs every position's logits
-            return 0
-        sources = [s for s in range(self.slots) if s == r.slot or s not in self._pending]
-        length, source = max((self._common(s, r.ids), s == r.slot, s) for s in sources)[::2]
-        if source != r.slot and (length < MIN_REUSE or not self.backend.copy_prefix(source, r.slot, length)):
-            length = self._common(r.slot, r.ids)
-        return length
-
     def _prefill(self, r: _Request) -> None:
         scoring_only = r.decoding.max_new_tokens == 0
         ids = r.ids[:-1] if scoring_only else r.ids  # scoring alone never inputs the last token
         n = len(ids)
-        self._pending.discard(r.slot)
         if scoring_only and n == 0:  # one token: nothing predicts it
+            self._rows.pending.discard(r.slot)
             r.prompt_scores = []
             self._finish(r, "length")
             return
-        reused = 0 if scoring_only else self._reuse(r)
+        # a scored prompt needs every position's logits: nothing reused
+        reused = self._rows.reuse(r.slot, ids, allowed=not (scoring_only or r.prompt_logprobs))
         self.metrics.prefix(reused, n)
-        self._held[r.slot] = list(ids)
         logits = self.backend.forward(np.array([ids[reused:]], np.int64), np.arange(reused, n)[None],
                                       rows=slice(r.slot, r.slot + 1), keep=0 if r.prompt_logprobs else 1)
         if r.prompt_logprobs:  # position t predicts token t + 1
@@ -358,7 +328,7 @@ class Scheduler:
         for slot, r in list(self._active.items()):
             before = r.token
             tokens = self._take(r, logits[slot], drafts[slot])
-            self._held[slot] += [before, *tokens[:-1]]  # the inputs this step wrote: its last token, kept drafts
+            self._rows.held[slot] += [before, *tokens[:-1]]  # the inputs this step wrote: its last token, drafts kept
         with self._cond:
             now = time.monotonic()
             self._recent.append((now, len(self._active)))

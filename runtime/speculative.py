@@ -86,7 +86,7 @@ class DraftLength:
     """How many tokens a row drafts next, from how its last drafts fared."""
 
     def __init__(self, limit: int = MAX_DRAFT):
-        self.limit = check_draft_max(limit)
+        self.limit = limit  # checked where a request gives it (check_draft_max)
         self.k, self.misses, self.paused = min(FIRST_DRAFT, limit), 0, 0
 
     def next(self) -> int:

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 
-def session(folder: Path, threads: int, profile: bool):
+def session(folder: Path, threads: int, trace_dir: str | None = None):
+    """An ONNX Runtime session of the folder's graph; with `trace_dir`, profiling into it (never into the folder)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.log_severity_level, opts.enable_profiling = threads, 3, profile
-    if profile:
-        opts.profile_file_prefix = str(folder / "step-profile")
+    opts.intra_op_num_threads, opts.log_severity_level = threads, 3
+    if trace_dir is not None:
+        opts.enable_profiling, opts.profile_file_prefix = True, str(Path(trace_dir) / "step")
     library = folder / "libllgraph_ort.so"
     if library.exists():
         opts.register_custom_ops_library(str(library))
@@ -72,7 +73,7 @@ def stepper(sess, inputs: dict):
 def profile(folder: Path, threads: int, past: int, cache: int, steps: int
             ) -> tuple[dict[str, float], float, dict[str, float]]:
     """(op type -> kernel ms per step, wall ms per step, node -> kernel ms per step) of one folder."""
-    timed = session(folder, threads, False)
+    timed = session(folder, threads)
     run = stepper(timed, feeds(timed, folder, past, cache))
     for _ in range(5):
         run()
@@ -80,20 +81,20 @@ def profile(folder: Path, threads: int, past: int, cache: int, steps: int
     for _ in range(steps):
         run()
     wall = (time.perf_counter() - start) / steps * 1e3
-    profiled = session(folder, threads, True)
-    run = stepper(profiled, feeds(profiled, folder, past, cache))
-    for _ in range(5 + steps):
-        run()
-    trace = Path(profiled.end_profiling())
+    with tempfile.TemporaryDirectory() as trace_dir:
+        profiled = session(folder, threads, trace_dir)
+        run = stepper(profiled, feeds(profiled, folder, past, cache))
+        for _ in range(5 + steps):
+            run()
+        events = json.loads(Path(profiled.end_profiling()).read_text())
     per_op: dict[str, float] = {}
     per_node: dict[str, float] = {}
-    for event in json.loads(trace.read_text()):
+    for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             op, ms = event["args"]["op_name"], event["dur"] / 1e3 / (5 + steps)
             per_op[op] = per_op.get(op, 0.0) + ms
             node = f'{op} {event["name"].removesuffix("_kernel_time")}'
             per_node[node] = per_node.get(node, 0.0) + ms
-    os.remove(trace)
     return per_op, wall, per_node
 
 

@@ -17,6 +17,7 @@ import torch
 
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.errors import LlgraphError
+from llgraph.executor import ids_tensor
 from llgraph.export.engine import (
     ALIGN,
     DECODE,
@@ -160,9 +161,9 @@ class TRTBackend(Backend):
                 self._profile, self._bound = profile, None
             if self._bound != rows:
                 self._bind_cache(rows)
-            # contiguous: TensorRT reads a bound address as a dense row-major tensor of the shape set
-            ids = self.device.upload(_host(input_ids), self.io["input_ids"])
-            pos = self.device.upload(_host(position_ids), self.io["position_ids"])
+            # row-major copies: TensorRT reads a bound address as a dense tensor of the shape set
+            ids = self.device.upload(ids_tensor(input_ids), self.io["input_ids"])
+            pos = self.device.upload(ids_tensor(position_ids), self.io["position_ids"])
             logits = self.device.empty((batch, seq, self.vocab_size), self.io["logits"])
             for name, t in (("input_ids", ids), ("position_ids", pos)):
                 self._call(self.context.set_input_shape(name, tuple(t.shape)), f"the shape {tuple(t.shape)} of {name}")
@@ -172,13 +173,6 @@ class TRTBackend(Backend):
                 raise EngineError("TensorRT failed to run the engine (see its log above)")
         self.stream.synchronize()
         return logits.float().cpu().numpy()
-
-
-def _host(a: np.ndarray) -> torch.Tensor:
-    """[B, S] ids or positions as a contiguous int64 CPU tensor (TensorRT reads a bound address as a dense row-major
-    tensor of the shape set), for the upload."""
-    return torch.from_numpy(np.array(a, np.int64, order="C"))  # a copy, writable and row-major (order "K", numpy's
-    # default, keeps a broadcast array's column-major strides)
 
 
 def engine_side(folder: str | Path, tensorrt: str = "auto"):
