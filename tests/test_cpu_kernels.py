@@ -67,7 +67,7 @@ from llgraph.export.ort import _interleave16
 worst = {"stored": 0.0, "interleaved": 0.0, "interleaved, half": 0.0}
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
          (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
-         (8, 128, 0, True, True, 9)]
+         (8, 128, 0, True, True, 9), (4, 32, 8, True, True, 8), (8, 32, 128, True, False, 17)]  # exact tiles: 1-8 rows
 for bits, B, zp, with_mins, with_bias, M in cases:
     N, nb = 37, 5
     q, codes, scales, mins, bias, x = blocks(bits, B, with_mins, with_bias, M, N, nb)

@@ -277,7 +277,7 @@ void InterleavedGroups(const Problem& p, int64_t g0, int64_t g1) {
       GroupsInt8Scalar(p, *p.int8b, g0, g1);
     }
   } else if (p.isa >= kAvx512) {
-    avx512::GroupsExact<4>(p, g0, g1);
+    avx512::GroupsExact<8>(p, g0, g1);
   } else if (p.isa == kAvx2) {
     avx2::GroupsExact<2>(p, g0, g1);
   } else {
