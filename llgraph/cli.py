@@ -78,9 +78,10 @@ def cmd_serve(args) -> int:
     from llgraph.runtime.registry import check_weights
 
     weights = check_weights(args.backend, weights_of(args))
+    draft = args.speculative[len("draft="):] if args.speculative.startswith("draft=") else None
     options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
                            args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes, args.threads,
-                           args.speculative, args.draft_max)
+                           "draft" if draft else args.speculative, args.draft_max, draft)
     if args.ray:
         serve_on_ray(options, args.replicas, args.host, args.port, args.ray_address)
     else:

@@ -269,9 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, help="seconds a request may take before it is ended (default none)")
     s.add_argument("--max-request-bytes", type=int, default=8 << 20, help="a larger request body is refused with "
                    "413 before it is read (default 8 MiB)")
-    s.add_argument("--speculative", choices=("off", "ngram"), default="off", help="requests' default speculative "
-                   "decoding (a request's \"speculative\" field overrides it; default off: in a busy batch on ONNX "
-                   "Runtime each drafting request costs a forward of its own)")
+    s.add_argument("--speculative", type=_speculative, default="off", metavar="off|ngram|draft=MODEL",
+                   help="requests' default speculative decoding; draft=MODEL opens a draft model beside the model (a "
+                   "cache row per slot) and requests may ask for \"draft\" (a request's \"speculative\" field "
+                   "overrides the default; default off: in a busy batch on ONNX Runtime each drafting request costs "
+                   "a forward of its own)")
     add_draft_max(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")

@@ -21,7 +21,9 @@ has written never change while it runs), and prefills only the rest: a shared sy
 earlier turns, is prefilled once. It takes no memory of its own: the prefixes are the slots' rows, each kept until
 a request takes that row (a request with no match takes the lowest free row, so the higher rows keep theirs
 longest). A scored prompt (prompt logprobs) is prefilled whole.
-Speculative decoding (runtime/speculative.py) verifies a speculating request's draft in the same step.
+Speculative decoding (runtime/speculative.py) verifies a speculating request's draft in the same step: drafts by
+prompt lookup ("ngram"), or by the scheduler's draft model ("draft": `Scheduler(runner, draft=draft_runner)`),
+whose cache has a row per slot, written from the request's first token on.
 The thread that calls `start()` keeps the caller free: the decode loop runs on one background thread, and
 `submit`/`cancel` are thread-safe; events reach a consumer through a queue (or an asyncio loop's queue).
 """
@@ -42,7 +44,16 @@ from llgraph.runtime.loop import Decoding, Runner
 from llgraph.runtime.prefix import CachedRows
 from llgraph.runtime.sampling import RequestError, Sampling
 from llgraph.runtime.score import TokenLogprob, token_logprobs
-from llgraph.runtime.speculative import MAX_DRAFT, Drafter, accept, check_draft_max, check_mode, verify_logits
+from llgraph.runtime.speculative import (
+    MAX_DRAFT,
+    Drafter,
+    ModelDrafter,
+    accept,
+    check_draft,
+    check_draft_max,
+    check_served_mode,
+    verify_logits,
+)
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
 
@@ -84,7 +95,9 @@ class _Request:
     prompt_logprobs: bool = False  # the prompt's own (Handle.prompt_logprobs), set before its first event
     prompt_scores: list[TokenLogprob] | None = None
     matcher: object = None  # grammar.Matcher: the tokens this request may sample (structured output)
-    drafter: Drafter | None = None  # speculative decoding's (prompt lookup), when the request speculates
+    speculative: str = "off"  # "off", "ngram" or "draft" (the scheduler's draft model)
+    draft_max: int = MAX_DRAFT
+    drafter: Drafter | ModelDrafter | None = None  # its drafting, when it speculates (a draft model's: from prefill)
 
 
 class Handle:
@@ -141,7 +154,9 @@ class Metrics:
 
 class Scheduler:
     def __init__(self, runner: Runner, slots: int = 8, max_queue: int = 64, timeout: float | None = None,
-                 metrics: Metrics | None = None, reuse_prefixes: bool = True):
+                 metrics: Metrics | None = None, reuse_prefixes: bool = True, draft: Runner | None = None):
+        """`draft`: a runner over a smaller model sharing the tokenizer, for requests that speculate with "draft";
+        it gets a cache row per slot."""
         if slots < 1 or max_queue < 0:
             raise RequestError(f"slots ({slots}) must be >= 1 and max_queue ({max_queue}) >= 0")
         self.runner, self.backend, self.slots, self.max_queue = runner, runner.backend, slots, max_queue
@@ -153,10 +168,15 @@ class Scheduler:
         self._stopping, self._stop_deadline, self._thread = False, None, None
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the last steps, for tokens/s
         self._rows = CachedRows(self.backend, slots, reuse_prefixes)  # prefix reuse: what each slot's row holds
+        if draft is not None:
+            check_draft(runner, draft)
+        self.draft = draft
 
     # -- the caller's side ------------------------------------------------------------------------------------------
     def start(self) -> "Scheduler":
         self.backend.allocate(self.slots)
+        if self.draft is not None:
+            self.draft.backend.allocate(self.slots)
         self._thread = threading.Thread(target=self._run, name="llgraph-scheduler", daemon=True)
         self._thread.start()
         return self
@@ -170,11 +190,10 @@ class Scheduler:
         `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
         `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only). `grammar`: a
         runtime.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and verifies
-        the drafts in its decode steps (runtime/speculative.py), at most `draft_max` a step."""
+        the drafts in its decode steps (runtime/speculative.py), "draft" drafts with the scheduler's draft model;
+        at most `draft_max` tokens a step."""
         ids = self.runner.encode(prompt)
-        if not isinstance(check_mode(speculative), str):
-            raise RequestError("the scheduler drafts by prompt lookup only (speculative 'ngram'); a draft model "
-                               "runs in Runner.generate and `llgraph generate`")
+        check_served_mode(speculative, self.draft is not None)
         check_draft_max(draft_max)
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= MAX_LOGPROBS):
             raise RequestError(f"logprobs ({logprobs}) must be an integer in 0..{MAX_LOGPROBS}")
@@ -194,6 +213,7 @@ class Scheduler:
         request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling, deliver,
                            None if timeout is None else time.monotonic() + timeout, id=next(self._ids),
                            logprobs=logprobs, prompt_logprobs=prompt_logprobs, matcher=matcher,
+                           speculative=speculative, draft_max=draft_max,
                            drafter=Drafter(ids, draft_max) if speculative == "ngram" else None)
         with self._cond:
             if self._stopping:
@@ -311,6 +331,8 @@ class Scheduler:
         r.seen = np.zeros((1, self.backend.vocab_size), np.bool_)
         r.seen[0, r.ids] = True
         r.generator, r.position = r.sampling.generator(), n - 1  # the last prompt token's; _take moves it on
+        if r.speculative == "draft":  # the draft model's row of this slot, written from position 0
+            r.drafter = ModelDrafter(self.draft.backend, r.slot, r.ids, r.draft_max)
         self._take(r, logits[0, -1:])
 
     def _step(self) -> None:

@@ -53,8 +53,10 @@ class ServeOptions:
     weights: Weights = Weights()
     max_request_bytes: int = 8 << 20  # a larger body is a 413 before it is read
     threads: int | None = None  # CPU threads of the runner (registry.RunOptions.threads)
-    speculative: str = "off"  # requests' default (runtime/speculative.py); a request's "speculative" overrides it
+    speculative: str = "off"  # requests' default: off, ngram or draft (runtime/speculative.py); a request's
+    # "speculative" overrides it
     draft_max: int = MAX_DRAFT  # requests' default most drafted tokens a step; "speculative.n_max" overrides it
+    draft: str | None = None  # the draft model (a MODEL as for `model`), opened beside it: requests may ask "draft"
 
     @property
     def served_name(self) -> str:
@@ -119,21 +121,34 @@ class PrometheusMetrics(Metrics):
 
 # -- the app -----------------------------------------------------------------------------------------------------------
 
-def load_runner(options: ServeOptions):
+def load_runners(options: ServeOptions) -> tuple:
+    """(the runner, its draft model's runner or None); a draft of another vocabulary is one line (RequestError)."""
     from llgraph.runtime.registry import open_runner
+    from llgraph.runtime.speculative import check_draft
 
-    return open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir, options.tensorrt,
-                       options.weights, options.threads)
+    if options.draft is not None and options.backend == "ort":  # the model and its draft: one thread pool
+        from llgraph.runtime.ort import share_threads
+
+        share_threads(options.threads)
+    runner = open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir, options.tensorrt,
+                         options.weights, options.threads)
+    if options.draft is None:
+        return runner, None
+    draft = open_runner(options.draft, options.backend, runner.backend.max_seq_len, options.cache_dir,
+                        options.tensorrt, threads=options.threads)
+    check_draft(runner, draft)
+    return runner, draft
 
 
-def create_app(options: ServeOptions, runner=None) -> FastAPI:
-    """The ASGI app. Without `runner`, the runner and scheduler load at startup (lifespan), so a Ray replica loads
-    its own; `serve` loads it first, so a bad model is one line before anything listens."""
+def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
+    """The ASGI app. Without `runners` (load_runners'), they and the scheduler load at startup (lifespan), so a
+    Ray replica loads its own; `serve` loads them first, so a bad model is one line before anything listens."""
     state: dict = {}
 
     @asynccontextmanager
     async def lifespan(app):
-        scheduler = Scheduler(runner or load_runner(options), options.slots, options.max_queue, options.timeout)
+        runner, draft = runners or load_runners(options)
+        scheduler = Scheduler(runner, options.slots, options.max_queue, options.timeout, draft=draft)
         scheduler.metrics = state["metrics"] = PrometheusMetrics(scheduler.stats)
         state.update(runner=scheduler.runner, scheduler=scheduler.start(), created=int(time.time()))
         app.state.scheduler = scheduler
@@ -181,7 +196,7 @@ def create_app(options: ServeOptions, runner=None) -> FastAPI:
         _check_model(body)
         runner, scheduler = state["runner"], state["scheduler"]
         ask = parse(body, chat, runner, options.slots, options.slots + options.max_queue, options.speculative,
-                    options.draft_max)
+                    options.draft_max, draft=scheduler.draft is not None)
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": options.served_name}
         return await answer(request, ask, runner, scheduler, meta)

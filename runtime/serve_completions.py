@@ -36,7 +36,7 @@ from llgraph.runtime.serve_request import (
     refuse_unsupported,
     stop_strings,
 )
-from llgraph.runtime.speculative import MAX_DRAFT, MODES
+from llgraph.runtime.speculative import MAX_DRAFT, check_served_mode
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 SEED_SPAN = 1 << 64
@@ -55,7 +55,7 @@ class Ask:
     ignore_eos: bool
     logprobs: int | None  # alternatives per token; None: no log-probabilities
     grammar: object  # runtime.grammar.Grammar (response_format) or None
-    speculative: str  # "off" or "ngram" (llgraph's field; the server's --speculative by default)
+    speculative: str  # "off", "ngram" or "draft" (llgraph's field; the server's --speculative by default)
     draft_max: int  # the most tokens drafted a step ("speculative.n_max", llama.cpp's field; --draft-max by default)
     echo: bool
     stream: bool
@@ -63,9 +63,9 @@ class Ask:
 
 
 def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative: str = "off",
-          draft_max: int = MAX_DRAFT) -> Ask:
+          draft_max: int = MAX_DRAFT, draft: bool = False) -> Ask:
     """The request's fields, each checked (ApiError naming it). `capacity`: the choices one request may ask for;
-    `speculative`, `draft_max`: the server's defaults."""
+    `speculative`, `draft_max`: the server's defaults; `draft`: whether it has a draft model."""
     n = number(body, "n", 1, 1, 1 << 30, integer=True)
     if n > slots:
         raise ApiError(400, f"'n' ({n}) exceeds this server's {slots} slots (each choice decodes in a slot of its "
@@ -109,9 +109,10 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
         raise ApiError(400, "'ignore_eos' cannot go with a response_format: a document ends with EOS",
                        param="ignore_eos")
     speculative = body.get("speculative", speculative)
-    if speculative not in MODES:
-        raise ApiError(400, f"'speculative' ({str(speculative)[:40]}) must be one of {', '.join(MODES)}",
-                       param="speculative")
+    try:
+        check_served_mode(speculative, draft)
+    except RequestError as e:
+        raise ApiError(400, str(e), param="speculative") from None
     draft_max = number(body, "speculative.n_max", draft_max, 1, 1 << 10, integer=True)
     return Ask(chat, prompts, n, max_tokens, key, samplings, stop_strings(body), ignore_eos, logprobs, grammar,
                speculative, draft_max, echo, flag(body, "stream"), include_usage(body))

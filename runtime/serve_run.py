@@ -8,7 +8,7 @@ import signal
 import threading
 
 from llgraph.runtime.sampling import RequestError
-from llgraph.runtime.serve import ServeOptions, create_app, load_runner
+from llgraph.runtime.serve import ServeOptions, create_app, load_runners
 
 
 def _check_port(host: str, port: int) -> None:
@@ -36,11 +36,11 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grac
 
     _check_port(host, port)  # before the model loads: a busy port is one line, not a load then uvicorn's exit 3
     print(f"llgraph serve: loading {options.model} ({options.backend})", flush=True)
-    runner = load_runner(options)  # a bad model or flag is one line, before anything listens
+    runner, draft = load_runners(options)  # a bad model or flag is one line, before anything listens
     if options.backend == "trt" and options.slots > getattr(runner.backend, "max_batch", options.slots):
         raise RequestError(f"--slots {options.slots} exceeds the engine's max batch ({runner.backend.max_batch}); "
                            "lower --slots or rebuild with `llgraph build --max-batch`")
-    app = create_app(options, runner)
+    app = create_app(options, (runner, draft))
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
@@ -118,7 +118,9 @@ def wait_for_interrupt(ready=lambda: None, tick: float = 0.5) -> None:
 
 
 def _announce(options: ServeOptions, url: str, extra: str = "") -> None:
-    print(f"llgraph serve: '{options.served_name}' from {options.model} on {options.backend}, {options.slots} slots"
+    drafting = f", {options.draft} drafting" if options.draft else ""
+    print(f"llgraph serve: '{options.served_name}' from {options.model} on {options.backend}{drafting}, "
+          f"{options.slots} slots"
           f"{extra}, listening at {url} (/v1/chat/completions, /v1/completions, /v1/models, /tokenize, "
           "/detokenize, /health, /metrics)",
           flush=True)

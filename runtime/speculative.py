@@ -38,6 +38,18 @@ def check_mode(mode):
     raise RequestError(f"speculative ({mode!r}) must be one of {', '.join(MODES)} or a draft model's runner")
 
 
+def check_served_mode(mode, draft: bool) -> str:
+    """A scheduler request's mode (a server request's "speculative"): "off", "ngram", or "draft" where the scheduler
+    has a draft model (`draft`) of its own."""
+    if mode == "draft" and not draft:
+        raise RequestError("speculative 'draft' needs a draft model and this server has none (it starts with one by "
+                           "--speculative draft=MODEL); ask for 'ngram' or 'off'")
+    if mode not in (*MODES, "draft"):
+        raise RequestError(f"speculative ({str(mode)[:40]!r}) must be one of {', '.join(MODES)}"
+                           f"{', draft' if draft else ''}")
+    return mode
+
+
 def check_draft_max(draft_max) -> int:
     """The most tokens a row may draft in one step (llama.cpp's --draft-max, vLLM's num_speculative_tokens)."""
     if not isinstance(draft_max, int) or isinstance(draft_max, bool) or draft_max < 1:

@@ -197,6 +197,37 @@ def test_16_concurrent_speculating_requests_equal_plain_solo_answers(server, run
     assert rate > 0.3 and per_step > 1.05  # half the requests are open chat, which rarely drafts
 
 
+def test_a_server_with_a_draft_model_drafts_with_it_and_answers_as_alone(serve_export, runner):
+    """`llgraph serve --speculative draft=MODEL`: the model (SmolLM2 int4) with a draft model beside it (here its own
+    export again, so its drafts are nearly always kept): requests speculate with it by default, or ask for "ngram"
+    or "off"; 6 concurrent greedy requests through 3 slots each equal plain solo decoding; /metrics reports the
+    drafts."""
+    prompts = [[{"role": "user", "content": t}] for t in ("Hi", "What is 2+2?", "Name a colour.", "Tell a joke.",
+                                                          "What is the moon?", "Count to five.")]
+    modes = [None, "ngram", None, "off", None, None]
+    solo = [runner.generate(m, 24).text for m in prompts]
+    s = Server(str(serve_export), "--name", "smollm2", "--slots", "3", "--max-seq-len", "256",
+               "--speculative", f"draft={serve_export}")
+    try:
+        assert any(f"{serve_export} drafting" in line for line in s.lines), "".join(s.lines)
+
+        def ask(m, mode):
+            extra = {} if mode is None else {"speculative": mode}
+            return s.client.chat.completions.create(model="smollm2", messages=m, max_tokens=24, temperature=0,
+                                                    extra_body=extra).choices[0].message.content
+
+        with ThreadPoolExecutor(6) as pool:
+            served = list(pool.map(ask, prompts, modes))
+        metrics = httpx.get(f"{s.url}/metrics").text
+    finally:
+        assert s.stop() == 0, "".join(s.lines)
+    assert served == solo
+    rate = float(next(line.split()[-1] for line in metrics.splitlines()
+                      if line.startswith("llgraph_speculative_acceptance_rate")))
+    print(f"the draft model's acceptance: {rate:.2f}")
+    assert rate > 0.8
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": -1}, "logprobs"),
@@ -219,6 +250,7 @@ def test_16_concurrent_speculating_requests_equal_plain_solo_answers(server, run
     ("/v1/completions", {"prompt": "Hi", "response_format": {"type": "json_object"}, "ignore_eos": True},
      "ignore_eos"),
     ("/v1/completions", {"prompt": "Hi", "speculative": "always"}, "speculative"),
+    ("/v1/completions", {"prompt": "Hi", "speculative": "draft"}, "speculative"),  # this server has no draft model
     ("/v1/completions", {"prompt": "Hi", "speculative": "ngram", "speculative.n_max": 0}, "speculative.n_max"),
     ("/tokenize", {"prompt": 5}, "prompt"),
     ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens"),

@@ -2,6 +2,8 @@
 backend, batched and alone; sampled output keeps plain sampling's distribution (a chi-square test over many seeds,
 which a deliberately broken rejection rule fails); bad settings are one line."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -187,8 +189,74 @@ def test_cli_draft_of_another_vocabulary_is_one_line_exit_2(tmp_path):
     last = r.stderr.strip().splitlines()[-1]  # (after the first run's progress lines)
     assert r.returncode == 2 and not r.stdout
     assert last.startswith("llgraph: error: the draft model's vocabulary (256 tokens)")
+    r = llgraph("serve", "smollm2", "--max-seq-len", "128", "--port", "0", "--speculative",
+                f"draft={tmp_path / 'tiny-ort'}")  # before anything listens
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("llgraph: error: the draft model's vocabulary (256 tokens)")
     r = llgraph("generate", "smollm2", "--prompt", "Hi", "--speculative", "draft=")
     assert r.returncode == 2 and "is not off, ngram or draft=MODEL" in r.stderr
     for args in (("generate", "smollm2", "--prompt", "Hi"), ("serve", "smollm2")):
         r = llgraph(*args, "--draft-max", "0")
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not an integer >= 1" in r.stderr, r.stderr
+
+
+class _Noisy:
+    """A weight source's tensors plus seeded noise: a draft model that agrees with the model on most tokens."""
+
+    def __init__(self, source, scale: float):
+        self.source, self.scale = source, scale
+
+    def names(self):
+        return self.source.names()
+
+    def load(self, name):
+        w = np.asarray(self.source.load(name))
+        rng = np.random.default_rng(sum(map(ord, name)))
+        return (w + rng.normal(0, self.scale, w.shape)).astype(w.dtype)
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_the_scheduler_s_draft_model_keeps_16_concurrent_requests_solo(backend, tiny_runners, tmp_path):
+    """The scheduler's own draft model (a request's "draft"): 16 greedy requests through 4 slots, drafting with the
+    tiny model plus noise (so drafts are partly wrong), with ngram and plain requests among them, each equal to its
+    solo greedy answer; drafts were both kept and rejected."""
+    from reference import write_hf_checkpoint
+
+    from llgraph.runtime import TorchRunner
+    from llgraph.runtime.scheduler import Metrics, Scheduler
+
+    cfg, source, runners = tiny_runners
+    runner = runners[backend]
+    draft = TorchRunner(write_hf_checkpoint(tmp_path / "noisy", cfg, _Noisy(source, 0.02)), max_seq_len=64)
+    prompts = [PROMPTS[i % len(PROMPTS)][: 3 + i % 5] + [i + 1] for i in range(16)]
+    modes = ["draft", "draft", "ngram", "off"] * 4
+    solo = [runner.generate(p, 24).token_ids for p in prompts]
+
+    class Counts(Metrics):
+        drafted = accepted = 0
+
+        def speculated(self, drafted, accepted):
+            Counts.drafted, Counts.accepted = Counts.drafted + drafted, Counts.accepted + accepted
+
+    scheduler = Scheduler(runner, slots=4, metrics=Counts(), draft=draft).start()
+    try:
+        handles = [scheduler.submit(p, 24, speculative=m) for p, m in zip(prompts, modes)]
+        got = [h.result(timeout=120).tokens for h in handles]
+    finally:
+        scheduler.stop()
+    print(f"{backend}: the draft model's drafts kept {Counts.accepted} of {Counts.drafted}")
+    assert got == solo
+    assert 0 < Counts.accepted < Counts.drafted
+
+
+def test_a_scheduler_without_a_draft_model_refuses_draft_requests(tiny_runners):
+    from llgraph.runtime.scheduler import Scheduler
+
+    scheduler = Scheduler(tiny_runners[2]["ort"], slots=1)
+    with pytest.raises(RequestError, match="speculative 'draft' needs a draft model and this server has none"):
+        scheduler.submit([5, 6], 4, speculative="draft")
+    with pytest.raises(RequestError, match=r"speculative \('always'\) must be one of off, ngram$"):
+        scheduler.submit([5, 6], 4, speculative="always")
+    with pytest.raises(RequestError, match="the draft model's vocabulary"):
+        other = SimpleNamespace(backend=SimpleNamespace(vocab_size=50, max_seq_len=64), tokenizer=None)
+        Scheduler(tiny_runners[2]["ort"], slots=1, draft=other)
