@@ -109,25 +109,22 @@ def _speculative(value: str) -> str:
 
 
 def share_threads_for_a_draft(args) -> None:
-    """Before any runner opens: a model and its draft model on ONNX Runtime share one thread pool
-    (runtime/ort.share_threads)."""
-    if args.speculative.startswith("draft=") and args.backend == "ort":
-        from llgraph.runtime.ort import share_threads
+    """Before any runner opens: a model and its draft model share one thread pool (registry)."""
+    if args.speculative.startswith("draft="):
+        from llgraph.runtime.registry import share_threads_with_a_draft
 
-        share_threads(args.threads)
+        share_threads_with_a_draft(args.backend, args.threads)
 
 
 def sampling_of(args, runner) -> dict:
     """The sampling flags (add_sampling_flags) as Runner.generate/stream keywords for `runner`; --speculative
     draft=MODEL opens the draft model (on the same backend, with the same cache length)."""
     speculative = args.speculative
-    if speculative.startswith("draft="):
-        from llgraph.runtime.registry import open_runner
-        from llgraph.runtime.speculative import check_draft
+    if speculative.startswith("draft="):  # checked before anything is generated
+        from llgraph.runtime.registry import open_draft
 
-        speculative = open_runner(speculative[len("draft="):], args.backend, runner.backend.max_seq_len,
-                                  args.cache_dir, args.tensorrt, threads=args.threads)
-        check_draft(runner, speculative)  # before anything is generated
+        speculative = open_draft(speculative[len("draft="):], runner, args.backend, args.cache_dir, args.tensorrt,
+                                 args.threads)
     return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 repetition_penalty=args.repetition_penalty, seed=args.seed, speculative=speculative,
                 draft_max=args.draft_max)

@@ -20,8 +20,8 @@ def runner_from_args(doc: str, argv=None, new_tokens: int | None = None, max_seq
     if extra is not None:
         extra(p)
     args = p.parse_args(argv)
-    if getattr(args, "draft", False):  # a model and its draft: one thread pool (runtime/ort.share_threads)
-        from llgraph.runtime.ort import share_threads
+    if getattr(args, "draft", False):  # a model and its draft: one thread pool
+        from llgraph.runtime.registry import share_threads_with_a_draft
 
-        share_threads(args.threads)
+        share_threads_with_a_draft("ort", args.threads)
     return args, open_runner(args.model, "ort", max_seq_len, threads=args.threads)

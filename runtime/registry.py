@@ -117,3 +117,23 @@ def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir
                            "--dequantize and --accuracy-level apply to a checkpoint (or pass them to "
                            "`llgraph export`)")
     return spec.open(path, RunOptions(max_seq_len, cache_dir, tensorrt, weights, str(model), threads))
+
+
+def share_threads_with_a_draft(name: str, threads: int | None) -> None:
+    """Before any runner of the process opens: a model and its draft model on ONNX Runtime share one thread pool
+    (runtime/ort.share_threads); other backends need nothing."""
+    if name == "ort":
+        from llgraph.runtime.ort import share_threads
+
+        share_threads(threads)
+
+
+def open_draft(model: str, runner, name: str, cache_dir: str | None = None, tensorrt: str = "auto",
+               threads: int | None = None):
+    """A draft model for `runner` (speculative decoding): on the same backend with the same cache length, refused in
+    one line (RequestError) unless it shares the runner's vocabulary."""
+    from llgraph.runtime.speculative import check_draft
+
+    draft = open_runner(model, name, runner.backend.max_seq_len, cache_dir, tensorrt, threads=threads)
+    check_draft(runner, draft)
+    return draft

@@ -123,20 +123,14 @@ class PrometheusMetrics(Metrics):
 
 def load_runners(options: ServeOptions) -> tuple:
     """(the runner, its draft model's runner or None); a draft of another vocabulary is one line (RequestError)."""
-    from llgraph.runtime.registry import open_runner
-    from llgraph.runtime.speculative import check_draft
+    from llgraph.runtime.registry import open_draft, open_runner, share_threads_with_a_draft
 
-    if options.draft is not None and options.backend == "ort":  # the model and its draft: one thread pool
-        from llgraph.runtime.ort import share_threads
-
-        share_threads(options.threads)
+    if options.draft is not None:
+        share_threads_with_a_draft(options.backend, options.threads)
     runner = open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir, options.tensorrt,
                          options.weights, options.threads)
-    if options.draft is None:
-        return runner, None
-    draft = open_runner(options.draft, options.backend, runner.backend.max_seq_len, options.cache_dir,
-                        options.tensorrt, threads=options.threads)
-    check_draft(runner, draft)
+    draft = None if options.draft is None else open_draft(options.draft, runner, options.backend, options.cache_dir,
+                                                          options.tensorrt, options.threads)
     return runner, draft
 
 
