@@ -225,4 +225,4 @@ def _side(target: str):
 
 
 BACKEND = BackendSpec("ort", _open, {"ort": _side("ort"), "onnx": _side("onnx")}, bf16=False, accuracy_level=True,
-                      kernels=True)
+                      kernels=True, share_threads=share_threads)

@@ -57,6 +57,9 @@ class BackendSpec:
     bf16: bool = True  # runs bfloat16 weights
     accuracy_level: bool = False  # takes ONNX Runtime's MatMulNBits accuracy level
     kernels: bool = False  # runs llgraph's CPU kernels (--kernels llgraph)
+    # makes every runner the process opens after it share one thread pool of N threads (a model and its draft model
+    # on the same cores); None: the backend's runners need nothing
+    share_threads: Callable[[int | None], None] | None = None
 
 
 def backend(name: str) -> BackendSpec:
@@ -120,12 +123,11 @@ def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir
 
 
 def share_threads_with_a_draft(name: str, threads: int | None) -> None:
-    """Before any runner of the process opens: a model and its draft model on ONNX Runtime share one thread pool
-    (runtime/ort.share_threads); other backends need nothing."""
-    if name == "ort":
-        from llgraph.runtime.ort import share_threads
-
-        share_threads(threads)
+    """Before any runner of the process opens: a model and its draft model share one thread pool where the backend
+    has one (ONNX Runtime's, runtime/ort.share_threads)."""
+    spec = backend(name)
+    if spec.share_threads is not None:
+        spec.share_threads(threads)
 
 
 def open_draft(model: str, runner, name: str, cache_dir: str | None = None, tensorrt: str = "auto",
