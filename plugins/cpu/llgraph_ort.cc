@@ -63,6 +63,11 @@ Isa DetectIsa() {
 
 const Isa g_isa = DetectIsa();
 
+// at most about this many work items a node (a large node's row groups taken several at a time): each item is a
+// claim on ONNX Runtime's shared counter, and the lm head's 3,072 one-group items cost more in claims than the
+// imbalance of 256 items does
+constexpr int64_t kItems = 256;
+
 struct Problem {
   const float* x;         // [M, K]: for 4-bit codes, each block reordered as (even elements, odd elements)
   const float* xsum;      // [M, nb]: the block sums of x
@@ -300,7 +305,7 @@ void Chunk(void* data, size_t index) {
       for (int64_t r = 0; r < rows; ++r) out[r] = gate[r] / (1.f + std::exp(-gate[r])) * gate[16 + r];
     }
   } else if (p.int8b != nullptr || p.groups) {
-    InterleavedGroups(p, g, g + 1);
+    InterleavedGroups(p, o0 / 16, (o1 + 15) / 16);
   } else if (p.int8 != nullptr) {
     if (p.isa == kAvx512Vnni) {
       vnni::Rows(p, *p.int8, o0, o1);
@@ -385,8 +390,14 @@ struct QLinearKernel : BlockFormat {
     if (const float* norm = Optional(ctx, 6)) {  // RMSNorm(x) * weight, in float32, as the graph's would
       normed_.resize(static_cast<size_t>(M * K));
       for (int64_t m = 0; m < M; ++m) {
+        const float* row = in + m * K;
+        float part[16] = {};  // 16 running sums, which the compiler keeps in vector registers
+        int64_t k = 0;
+        for (; k + 16 <= K; k += 16)
+          for (int l = 0; l < 16; ++l) part[l] += row[k + l] * row[k + l];
         float ss = 0.f;
-        for (int64_t k = 0; k < K; ++k) ss += in[m * K + k] * in[m * K + k];
+        for (; k < K; ++k) ss += row[k] * row[k];
+        for (int l = 0; l < 16; ++l) ss += part[l];
         const float inv = 1.f / std::sqrt(ss / static_cast<float>(K) + eps_);
         for (int64_t k = 0; k < K; ++k) normed_[m * K + k] = in[m * K + k] * inv * norm[k];
       }
@@ -406,7 +417,7 @@ struct QLinearKernel : BlockFormat {
       p.x = in;
       p.xsum = sums_.data();
     } else if (interleave_) {
-      QuantizeBlocks(in, M, K, block_, bits_, centre_, int8b_);
+      QuantizeBlocks(in, M, K, block_, bits_, centre_, isa_, int8b_);
       p.int8b = &int8b_;
     } else if (int8_) {
       QuantizeX(in, M, K, block_, bits_, centre_, int8x_);
@@ -416,6 +427,7 @@ struct QLinearKernel : BlockFormat {
       p.x = reordered_.data();
       p.xsum = sums_.data();
     }
+    if (interleave_ && !glu_) p.chunk = 16 * std::max<int64_t>(1, (N + 15) / 16 / kItems);
     const size_t chunks = static_cast<size_t>(glu_ ? N / 32 : (N + p.chunk - 1) / p.chunk);
     ctx.ParallelFor(Chunk, chunks, 0, &p);
     if (const float* residual = Optional(ctx, 5)) {  // y + residual: the residual stream's Add
