@@ -169,11 +169,13 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     scale_types = {i.data_type for i in graph.initializer if i.name in {n.input[2] for n in layers}}
     assert scale_types == {10 if qtype.name in ("Q4_0", "Q4_1", "Q8_0") else 1}  # FLOAT16 / FLOAT
     # each MLP's gate/up QLinear computes the SwiGLU itself, the norms and the residual Adds are the QLinears' too:
-    # no Split, no separate activation, no norm, and one Add (GroupQueryAttention's sequence length)
+    # no Split, no separate activation, no norm, no Add; the attention is llgraph's GroupedAttention (rotary inside,
+    # reading the positions itself: no sequence-length nodes)
     fused = [n for n in layers if any(a.name == "activation" and a.i == 1 for a in n.attribute)]
     ops = [n.op_type for n in graph.node]
     assert len(fused) == cfg.num_layers and not {"Split", "QuickGelu", "Sigmoid", "RMSNormalization"} & set(ops)
-    assert ops.count("Add") == 1, ops
+    assert "Add" not in ops and "GroupQueryAttention" not in ops, ops
+    assert [n.domain for n in graph.node if n.op_type == "GroupedAttention"] == [cpu.DOMAIN] * cfg.num_layers
     # the K-quants' tolerance is test_quant's (float32 sums of 256/512 terms against a float64 truth: 6.7e-4 here)
     dtype, tol = ("float64", 1e-3) if qtype.name.endswith("_K") else ("float32", None)
     truth = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64, dtype=dtype)

@@ -3,6 +3,7 @@ o bias), Mistral, Phi-3 (fused qkv_proj and gate_up_proj tensors) — and with v
 per head), OLMo 2 (QK-norm over the projection, norms after attention and MLP). Each is a random tiny checkpoint
 made and saved by transformers' own class, held to that class on every backend, prefill + 8 cached decode steps."""
 
+import onnx
 import pytest
 import torch
 from reference import OrtStepper, Stepper, finish_gguf, gguf_writer
@@ -10,6 +11,8 @@ from reference import OrtStepper, Stepper, finish_gguf, gguf_writer
 from llgraph.checkpoint import load_config, open_checkpoint
 from llgraph.config import ConfigError
 from llgraph.export import export_model
+from llgraph.plugins import cpu
+from llgraph.weight_request import Weights
 
 TOL = 1e-4
 DIMS = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -71,8 +74,9 @@ def family(request, tmp_path_factory):
     return request.param, folder, want, ids
 
 
-@pytest.mark.parametrize("backend", ["torch", "ort", "onnx", "trt"])
+@pytest.mark.parametrize("backend", ["torch", "ort", "ort-kernels", "onnx", "trt"])
 def test_family_equals_transformers(family, backend, tmp_path, report):
+    """ort-kernels: the ort export on llgraph's CPU kernels, whose GroupedAttention carries the windows and caps."""
     name, folder, want, ids = family
     cfg = load_config(folder)
     assert cfg.family == name.split("-")[0]
@@ -82,7 +86,13 @@ def test_family_equals_transformers(family, backend, tmp_path, report):
     if backend == "torch":
         ours = Stepper(cfg, open_checkpoint(folder, cfg), batch=2, max_seq=64)
     else:
-        out = export_model(folder, checkpoint=folder, out=tmp_path / backend, target=backend, max_seq_len=64)
+        target, _, kernels = backend.partition("-")
+        out = export_model(folder, checkpoint=folder, out=tmp_path / backend, target=target, max_seq_len=64,
+                           weights=Weights(kernels="llgraph") if kernels else Weights())
+        if kernels:  # every layer's attention on llgraph's kernel, where q, k, v stay packed (no QK-norm between)
+            nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+            attention = [n for n in nodes if (n.domain, n.op_type) == (cpu.DOMAIN, "GroupedAttention")]
+            assert len(attention) == (cfg.num_layers if cfg.qk_norm == "none" else 0), [n.op_type for n in nodes]
         ours = OrtStepper(out, cfg, batch=2, max_seq=64)
     worst = 0.0
     for step, logits in enumerate(want):

@@ -16,7 +16,7 @@
 // Layouts: the blocks as stored, or interleaved 16 rows at a time (interleave=16, what the ort export writes:
 // qlinear_groups.inc exact, qlinear_int8.inc level 4), whose scales and mins may be half floats; on it,
 // activation=swiglu computes silu(gate) * up of a packed [gate; up] projection, and QEmbedding gathers a (tied)
-// table's rows from the same bytes.
+// table's rows from the same bytes. GroupedAttention (attention.inc): the layer's attention, rotary inside.
 //
 // Instruction sets: AVX-512 VNNI (level 4), AVX-512F, AVX2+FMA and a portable scalar loop, each compiled inside its
 // own target region (no build flag tied to the building CPU) and chosen when the library loads from the CPU's
@@ -585,6 +585,8 @@ struct QEmbeddingOp : Ort::CustomOpBase<QEmbeddingOp, QEmbeddingKernel> {
 
 }  // namespace
 
+#include "attention.inc"
+
 // The C API version asked of the runtime: the headers' own (a test builds one newer than any runtime)
 #ifndef LLGRAPH_ORT_API
 #define LLGRAPH_ORT_API ORT_API_VERSION
@@ -612,11 +614,13 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
   Ort::InitApi(api);
   static QLinearOp qlinear;
   static QEmbeddingOp qembedding;
+  static GroupedAttentionOp attention;
   static Ort::CustomOpDomain domain{"llgraph"};
   static bool added = false;
   if (!added) {
     domain.Add(&qlinear);
     domain.Add(&qembedding);
+    domain.Add(&attention);
     added = true;
   }
   try {

@@ -1,0 +1,106 @@
+"""llgraph's GroupedAttention kernel (plugins/cpu/attention.inc), the ort export's attention on llgraph's kernels:
+one node against numpy's float64 of the schema's definition (llgraph/ops.py GroupedAttention, with the rotary
+embedding of q and k), on each instruction-set path, with a cache whose other slots hold noise."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from test_cpu_kernels import library  # noqa: F401 (fixture)
+
+from llgraph.plugins import cpu
+
+# argv: the library; prints the instruction set it ran and, per case, the worst |difference| of (out, present_k,
+# present_v) relative to max |reference|
+PROBE = r'''
+import ctypes, sys
+import numpy as np, onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+lib, rng = sys.argv[1], np.random.default_rng(0)
+
+
+def rotate(x, cos, sin, interleaved):
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else np.split(x, 2, -1)
+    ra, rb = a * cos - b * sin, b * cos + a * sin
+    return np.stack([ra, rb], -1).reshape(x.shape) if interleaved else np.concatenate([ra, rb], -1)
+
+
+def reference(qkv, past_k, past_v, pos, cos, sin, H, KV, scale, window, softcap, interleaved):
+    B, S, _ = qkv.shape
+    D = past_k.shape[-1]
+    k, v = past_k.astype(np.float64), past_v.astype(np.float64)
+    q = qkv[..., :H * D].reshape(B, S, H, D).astype(np.float64)
+    new_k = qkv[..., H * D:(H + KV) * D].reshape(B, S, KV, D)
+    new_v = qkv[..., (H + KV) * D:].reshape(B, S, KV, D)
+    for b in range(B):
+        for s in range(S):
+            at = pos[b, s]
+            k[b, :, at] = rotate(new_k[b, s].astype(np.float64), cos[at], sin[at], interleaved)
+            v[b, :, at] = new_v[b, s]
+    out = np.zeros((B, S, H * D))
+    for b in range(B):
+        for s in range(S):
+            at = pos[b, s]
+            lo = max(0, at - window + 1) if window else 0
+            for h in range(H):
+                g = h // (H // KV)
+                qr = rotate(q[b, s, h], cos[at], sin[at], interleaved)
+                scores = scale * (k[b, g, lo:at + 1] @ qr)
+                if softcap:
+                    scores = softcap * np.tanh(scores / softcap)
+                w = np.exp(scores - scores.max())
+                out[b, s, h * D:(h + 1) * D] = (w / w.sum()) @ v[b, g, lo:at + 1]
+    return out, k, v
+
+
+isa = ctypes.CDLL(lib).llgraph_cpu_isa
+isa.restype = ctypes.c_char_p
+print(isa().decode())
+f = TensorProto.FLOAT
+# (H, KV, D, positions per row, window, softcap, interleaved): D 64 takes the vector loops, D 24 their fallback
+cases = [(6, 2, 64, [[5, 6, 7], [2, 3, 4]], 0, 0.0, 0), (6, 2, 64, [[9]], 3, 0.0, 1),
+         (4, 4, 24, [[0, 1], [6, 7]], 0, 0.5, 0), (6, 3, 64, [[40], [17]], 5, 0.7, 1),
+         (2, 1, 32, [[3, 4, 5, 6, 7]], 2, 0.0, 0)]
+for H, KV, D, positions, window, softcap, interleaved in cases:
+    pos = np.array(positions, np.int64)
+    B, S, T, P = *pos.shape, 48, 64
+    qkv = rng.standard_normal((B, S, (H + 2 * KV) * D)).astype(np.float32)
+    past_k, past_v = (rng.standard_normal((B, KV, T, D)).astype(np.float32) for _ in range(2))  # noise in every slot
+    angles = np.arange(P)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    scale = 1 / np.sqrt(D)
+    node = helper.make_node("GroupedAttention", ["qkv", "past_k", "past_v", "pos", "cos", "sin"], ["out", "k", "v"],
+                            domain="llgraph", num_heads=H, num_kv_heads=KV, scale=float(scale), window=window,
+                            softcap=softcap, rotary_interleaved=interleaved)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("qkv", f, list(qkv.shape)),
+                      helper.make_tensor_value_info("past_k", f, list(past_k.shape)),
+                      helper.make_tensor_value_info("past_v", f, list(past_v.shape)),
+                      helper.make_tensor_value_info("pos", TensorProto.INT64, list(pos.shape))],
+        [helper.make_tensor_value_info(n, f, None) for n in ("out", "k", "v")],
+        [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(lib)
+    got = ort.InferenceSession(model.SerializeToString(), opts).run(
+        None, {"qkv": qkv, "past_k": past_k, "past_v": past_v, "pos": pos})
+    want = reference(qkv, past_k, past_v, pos, cos.astype(np.float64), sin.astype(np.float64), H, KV, scale, window,
+                     softcap, interleaved)
+    print(max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want)))
+'''
+
+
+@pytest.mark.parametrize("isa", ["avx512", "scalar"])
+def test_grouped_attention_equals_float64_on_every_path(library, isa, report):  # noqa: F811
+    """Rows of 1 to 5 queries at their own positions (a prefill, decode steps, a verify), 1 to 3 query heads per
+    kv head, windows that cut and softcaps that bite, half and interleaved rotary; the returned caches hold the
+    step's keys (rotated) and values at their positions and the noise everywhere else, as passed."""
+    r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
+                       env={**os.environ, cpu.ISA_ENV: isa}, check=True)
+    ran, *worst = r.stdout.split()
+    if ran != isa:
+        pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
+    assert len(worst) == 5
+    report(f"llgraph GroupedAttention on {ran}, worst of 5 cases, vs float64, relative to max |reference|",
+           max(map(float, worst)), 1e-5)
