@@ -546,71 +546,7 @@ struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 
-// QEmbedding over the interleaved layout (the ort export's, when the table is a tied lm head's on these kernels, so
-// the table is held once): out[..., b*B + j] = scales[id, b] * (q[id, b, j] - zero_point) + mins[id, b]
-struct QEmbeddingKernel : BlockFormat {
-  QEmbeddingKernel(const OrtApi&, const OrtKernelInfo* info) : BlockFormat(info) {
-    rows_ = Ort::ConstKernelInfo(info).GetAttribute<int64_t>("rows");
-    if ((bits_ != 4 && bits_ != 8) || block_ * bits_ / 8 % 4 != 0)
-      ORT_CXX_API_THROW("llgraph QEmbedding: bits must be 4 or 8 and a block whole 4-byte chunks",
-                        ORT_INVALID_ARGUMENT);
-  }
-
-  void Compute(OrtKernelContext* context) {
-    Ort::KernelContext ctx(context);
-    const Ort::ConstValue ids = ctx.GetInput(0), codes = ctx.GetInput(1), scales = ctx.GetInput(2);
-    const Ort::ConstValue mins = ctx.GetInputCount() > 3 ? ctx.GetInput(3) : Ort::ConstValue{nullptr};
-    const std::vector<int64_t> is = ids.GetTensorTypeAndShapeInfo().GetShape();
-    const std::vector<int64_t> cs = codes.GetTensorTypeAndShapeInfo().GetShape();
-    const int64_t bytes = block_ * bits_ / 8;
-    if (cs.size() != 3 || cs[2] != 16 * bytes || rows_ > cs[0] * 16)
-      ORT_CXX_API_THROW("llgraph QEmbedding: codes must be [ceil(rows/16), in/block, 16*block*bits/8]",
-                        ORT_INVALID_ARGUMENT);
-    const int64_t nb = cs[1], K = nb * block_;
-    std::vector<int64_t> os(is);
-    os.push_back(K);
-    float* out = ctx.GetOutput(0, os).GetTensorMutableData<float>();
-    Problem p{};  // for ScaleAt / MinAt: the scales and mins in whichever precision they are stored
-    p.scales = QLinearKernel::Half(scales) ? nullptr : scales.GetTensorData<float>();
-    p.hscales = QLinearKernel::Half(scales) ? scales.GetTensorData<uint16_t>() : nullptr;
-    const bool has_mins = static_cast<const OrtValue*>(mins) != nullptr;
-    p.mins = has_mins && !QLinearKernel::Half(mins) ? mins.GetTensorData<float>() : nullptr;
-    p.hmins = has_mins && QLinearKernel::Half(mins) ? mins.GetTensorData<uint16_t>() : nullptr;
-    const int64_t* id = ids.GetTensorData<int64_t>();
-    const uint8_t* c = codes.GetTensorData<uint8_t>();
-    const int64_t count = ids.GetTensorTypeAndShapeInfo().GetElementCount();
-    for (int64_t t = 0; t < count; ++t) {
-      if (id[t] < 0 || id[t] >= rows_)
-        ORT_CXX_API_THROW("llgraph QEmbedding: a token id is outside the table", ORT_INVALID_ARGUMENT);
-      const int64_t g = id[t] / 16, l = id[t] % 16;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = c + (g * nb + b) * 16 * bytes;
-        const int64_t at = (g * nb + b) * 16 + l;
-        const float s = ScaleAt(p, at), m = MinAt(p, at);
-        for (int64_t j = 0; j < block_; ++j)
-          out[t * K + b * block_ + j] = s * static_cast<float>(InterleavedCode(blk, l, j, bits_) - zero_point_) + m;
-      }
-    }
-  }
-
-  int64_t rows_;
-};
-
-struct QEmbeddingOp : Ort::CustomOpBase<QEmbeddingOp, QEmbeddingKernel> {
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new QEmbeddingKernel(api, info); }
-  const char* GetName() const { return "QEmbedding"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 4; }  // ids, codes, scales, mins?
-  ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
-                  : i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i >= 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-};
+#include "qembedding.inc"
 
 }  // namespace
 
