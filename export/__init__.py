@@ -45,7 +45,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", weight
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
     model = open_model(config, checkpoint, weights, seed)
     options = {} if weights.accuracy_level is None else {"accuracy_level": weights.accuracy_level}
-    if weights.kernels == "llgraph" and any(n.op in ("QLinear", "GroupedAttention") for n in model.graph.nodes):
+    if weights.kernels == "llgraph":  # their QLinear, and GroupedAttention, which every model has
         from llgraph.plugins import cpu
 
         if cpu.library(progress) is None:

@@ -153,9 +153,8 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
 def attention_llgraph(em: Emitter, node: Node, qkv: str, rotary: tuple[Node, Node]) -> None:
     """llgraph::GroupedAttention (plugins/cpu/attention.inc): the schema's attributes, on the packed QKV with the
     rotary inside (its tables as GroupQueryAttention's), reading position_ids itself. In place of ONNX Runtime's
-    GroupQueryAttention, whose CPU kernel spends ~40 us a layer on a one-token step in little besides the
-    arithmetic: paired on SmolLM2 int4 level 4, 2 threads, a one-token step took 0.97x the time at position 30,
-    0.93x at 100 and 0.87x at 300."""
+    GroupQueryAttention, whose CPU kernel runs q.k and p.v in SSE loops: paired on SmolLM2 int4 level 4, 2 threads
+    on one pool, a one-token step took 0.97x the time at position 30, 0.93x at 100 and 0.87x at 300."""
     _, _, _, pos, past_k, past_v = node.inputs
     a = node.attrs
     rot, cos_sin = rotary
