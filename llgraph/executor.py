@@ -181,7 +181,7 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value):
     rows = torch.arange(b, device=q.device)[:, None]
     past_key.transpose(1, 2)[rows, positions] = k.view(b, s, hkv, d)  # cache[b, :, positions[b, s]] = k[b, s]
     past_value.transpose(1, 2)[rows, positions] = v.view(b, s, hkv, d)
-    length = int(positions.max()) + 1
+    length = _cache_span(positions)
     slots = torch.arange(length, device=q.device)
     limit = positions if a["causal"] else positions.max(dim=1, keepdim=True).values.expand(b, s)
     mask = slots[None, None, :] <= limit[:, :, None]  # [B, S, L]: key slot j visible to query (b, s)
@@ -198,6 +198,15 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value):
         out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[:, None], scale=a["scale"],
                                              enable_gqa=hq != hkv)
     return out.transpose(1, 2).reshape(b, s, hq * d), past_key, past_value
+
+
+def _cache_span(positions: torch.Tensor) -> int:
+    """The cache slots a step's attention reads: max(positions) + 1. Read off the device once per step, not once per
+    layer (every layer gets the same positions tensor): on a GPU each read waits for the queued kernels."""
+    span = getattr(positions, "_llgraph_span", None)  # kept on the tensor: it lives as long as the step's feeds
+    if span is None:
+        span = positions._llgraph_span = int(positions.max()) + 1
+    return span
 
 
 @torch_impl("SwiGLU")

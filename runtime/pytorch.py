@@ -20,7 +20,7 @@ from llgraph.errors import LlgraphError
 from llgraph.executor import TORCH_DTYPES, TorchExecutor, ids_tensor
 from llgraph.export_folder import Manifest
 from llgraph.ir import Graph
-from llgraph.passes import KEEP_INPUT, model_graph
+from llgraph.passes import KEEP_INPUT, keep_last_positions, model_graph
 from llgraph.runtime.loop import Backend, Runner, cache_length
 from llgraph.runtime.registry import BackendSpec, RunOptions
 from llgraph.tokenizer import Tokenizer
@@ -64,7 +64,10 @@ class TorchBackend(Backend):
 
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
                 keep: int = 0) -> np.ndarray:
-        return self.executor.run(self._feeds(input_ids, position_ids, rows, keep))["logits"].float().cpu().numpy()
+        logits = self.executor.run(self._feeds(input_ids, position_ids, rows, keep))["logits"]
+        if 0 < keep < logits.shape[1]:  # a graph without logits_to_keep: only the rows asked for leave the device
+            logits = logits[:, -keep:]
+        return logits.float().cpu().numpy()
 
     def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, torch.Tensor]:
         """One step like forward, returning every IR value it computed (the present caches are live storage)."""
@@ -81,7 +84,9 @@ class TorchRunner(Runner):
         if not weights.rounds:  # the executor reads a GGUF's blocks dequantized, whatever their type
             weights = weights.replace(dequantize=True)
         model = open_model(config, checkpoint, weights)
-        backend = TorchBackend(model.config, model.source, max_seq_len, weights.dtype, device, progress)
+        # the head on the positions a step samples from (a prompt's logits are not computed, nor copied off a GPU)
+        graph = keep_last_positions(model_graph(model.config, weights.dtype))
+        backend = TorchBackend(model.config, model.source, max_seq_len, weights.dtype, device, progress, graph)
         super().__init__(backend, Tokenizer.find(model.checkpoint), model.config.eos_token_ids)
 
 
