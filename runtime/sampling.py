@@ -7,6 +7,7 @@ overflow), and top-p always keeps the most likely token. Non-finite values are r
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ from llgraph.errors import LlgraphError
 # A temperature below this samples greedily (vLLM's rule): 1/T past 1e5 makes any two distinct logits' probabilities
 # differ by more than float32 can hold, so it is argmax already, while 1e-40 or 5e-324 would overflow the division.
 GREEDY_BELOW = 1e-5
+SEED_SPAN = 1 << 64  # seeds are taken modulo this (numpy's generators take seeds >= 0)
 
 
 class RequestError(LlgraphError):
@@ -43,14 +45,17 @@ class Sampling:
             raise RequestError(f"top_p ({self.top_p}) must be in (0, 1]")
         if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
             raise RequestError(f"repetition_penalty ({self.repetition_penalty}) must be > 0 (1 disables it)")
+        if self.seed is not None and (not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool)):
+            raise RequestError(f"seed ({self.seed!r}) must be an integer (any, negative too) or None")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     def generator(self) -> np.random.Generator:
-        """numpy's PCG64, seeded by `seed` (None: fresh entropy from the OS)."""
-        return np.random.default_rng(self.seed)
+        """numpy's PCG64, seeded by `seed` modulo 2**64 (None: fresh entropy from the OS). Every integer is a seed:
+        OpenAI's `seed` is a signed 64-bit integer, numpy takes only non-negative ones, so -5 seeds as 2**64 - 5."""
+        return np.random.default_rng(None if self.seed is None else int(self.seed) % SEED_SPAN)
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:

@@ -298,15 +298,15 @@ class Scheduler:
                     admit.append(r)
             try:
                 for r in admit:
-                    self._prefill(r)
+                    self._own(r, self._prefill, r)
                 self._retire()
                 if self._active:
                     self._step()
                     self._retire()
-            except Exception as e:  # a backend failure ends every running request with its message
+            except Exception as e:  # the batch's forward failed: no row can tell whose fault it was
                 with self._cond:
                     for r in list(self._active.values()):
-                        r.deliver(Event("error", f"{type(e).__name__}: {e}"))
+                        self._fail(r, e)
                     self._active.clear()
 
     def _prefill(self, r: _Request) -> None:
@@ -344,13 +344,16 @@ class Scheduler:
             last[slot], positions[slot] = r.token, r.position
             if r.drafter is not None:
                 d = r.decoding
-                drafts[slot] = r.drafter.draft(min(d.max_new_tokens - d.steps - 1,
-                                                   self.backend.max_seq_len - 1 - r.position))
+                drafts[slot] = self._own(r, r.drafter.draft, min(d.max_new_tokens - d.steps - 1,
+                                                                 self.backend.max_seq_len - 1 - r.position)) or []
         logits = verify_logits(self.backend, last, positions, drafts, slice(0, top))
         for slot, r in list(self._active.items()):
+            if r.decoding.finish_reason is not None:  # its drafting failed: it ended alone
+                continue
             before = r.token
-            tokens = self._take(r, logits[slot], drafts[slot])
-            self._rows.held[slot] += [before, *tokens[:-1]]  # the inputs this step wrote: its last token, drafts kept
+            tokens = self._own(r, self._take, r, logits[slot], drafts[slot])
+            if tokens:  # the inputs this step wrote: its last token, the drafts kept
+                self._rows.held[slot] += [before, *tokens[:-1]]
         with self._cond:
             now = time.monotonic()
             self._recent.append((now, len(self._active)))
@@ -358,13 +361,8 @@ class Scheduler:
 
     def _take(self, r: _Request, logits: np.ndarray, draft: list[int] = ()) -> list[int]:
         """logits [len(draft) + 1, V] of the request's last token and its draft -> the tokens it emits (the accepted
-        drafts and one more; none if its sampling failed), each an event; its position moves past them."""
-        try:
-            tokens = accept(logits, list(draft), r.sampling, r.seen, r.generator, r.matcher)
-        except Exception as e:  # this request's own sampling failed: it ends alone, its neighbours decode on
-            r.decoding.finish_reason = "error"
-            r.deliver(Event("error", f"{type(e).__name__}: {e}"))
-            return []
+        drafts and one more), each an event; its position moves past them."""
+        tokens = accept(logits, list(draft), r.sampling, r.seen, r.generator, r.matcher)
         if r.drafter is not None:
             r.drafter.took(list(draft), tokens)
             self.metrics.speculated(len(draft), len(tokens) - 1)
@@ -393,6 +391,26 @@ class Scheduler:
                 elif r.cancelled or (r.deadline is not None and now > r.deadline):
                     self._finish(r, "cancelled" if r.cancelled else "timeout")
                     del self._active[slot]
+
+    def _own(self, r: _Request, work, *args):
+        """`work(*args)`, a piece of request `r`'s own work (its prefill, drafting, sampling, grammar, events) ->
+        its result; if it raises, `r` alone ends with the error and None is returned: its neighbours decode on."""
+        try:
+            return work(*args)
+        except Exception as e:
+            self._fail(r, e)
+            return None
+
+    def _fail(self, r: _Request, e: Exception) -> None:
+        """`r` ends with an error (finish_reason "error"); its cache row holds nothing reusable any more."""
+        r.decoding.finish_reason = "error"
+        if r.slot >= 0:
+            self._rows.held[r.slot] = []
+            self._rows.pending.discard(r.slot)
+        try:
+            r.deliver(Event("error", f"{type(e).__name__}: {e}", r.decoding))
+        except Exception:  # its consumer is gone (a closed event loop): nobody is left to tell
+            pass
 
     @staticmethod
     def _finish(r: _Request, reason: str) -> None:

@@ -39,7 +39,6 @@ from llgraph.runtime.serve_request import (
 from llgraph.runtime.speculative import MAX_DRAFT, check_served_mode
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
-SEED_SPAN = 1 << 64
 
 
 @dataclass
@@ -99,7 +98,7 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
         samplings = [Sampling(temperature=number(body, "temperature", 1.0, 0, 2), top_k=max(top_k, 0),
                               top_p=number(body, "top_p", 1.0, 0, 1),
                               repetition_penalty=number(body, "repetition_penalty", 1.0, 0, 1e6),
-                              seed=None if seed is None else (seed + j + (1 << 63)) % SEED_SPAN - (1 << 63))
+                              seed=None if seed is None else seed + j)
                      for j in range(n)]
     except RequestError as e:
         raise ApiError(400, str(e)) from None

@@ -4,11 +4,12 @@ queue and draining behave as the server relies on."""
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from llgraph.runtime.loop import Backend, Runner
-from llgraph.runtime.sampling import Sampling
+from llgraph.runtime.sampling import RequestError, Sampling
 from llgraph.runtime.scheduler import QueueFull, Scheduler, ShuttingDown
 
 
@@ -105,3 +106,75 @@ def test_the_tokens_per_second_record_stays_bounded_without_scrapes(tiny_runners
         scheduler.stop()
     print(f"steps kept after 40 one-second steps: {kept}")
     assert kept <= 12
+
+
+class Exploding:
+    """A stand-in for one request's own machinery (its sampling seed, grammar or drafter) that raises at its
+    `after`-th use: an error in that request's work, whatever its cause."""
+
+    def __init__(self, after: int):
+        self.after, self.uses = after, 0
+
+    def tick(self):
+        self.uses += 1
+        if self.uses > self.after:
+            raise ValueError("boom")
+
+
+class FailingSampling(Sampling):
+    def generator(self):  # fails in the request's prefill
+        raise ValueError("Seed must be between 0 and 2**128 - 1")
+
+
+class FailingGrammar:
+    """A grammar whose matcher allows every token, then raises at its third token."""
+
+    def matcher(self, tokenizer, vocab_size, eos):
+        boom = Exploding(2)
+
+        class M:
+            def allowed(self, vocab):
+                boom.tick()
+                return np.ones(vocab, np.bool_)
+
+            def advance(self, token):
+                pass
+        return M()
+
+
+def test_one_requests_error_fails_that_request_only(tiny_runners):
+    """Issue 38, item 1: a request whose own work raises — in its prefill (its sampler's generator), at its third
+    token (its grammar) or while drafting (its drafter) — ends alone with finish_reason "error" and an error
+    event; the requests decoding beside it keep their solo tokens, and a later request on its row too."""
+    runner = tiny_runners[2]["ort"]
+    prompts = _prompts(4)
+    solo = [runner.generate(p, 20).token_ids for p in prompts]
+    scheduler = Scheduler(runner, slots=4).start()
+    try:
+        good = [scheduler.submit(p, 20) for p in prompts[:2]]
+        bad = [scheduler.submit(prompts[2], 20, FailingSampling(temperature=0.5, seed=1)),
+               scheduler.submit(prompts[2], 20, grammar=FailingGrammar()),
+               scheduler.submit(prompts[3] * 3, 20, speculative="ngram")]
+        boom = Exploding(1)
+        bad[2]._request.drafter.draft = lambda room: boom.tick() or [1]
+        for h in bad:
+            with pytest.raises(RequestError, match="ValueError"):
+                h.result(timeout=60)
+            assert h.decoding.finish_reason == "error"
+        assert [h.result(timeout=60).tokens for h in good] == solo[:2]
+        later = [scheduler.submit(p, 20) for p in prompts]  # the failed requests' rows serve again
+        assert [h.result(timeout=60).tokens for h in later] == solo
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.parametrize("seed", [-5, -(1 << 63), (1 << 63) - 1, 1 << 70])
+def test_every_integer_is_a_seed(seed, tiny_runners):
+    """Issue 38, item 1: a negative seed (OpenAI's is a signed 64-bit integer) raised inside numpy's generator, in
+    the scheduler's step. Every integer seeds now, modulo 2**64: the same seed, the same tokens."""
+    runner = tiny_runners[2]["ort"]
+    one = runner.generate([5, 6, 7], 12, temperature=1.0, seed=seed).token_ids
+    assert runner.generate([5, 6, 7], 12, temperature=1.0, seed=seed).token_ids == one
+    assert runner.generate([5, 6, 7], 12, temperature=1.0, seed=seed + (1 << 64)).token_ids == one
+    with pytest.raises(RequestError, match="seed"):
+        Sampling(temperature=1.0, seed=1.5)

@@ -50,7 +50,11 @@ def _stream(url, prompt, max_tokens, gaps=None):
 
 
 DEGENERATE = [{"temperature": 1e-40}, {"temperature": 1e-39}, {"temperature": 5e-324},
-              {"temperature": 1, "top_p": 1e-300}]
+              {"temperature": 1, "top_p": 1e-300},
+              # issue 38: a negative seed raised in numpy inside the step, failing every neighbour
+              {"temperature": 1, "seed": -5, "ignore_eos": True},
+              {"temperature": 1, "seed": (1 << 63) - 1, "n": 2, "ignore_eos": True},
+              {"temperature": 1, "seed": -(1 << 63), "ignore_eos": True}]
 
 
 def test_a_degenerate_sampling_value_harms_no_neighbour(server, solo):
@@ -67,10 +71,13 @@ def test_a_degenerate_sampling_value_harms_no_neighbour(server, solo):
         whole = pool.submit(server.client.completions.create, model="m", prompt=NEIGHBOURS[0], max_tokens=40,
                             temperature=0)
         answers = [pool.submit(bad, params) for params in DEGENERATE]
+        texts = []
         for params, a in zip(DEGENERATE, answers):
             r = a.result(60)
             print(params, r.status_code, repr(r.json()["choices"][0]["message"]["content"]))
-            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+            assert r.status_code == 200 and all(c["message"]["content"] for c in r.json()["choices"]), r.text
+            texts.append([c["message"]["content"] for c in r.json()["choices"]])
+        assert texts[-2][1] == texts[-1][0]  # choice 1 of seed 2**63 - 1 is seeded 2**63, i.e. -2**63 (mod 2**64)
         assert [s.result(60) for s in streams] == [solo[p] for p in NEIGHBOURS]
         assert whole.result(60).choices[0].text == solo[NEIGHBOURS[0]]
 
