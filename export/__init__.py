@@ -30,7 +30,7 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", weight
                  max_seq_len: int | None = None, force: bool = False, progress: bool = False, seed: int = 0) -> Path:
     """Config (+ checkpoint, else seeded random weights) -> an ONNX folder: model.onnx, model.onnx.data,
     manifest.json, and the checkpoint's tokenizer files. `weights` (llgraph.weight_request.Weights) says how:
-    a GGUF's Q4_0/Q4_1/Q8_0 decoder-layer Linears are carried block for block (QLinear) unless dequantized, a
+    a GGUF's Q4_0/Q4_1/Q8_0/K-quant Linears are carried block for block (QLinear) unless dequantized, a
     float checkpoint's can be rounded to int4/int8, the lm head too; its accuracy level is MatMulNBits' (ort)."""
     from llgraph.checkpoint import checkpoint_path, open_model
     from llgraph.export.lower import export
@@ -43,7 +43,9 @@ def export_model(config, checkpoint=None, out="out", target: str = "ort", weight
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
     check_writable_target(Path(out), force)  # before any loading: a refused -o costs nothing
-    model = open_model(config, checkpoint, weights, seed)
+    # GGUF super-blocks as stored for llgraph's CPU kernels; widened to the blocked form for ONNX Runtime's own ops,
+    # ONNX and TensorRT, which have no super-block kernel
+    model = open_model(config, checkpoint, weights, seed, superblocks=target == "ort" and weights.kernels == "llgraph")
     options = {} if weights.accuracy_level is None else {"accuracy_level": weights.accuracy_level}
     if weights.kernels == "llgraph":  # their QLinear, and GroupedAttention, which every model has
         from llgraph.plugins import cpu

@@ -27,7 +27,7 @@ from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
 from llgraph.passes import keep_last_positions
 from llgraph.plugins import cpu
-from llgraph.weight_request import DEFAULT_ACCURACY_LEVEL
+from llgraph.weight_request import DEFAULT_ACCURACY_LEVEL, accuracy_level_of
 from llgraph.weights import DTYPES
 
 MS = "com.microsoft"
@@ -74,8 +74,11 @@ def _plan_attention(em: Emitter, node: Node, producer, only_read_by) -> None:
         em.absorbed.add(split.name)
     qkv = (split.inputs[0], "", "") if packed else (q, k, v)
     rotary = (qr, producer[qr.inputs[1]]) if fuse_rotary else None  # (a Rotary, its RotaryCosSin)
-    if em.options.get("kernels") == "llgraph" and packed and fuse_rotary and em.graph.metadata["dtype"] == "float32":
-        em.fused[node.name] = lambda em, n: attention_llgraph(em, n, qkv[0], rotary)
+    if em.options.get("kernels") == "llgraph" and fuse_rotary and em.graph.metadata["dtype"] == "float32":
+        # q, k and v in weights of two formats (Q4_K_M's Q6_K v on some layers) are three QLinears: their outputs,
+        # a few thousand floats a token, are concatenated into the packed input the kernel reads
+        em.fused[node.name] = lambda em, n: attention_llgraph(
+            em, n, qkv[0] if packed else em.node("Concat", list(qkv), hint=n.name, axis=-1)[0], rotary)
     else:
         em.fused[node.name] = lambda em, n: group_query_attention(em, n, qkv, rotary)
 
@@ -247,13 +250,15 @@ def qembedding_gather(em: Emitter, node: Node) -> None:
     holds the table once. GatherBlockQuantized reads the codes as they are, or at exact compute the 8-bit codes' two
     nibble tables (`_split_bytes`), gathered and added. Mins (which GatherBlockQuantized has no input for) are
     gathered and added, as the executor adds them."""
-    ids, codes, scales, mins = (list(node.inputs) + [None])[:4]
+    ids, codes, scales, mins = (list(node.inputs) + [None, None])[:4]
     bits, zp = node.attrs["bits"], node.attrs["zero_point"]
     if em.options.get("kernels") == "llgraph":
-        inputs = [ids, em.weight(codes, compute=_interleave16), em.weight(scales, compute=_interleave16_half)]
+        inputs = [ids, em.weight(codes, compute=_interleaver(node.attrs["format"]))]
+        inputs += [em.weight(scales, compute=_interleave16_half)] if scales else []
         inputs += [em.weight(mins, compute=_interleave16_half)] if mins else []
-        rows = em.node("QEmbedding", inputs, hint=node.name, domain=cpu.DOMAIN, bits=bits,
-                       block_size=node.attrs["block_size"], zero_point=zp, rows=em.graph.values[codes].shape[0])[0]
+        rows = em.node("QEmbedding", inputs, hint=node.name, domain=cpu.DOMAIN, format=node.attrs["format"],
+                       bits=bits, block_size=node.attrs["block_size"], zero_point=zp,
+                       rows=em.graph.values[codes].shape[0])[0]
         std.scaled_rows(em, node, rows)
         return
     split = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL) < 4
@@ -314,30 +319,38 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
     output of a SwiGLU over its two halves; `residual`: (the stream, the Add's output) it adds to its own; `norm`:
     the RMSNorm its x passes first (all computed in the node: _plan_qlinear_fusions)."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
-    level = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL)
+    level = accuracy_level_of(em.options.get("accuracy_level"), node.attrs["format"] != "blocks")
+    interleave = _interleaver(node.attrs["format"])
     if swiglu:
-        layout, per_block = {"compute": _glu_groups}, {"compute": _glu_groups_half}
+        layout, per_block = {"compute": _glu_groups(interleave)}, {"compute": _glu_groups_half}
     else:
-        layout, per_block = {"compute": _interleave16}, {"compute": _interleave16_half}
+        layout, per_block = {"compute": interleave}, {"compute": _interleave16_half}
     rows = em.graph.values[codes].shape[0] // (2 if swiglu else 1)
     attrs = {"interleave": 16, "rows": rows, **({"activation": 1} if swiglu else {})}
-    inputs = [norm.inputs[0] if norm else x, em.weight(codes, **layout), em.weight(scales, **per_block),
-              em.weight(mins, **per_block) if mins else "", em.weight(bias) if bias else "",
-              residual[0] if residual else "", em.weight(norm.inputs[1]) if norm else ""]
+    inputs = [norm.inputs[0] if norm else x, em.weight(codes, **layout),
+              em.weight(scales, **per_block) if scales else "", em.weight(mins, **per_block) if mins else "",
+              em.weight(bias) if bias else "", residual[0] if residual else "",
+              em.weight(norm.inputs[1]) if norm else ""]
     while inputs[-1] == "":
         inputs.pop()
     if norm:
         attrs["epsilon"] = float(norm.attrs["eps"])
     outputs = [swiglu] if swiglu else [residual[1]] if residual else node.outputs
-    em.node("QLinear", inputs, outputs, domain=cpu.DOMAIN, hint=node.name, bits=bits,
+    em.node("QLinear", inputs, outputs, domain=cpu.DOMAIN, hint=node.name, format=node.attrs["format"], bits=bits,
             block_size=block, zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
 
 
-def _glu_groups(t: np.ndarray) -> np.ndarray:
-    """A packed [gate; up] tensor (rows first) in the interleaved layout with its row groups alternating: 16 gate
-    rows, the same 16 rows of up, ... (each half padded to whole groups), so one group pair makes 16 outputs."""
-    gate, up = (_pad16(h).reshape(-1, 16, *h.shape[1:]) for h in np.split(t, 2))
-    return _interleave16(np.stack([gate, up], 1).reshape(-1, *t.shape[1:]))
+def _glu_groups(interleave=None):
+    """-> a layout: a packed [gate; up] tensor (rows first) interleaved by `interleave` (default _interleave16) with
+    its row groups alternating: 16 gate rows, the same 16 rows of up, ... (each half padded to whole groups), so one
+    group pair makes 16 outputs."""
+    interleave = interleave or _interleave16
+
+    def glu_groups(t: np.ndarray) -> np.ndarray:
+        gate, up = (_pad16(h).reshape(-1, 16, *h.shape[1:]) for h in np.split(t, 2))
+        return interleave(np.stack([gate, up], 1).reshape(-1, *t.shape[1:]))
+    glu_groups.__name__ = f"glu_{interleave.__name__}"
+    return glu_groups
 
 
 def _pad16(t: np.ndarray) -> np.ndarray:
@@ -346,7 +359,7 @@ def _pad16(t: np.ndarray) -> np.ndarray:
 
 
 def _glu_groups_half(t: np.ndarray) -> np.ndarray:
-    return _halved(_glu_groups(t))
+    return _halved(_glu_groups()(t))
 
 
 def _halved(t: np.ndarray) -> np.ndarray:
@@ -358,6 +371,36 @@ def _interleave16_half(t: np.ndarray) -> np.ndarray:
     """Scales or mins interleaved, as half floats where that is lossless (a GGUF's are half floats widened): a
     block's bytes drop from 24 to 20 (Q4_1), and the kernels widen them back exactly."""
     return _halved(_interleave16(t))
+
+
+# Each piece of a row's GGUF super-block as (byte offset, bytes, unit), in the order plugins/cpu/superblocks.inc
+# reads a group's: d, dmin, the packed 6-bit scales and mins, (Q5_K's high bits), the nibbles; Q6_K: d, its int8
+# scales, then per half n and quarter-half hh the low nibbles of streams 0/2 and 1/3 and their high bit pairs.
+# Interleaved `unit` bytes of each of 16 rows at a time.
+SUPERBLOCK_FIELDS = {
+    "Q4_K": ((0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 128, 4)),
+    "Q5_K": ((0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 32, 4), (48, 128, 4)),
+    "Q6_K": ((208, 2, 2), (192, 16, 1), *((off, 16, 4) for n in (0, 1) for hh in (0, 1)
+                                          for off in (64 * n + 16 * hh, 64 * n + 32 + 16 * hh, 128 + 32 * n + 16 * hh))),
+}
+
+
+def _interleaver(fmt: str):
+    """The interleaved layout of a format's codes: _interleave16 for the blocked form, else its super-blocks'."""
+    if fmt == "blocks":
+        return _interleave16
+
+    def interleave_superblocks(t: np.ndarray) -> np.ndarray:
+        """Super-blocks [N, nsb, bytes] -> [ceil(N/16), nsb, 16 * bytes]: per group of 16 rows and super-block, each
+        field of the 16 rows side by side, `unit` bytes at a time (SUPERBLOCK_FIELDS); the same bytes, reordered."""
+        t = _pad16(t)
+        groups, nsb = t.shape[0] // 16, t.shape[1]
+        t = t.reshape(groups, 16, nsb, -1)
+        fields = [t[..., off:off + n].reshape(groups, 16, nsb, n // unit, unit).transpose(0, 2, 3, 1, 4)
+                  .reshape(groups, nsb, 16 * n) for off, n, unit in SUPERBLOCK_FIELDS[fmt]]
+        return np.concatenate(fields, axis=-1)
+    interleave_superblocks.__name__ = f"interleave16_{fmt}"
+    return interleave_superblocks
 
 
 def _interleave16(t: np.ndarray) -> np.ndarray:

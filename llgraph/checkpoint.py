@@ -141,11 +141,13 @@ def checkpoint_path(checkpoint) -> Path | None:
     return None if checkpoint is None else Path(checkpoint)
 
 
-def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int = 0) -> Model:
+def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int = 0,
+               superblocks: bool = True) -> Model:
     """config: a preset, config file, checkpoint or 'smollm2' (None: the checkpoint's own); checkpoint: a folder,
-    .safetensors, .gguf or 'smollm2' (None: seeded random weights). The graph is built once."""
+    .safetensors, .gguf or 'smollm2' (None: seeded random weights). The graph is built once. `superblocks`: whether
+    what runs the model reads GGUF K-quant super-blocks as stored; else they are widened to the blocked form."""
     from llgraph.passes import model_graph
-    from llgraph.source_views import rtn_view
+    from llgraph.source_views import rtn_view, widened_view
 
     checkpoint = checkpoint_path(checkpoint)
     cfg = load_config(resolve(config) if config is not None else checkpoint)
@@ -156,6 +158,8 @@ def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int 
         source = open_checkpoint(checkpoint, cfg, seed)
         if not (weights.quantize or weights.dequantize):
             _check_stored_formats(source)
+        if not superblocks:
+            source = widened_view(source)
     source = rtn_view(source, cfg, weights.quantize, weights.block_size, weights.symmetric, weights.lm_head)
     graph = plain if plain is not None and not weights.rounds else \
         model_graph(cfg, weights.dtype, None if weights.dequantize else source.quant_format)

@@ -111,18 +111,54 @@ def _linear(node: Node, x, weight, bias=None):
     return (F.linear(x, weight, bias),)
 
 
-@torch_impl("QLinear")
-def _qlinear(node: Node, x, codes, scales, mins=None, bias=None):
-    """The reference: dequantize the blocks (in float32) and run the float Linear."""
+def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """GGUF K-quant super-blocks [out, in/256, bytes] (uint8) -> float weight [out, in], as ggml's dequantize_row_*
+    defines them (llgraph/quant.py's numpy twin), computed in float32 then cast to `dtype`."""
+    out, n = raw.shape[:2]
+    b = raw.to(torch.int32)
+
+    def half(lo):  # a little-endian float16 field
+        return (b[..., lo] | (b[..., lo + 1] << 8)).to(torch.int16).view(torch.float16).float()
+
+    if kind == "Q6_K":  # ql[128] qh[64] scales[16] d
+        ql, qh = b[..., 0:128].reshape(out, n, 2, 64), b[..., 128:192].reshape(out, n, 2, 32)
+        q = torch.stack([(ql[..., :32] & 15) | ((qh & 3) << 4), (ql[..., 32:] & 15) | (((qh >> 2) & 3) << 4),
+                         (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4), (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)],
+                        dim=3).reshape(out, n * 16, 16)
+        sc = raw[..., 192:208].view(torch.int8).float()
+        w = (q.float() - 32) * (half(208)[..., None] * sc).reshape(out, n * 16, 1)
+        return w.reshape(out, -1).to(dtype)
+    d, dmin, s = half(0), half(2), b[..., 4:16]  # Q4_K / Q5_K: d dmin scales[12] (qh[32]) qs[128]
+    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    m = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    qs = b[..., -128:].reshape(out, n, 4, 32)
+    q = torch.stack([qs & 15, qs >> 4], dim=3).reshape(out, n, 8, 32)  # chunk c: sub-blocks 2c (low), 2c+1 (high)
+    if kind == "Q5_K":  # bit j of qh[l] is the fifth bit of sub-block j's element l
+        qh = b[..., 16:48]
+        q = q + (((qh[:, :, None, :] >> torch.arange(8, device=raw.device)[:, None]) & 1) << 4)
+    w = q.float() * (d[..., None] * sc)[..., None] - (dmin[..., None] * m)[..., None]
+    return w.reshape(out, -1).to(dtype)
+
+
+def _weight(node: Node, codes, scales, mins, dtype=None) -> torch.Tensor:
+    """A QLinear's or QEmbedding's float weight, by its format."""
     a = node.attrs
-    return (F.linear(x, dequantize(codes, scales, mins, a["bits"], a["zero_point"], x.dtype), bias),)
+    if a["format"] != "blocks":
+        return dequantize_superblocks(codes, a["format"], dtype or torch.float32)
+    return dequantize(codes, scales, mins, a["bits"], a["zero_point"], dtype)
+
+
+@torch_impl("QLinear")
+def _qlinear(node: Node, x, codes, scales=None, mins=None, bias=None):
+    """The reference: dequantize the blocks (in float32) and run the float Linear."""
+    return (F.linear(x, _weight(node, codes, scales, mins, x.dtype), bias),)
 
 
 @torch_impl("QEmbedding")
-def _qembedding(node: Node, ids, codes, scales, mins=None):
+def _qembedding(node: Node, ids, codes, scales=None, mins=None):
     """The rows asked for, dequantized as QLinear's reference does (== the whole table dequantized, then gathered)."""
     a, flat = node.attrs, ids.reshape(-1)
-    rows = dequantize(codes[flat], scales[flat], None if mins is None else mins[flat], a["bits"], a["zero_point"])
+    rows = _weight(node, codes[flat], None if scales is None else scales[flat], None if mins is None else mins[flat])
     out = rows.reshape(*ids.shape, rows.shape[-1])
     return (out if a["scale"] == 1.0 else out * torch.tensor(a["scale"], dtype=out.dtype),)
 

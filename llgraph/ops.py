@@ -96,19 +96,34 @@ def _linear(ins, attrs):
     return [(x.dtype, x.shape[:-1] + (w.shape[0],))]
 
 
+SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # (llgraph/quant.py's) GGUF bytes per 256 weights
+
+
+def _blocks(codes, scales, mins, attrs, dtype):
+    """The codes (and scales, mins) of the blocked format `attrs` names: shapes and dtypes -> the features."""
+    fmt, bits, block = attrs["format"], attrs["bits"], attrs["block_size"]
+    _require(codes.dtype == "uint8" and len(codes.shape) == 3, f"codes must be uint8 [out, in/block, packed], got "
+             f"{codes.dtype}{list(codes.shape)}")
+    if fmt != "blocks":  # GGUF super-blocks as stored: they hold their scales and mins
+        _same(block, 256, f"{fmt} block_size (a super-block)")
+        _same(codes.shape[2], SUPERBLOCK_BYTES[fmt], f"{fmt} bytes per super-block")
+        _require(scales is None and mins is None, f"{fmt} super-blocks take no scales or mins inputs")
+        return codes.shape[1] * block
+    _require(bits in (4, 8), f"the blocked format's codes are 4 or 8 bits, not {bits}")
+    _same(codes.shape[2], block * bits // 8, "packed bytes per block vs block_size * bits / 8")
+    _require(scales is not None, "the blocked format needs its scales")
+    _same(scales.shape, codes.shape[:2], "scales shape vs codes' [out, blocks]")
+    _same(scales.dtype, dtype, "scales dtype vs x dtype")
+    if mins is not None:
+        _same(mins.shape, scales.shape, "mins shape vs scales")
+        _same(mins.dtype, dtype, "mins dtype vs scales dtype")
+    return codes.shape[1] * block
+
+
 def _qlinear(ins, attrs):
     x, codes, scales, mins, b = ins
     _float(x, "x")
-    bits, block = attrs["bits"], attrs["block_size"]
-    _require(codes.dtype == "uint8" and len(codes.shape) == 3, f"codes must be uint8 [out, in/block, packed], got "
-             f"{codes.dtype}{list(codes.shape)}")
-    _same(codes.shape[2], block * bits // 8, "packed bytes per block vs block_size * bits / 8")
-    _same(codes.shape[1] * block, x.shape[-1], "codes' blocks * block_size vs x's last dim")
-    _same(scales.shape, codes.shape[:2], "scales shape vs codes' [out, blocks]")
-    _same(scales.dtype, x.dtype, "scales dtype vs x dtype")
-    if mins is not None:
-        _same(mins.shape, scales.shape, "mins shape vs scales")
-        _same(mins.dtype, x.dtype, "mins dtype vs x dtype")
+    _same(_blocks(codes, scales, mins, attrs, x.dtype), x.shape[-1], "the codes' input features vs x's last dim")
     if b is not None:
         _same(b.shape, (codes.shape[0],), "bias shape vs out-features")
     return [(x.dtype, x.shape[:-1] + (codes.shape[0],))]
@@ -117,15 +132,10 @@ def _qlinear(ins, attrs):
 def _qembedding(ins, attrs):
     ids, codes, scales, mins = ins
     _require(ids.dtype in INTS, f"ids must be integer, got {ids.dtype}")
-    _require(codes.dtype == "uint8" and len(codes.shape) == 3, f"codes must be uint8 [rows, features/block, packed],"
-             f" got {codes.dtype}{list(codes.shape)}")
-    _same(codes.shape[2], attrs["block_size"] * attrs["bits"] // 8, "packed bytes per block vs block_size * bits / 8")
-    _same(scales.shape, codes.shape[:2], "scales shape vs codes' [rows, blocks]")
-    _float(scales, "scales")
-    if mins is not None:
-        _same(mins.shape, scales.shape, "mins shape vs scales")
-        _same(mins.dtype, scales.dtype, "mins dtype vs scales dtype")
-    return [(scales.dtype, ids.shape + (codes.shape[1] * attrs["block_size"],))]
+    dtype = "float32" if scales is None else scales.dtype  # super-blocks dequantize to float32
+    if scales is not None:
+        _float(scales, "scales")
+    return [(dtype, ids.shape + (_blocks(codes, scales, mins, attrs, dtype),))]
 
 
 def _split(ins, attrs):
@@ -201,8 +211,10 @@ def _add(ins, attrs):
 
 
 QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbedding's codes
-    Attr("bits", int, "code width", (4, 8)),
-    Attr("block_size", int, "codes per scale along the input features"),
+    Attr("format", str, "blocks: codes + scales (+ mins); Q4_K/Q5_K/Q6_K: GGUF super-blocks as stored",
+         ("blocks", *SUPERBLOCK_BYTES)),
+    Attr("bits", int, "code width (blocks: 4 or 8; super-blocks: 4, 5, 6)", (4, 5, 6, 8)),
+    Attr("block_size", int, "codes per scale along the input features (super-blocks: 256)"),
     Attr("zero_point", int, "the code that means 0 (before mins)"),
     Attr("code_bits", int, "bits the codes use, <= bits (5 for GGUF Q5_K, 6 for Q6_K held in 8)"),
 )
@@ -217,10 +229,11 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     ), _rmsnorm, "each consecutive `group` features of the last axis: x / sqrt(mean(x^2) + eps) * weight, "
                  "computed in float32"),
     OpSchema("Linear", ("x", "weight", "bias?"), ("out",), (), _linear, "x @ weight^T + bias"),
-    OpSchema("QLinear", ("x", "codes", "scales", "mins?", "bias?"), ("out",), QUANT_ATTRS, _qlinear,
+    OpSchema("QLinear", ("x", "codes", "scales?", "mins?", "bias?"), ("out",), QUANT_ATTRS, _qlinear,
              "x @ w^T + bias with w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]; "
-             "q unpacked from codes (4-bit: two per byte, low nibble first); see llgraph/quant.py"),
-    OpSchema("QEmbedding", ("ids", "codes", "scales", "mins?"), ("out",), (
+             "q unpacked from codes (4-bit: two per byte, low nibble first); or, format Q4_K/Q5_K/Q6_K, w as "
+             "ggml defines those super-blocks (codes [out, in/256, bytes], no scales or mins); see llgraph/quant.py"),
+    OpSchema("QEmbedding", ("ids", "codes", "scales?", "mins?"), ("out",), (
         *QUANT_ATTRS, Attr("scale", float, "multiplies the rows, as Embedding's"),
     ), _qembedding, "Embedding over a blocked table in QLinear's format (a GGUF's token_embd as stored; tied to a "
                     "QLinear lm head, the same codes): the rows ids, dequantized, * scale"),

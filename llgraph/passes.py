@@ -22,7 +22,7 @@ def run_passes(graph: Graph, passes: Sequence[Pass]) -> Graph:
     return graph
 
 
-def pack_qkv(graph: Graph) -> Graph:
+def pack_qkv(graph: Graph, format_of=None) -> Graph:
     """One [q; k; v] projection per attention: the Linears feeding each GroupedAttention's q, k, v (through Rotary)."""
     producer = graph.producer()
 
@@ -33,19 +33,21 @@ def pack_qkv(graph: Graph) -> Graph:
         return node if node is not None and node.op == "Linear" else None
 
     groups = [[linear_behind(n) for n in node.inputs[:3]] for node in graph.nodes if node.op == "GroupedAttention"]
-    return pack_linears(graph, groups, "qkv")
+    return pack_linears(graph, groups, "qkv", format_of)
 
 
-def pack_gate_up(graph: Graph) -> Graph:
+def pack_gate_up(graph: Graph, format_of=None) -> Graph:
     """One [gate; up] projection per MLP: the two Linears feeding each SwiGLU."""
     producer = graph.producer()
     groups = [[producer.get(n) for n in node.inputs] for node in graph.nodes if node.op == "SwiGLU"]
     return pack_linears(graph, [[n if n is not None and n.op == "Linear" else None for n in g] for g in groups],
-                        "gate_up")
+                        "gate_up", format_of)
 
 
-def pack_linears(graph: Graph, groups: Sequence[Sequence[Node | None]], label: str) -> Graph:
-    """Replace each group of Linears sharing one input (and all with or all without bias) by Linear + Split."""
+def pack_linears(graph: Graph, groups: Sequence[Sequence[Node | None]], label: str, format_of=None) -> Graph:
+    """Replace each group of Linears sharing one input (and all with or all without bias) by Linear + Split. With
+    `format_of` (a source's quant_format), only groups whose weights are stored in one format: Q4_K_M keeps q and
+    k in Q4_K and v in Q6_K on some layers, and a packed weight must be one QLinear, in one format."""
     replace: dict[int, list[Node]] = {}  # id of the group's first node -> the nodes that stand in its place
     drop: set[int] = set()
     params = dict(graph.params)
@@ -55,6 +57,9 @@ def pack_linears(graph: Graph, groups: Sequence[Sequence[Node | None]], label: s
             continue
         has_bias = [len(n.inputs) > 2 and n.inputs[2] is not None for n in group]
         if len(set(has_bias)) != 1:
+            continue
+        if format_of is not None and len({format_of(p.name) for n in group for p in graph.params[n.inputs[1]].parts
+                                          }) != 1:
             continue
         x = group[0].inputs[0]
         slots = (1, 2) if has_bias[0] else (1,)
@@ -113,8 +118,9 @@ def quantize_linears(format_of: Callable[[str], object]) -> Pass:
                 continue
             (fmt,) = formats
             out, n_in = w.value.shape
-            pieces = {"codes": ("uint8", (out, n_in // fmt.block_size, fmt.block_size * fmt.bits // 8)),
-                      "scales": (w.value.dtype, (out, n_in // fmt.block_size))}
+            pieces = {"codes": ("uint8", fmt.codes_shape(out, n_in))}
+            if not fmt.superblocks:  # super-blocks hold their own scales and mins
+                pieces["scales"] = (w.value.dtype, (out, n_in // fmt.block_size))
             if fmt.has_mins:
                 pieces["mins"] = pieces["scales"]
             readers[w.name] -= 1
@@ -123,15 +129,15 @@ def quantize_linears(format_of: Callable[[str], object]) -> Pass:
             for piece, (dtype, shape) in pieces.items():
                 v = Value(f"{w.name}.{piece}", dtype, shape)
                 params[v.name], values[v.name] = Param(v, w.parts, component=piece), v
-            blocked = (f"{w.name}.codes", f"{w.name}.scales", f"{w.name}.mins" if fmt.has_mins else None)
+            blocked = [f"{w.name}.{piece}" if piece in pieces else None for piece in ("codes", "scales", "mins")]
+            bias = node.inputs[2] if node.op == "Linear" and len(node.inputs) > 2 else None
+            inputs = [node.inputs[0], *blocked] + ([bias] if bias else [])
+            while inputs[-1] is None:  # trailing absent inputs are left out
+                inputs.pop()
             if node.op == "Embedding":
-                nodes.append(Node("QEmbedding", (node.inputs[0], *blocked)[:4 if fmt.has_mins else 3], node.outputs,
-                                  {**fmt.attrs, "scale": node.attrs["scale"]}))
-                continue
-            bias = node.inputs[2] if len(node.inputs) > 2 else None
-            inputs = (node.inputs[0], *blocked, bias)
-            nodes.append(Node("QLinear", inputs[:5 if bias else (4 if fmt.has_mins else 3)], node.outputs,
-                              fmt.attrs))
+                nodes.append(Node("QEmbedding", tuple(inputs), node.outputs, {**fmt.attrs, "scale": node.attrs["scale"]}))
+            else:
+                nodes.append(Node("QLinear", tuple(inputs), node.outputs, fmt.attrs))
         return verify(Graph(graph.inputs, graph.outputs, params, tuple(nodes), values, graph.metadata))
     quantize.__name__ = "quantize_linears"
     return quantize
@@ -177,5 +183,14 @@ def model_graph(cfg, dtype: str = "float32", quant: Callable[[str], object] | No
     source's `quant_format`) its quantized Linears as QLinear."""
     from llgraph.builder import build_graph
 
-    passes = DEFAULT_PASSES + ((quantize_linears(quant),) if quant is not None else ())
-    return run_passes(build_graph(cfg, dtype), passes)
+    if quant is None:
+        return run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+    packing = tuple(_with_formats(p, quant) for p in DEFAULT_PASSES)  # packed weights keep one format
+    return run_passes(build_graph(cfg, dtype), packing + (quantize_linears(quant),))
+
+
+def _with_formats(pack: Callable, format_of) -> Pass:
+    def run(graph: Graph) -> Graph:
+        return pack(graph, format_of)
+    run.__name__ = pack.__name__
+    return run

@@ -13,14 +13,18 @@ integer for the whole tensor (8 for 4-bit symmetric, 128 for 8-bit). GGUF's bloc
     Q4_1  w = d*q + m          bits 4, B 32, zero_point 0,   scales d, mins m
     Q8_0  w = d*q (q signed)   bits 8, B 32, zero_point 128, scales d   (codes stored as q + 128)
 
-K-quants: super-blocks of 256 whose sub-blocks carry small integer scales (and mins) times a float16 `d` (and
-`dmin`); the products `d*sc` and `dmin*m` are exact in float32 (11 x 6 or 8 bits), so each sub-block is a block:
+K-quants are carried as GGUF stores them: `format` "Q4_K", "Q5_K" or "Q6_K", the codes input holding each row's
+super-blocks of 256 weights byte for byte ([out, in/256, 144 | 176 | 210]: 4.5, 5.5 and 6.5625 bits a weight) and no
+scales or mins inputs; ggml's definitions (`dequantize_superblocks`):
 
-    Q4_K  w = d*sc*q - dmin*m       bits 4, B 32, zero_point 0,  scales d*sc, mins -dmin*m
-    Q5_K  w = d*sc*q - dmin*m       bits 8, B 32, zero_point 0,  scales d*sc, mins -dmin*m   (5-bit codes in 8)
-    Q6_K  w = d*sc*(q - 32)         bits 8, B 16, zero_point 32, scales d*sc                 (6-bit codes in 8)
+    Q4_K  d, dmin (f16), 8 six-bit scales sc and mins m, 128 bytes of nibbles:   w = d*sc*q - dmin*m   (sub-blocks of 32)
+    Q5_K  as Q4_K with a fifth bit per code from 32 bytes of high bits:        w = d*sc*q - dmin*m   (q in 0..31)
+    Q6_K  128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d:   w = d*sc*(q - 32)     (sub-blocks of 16)
 
-Their scales are exact in a float32 export; a float16 export rounds them to float16.
+A runtime without a super-block kernel reads them widened to the blocked form (`QuantFormat.widened`,
+`QuantTensor.widened`), exactly: the products d*sc and dmin*m are exact in float32 (11 x 6 or 8 bits), so each
+sub-block is a block (Q4_K: bits 4, B 32, zero_point 0, scales d*sc, mins -dmin*m; Q5_K the same in 8-bit codes;
+Q6_K: bits 8, B 16, zero_point 32) — at 6, 10 and 10 bits a weight in float32.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from llgraph.ops import SUPERBLOCK_BYTES  # GGUF's bytes per super-block, by format
+
+
+SUPERBLOCK = 256  # weights in a K-quant super-block
 
 
 @dataclass(frozen=True)
@@ -37,41 +46,85 @@ class QuantFormat:
     zero_point: int
     has_mins: bool
     code_bits: int = 0  # bits the codes use (0: all `bits`); Q5_K and Q6_K hold 5- and 6-bit codes in 8
+    format: str = "blocks"  # "blocks" (codes, scales, mins) or a GGUF super-block format (SUPERBLOCK_BYTES)
 
     def __post_init__(self):
-        if self.bits not in (4, 8):
-            raise ValueError(f"bits ({self.bits}) must be 4 or 8")
         if self.code_bits == 0:
             object.__setattr__(self, "code_bits", self.bits)
+        if self.format != "blocks":
+            if self.format not in SUPERBLOCK_BYTES or self.block_size != SUPERBLOCK or self.has_mins:
+                raise ValueError(f"super-block format {self.format}: block 256, no separate mins")
+            return
+        if self.bits not in (4, 8):
+            raise ValueError(f"bits ({self.bits}) must be 4 or 8")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block-size ({self.block_size}) must be a power of 2 >= 16")
 
     @property
+    def superblocks(self) -> bool:
+        """Whether the codes are GGUF super-blocks as stored (no scales or mins inputs)."""
+        return self.format != "blocks"
+
+    @property
     def attrs(self) -> dict:
         """The QLinear attributes of this format."""
-        return {"bits": self.bits, "block_size": self.block_size, "zero_point": self.zero_point,
-                "code_bits": self.code_bits}
+        return {"format": self.format, "bits": self.bits, "block_size": self.block_size,
+                "zero_point": self.zero_point, "code_bits": self.code_bits}
+
+    def codes_shape(self, out: int, n_in: int) -> tuple[int, int, int]:
+        """The codes' shape for an [out, n_in] weight."""
+        if self.superblocks:
+            return out, n_in // SUPERBLOCK, SUPERBLOCK_BYTES[self.format]
+        return out, n_in // self.block_size, self.block_size * self.bits // 8
+
+    @property
+    def widened(self) -> QuantFormat:
+        """The blocked format a super-block format widens to (itself for the blocked form)."""
+        return WIDENED.get(self.format, self)
 
 
 @dataclass
 class QuantTensor:
     """A weight [out, in] in blocked form (see the module docstring)."""
-    codes: np.ndarray  # uint8 [out, in/B, B*bits/8]
-    scales: np.ndarray  # float [out, in/B]
+    codes: np.ndarray  # uint8 [out, in/B, B*bits/8]; super-blocks: [out, in/256, SUPERBLOCK_BYTES]
+    scales: np.ndarray | None  # float [out, in/B]; super-blocks: None (they hold their own)
     mins: np.ndarray | None  # float [out, in/B]
     fmt: QuantFormat
 
     def __post_init__(self):  # dense row-major arrays, whatever view made them
-        self.codes, self.scales = np.ascontiguousarray(self.codes), np.ascontiguousarray(self.scales)
+        self.codes = np.ascontiguousarray(self.codes)
+        self.scales = None if self.scales is None else np.ascontiguousarray(self.scales)
         self.mins = None if self.mins is None else np.ascontiguousarray(self.mins)
 
     def component(self, name: str) -> np.ndarray:
         return {"codes": self.codes, "scales": self.scales, "mins": self.mins}[name]
 
+    def widened(self) -> QuantTensor:
+        """Super-blocks in the blocked form, exactly (the module docstring); the blocked form as it is."""
+        if not self.fmt.superblocks:
+            return self
+        q, scales, mins = _from_k_blocks(self.codes, self.fmt.format)
+        wide = self.fmt.widened
+        return QuantTensor(pack(q, wide.bits), scales.astype(np.float32),
+                           None if mins is None else mins.astype(np.float32), wide)
 
+    def dequantized(self, dtype: np.dtype | None = None) -> np.ndarray:
+        """The float weight [out, in] (float32, then `dtype`)."""
+        if self.fmt.superblocks:
+            return dequantize_superblocks(self.codes, self.fmt.format, dtype)
+        return dequantize(self.codes, self.scales, self.mins, self.fmt.bits, self.fmt.zero_point, dtype)
+
+
+def superblock_format(kind: str) -> QuantFormat:
+    """A GGUF K-quant carried as stored: bits/code_bits are its codes' widths, zero_point Q6_K's centre."""
+    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6}[kind]
+    return QuantFormat(bits, SUPERBLOCK, 32 if kind == "Q6_K" else 0, False, bits, kind)
+
+
+WIDENED = {"Q4_K": QuantFormat(4, 32, 0, True), "Q5_K": QuantFormat(8, 32, 0, True, 5),
+           "Q6_K": QuantFormat(8, 16, 32, False, 6)}
 GGUF_FORMATS = {"Q4_0": QuantFormat(4, 32, 8, False), "Q4_1": QuantFormat(4, 32, 0, True),
-                "Q8_0": QuantFormat(8, 32, 128, False), "Q4_K": QuantFormat(4, 32, 0, True),
-                "Q5_K": QuantFormat(8, 32, 0, True, 5), "Q6_K": QuantFormat(8, 16, 32, False, 6)}
+                "Q8_0": QuantFormat(8, 32, 128, False), **{k: superblock_format(k) for k in SUPERBLOCK_BYTES}}
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -96,6 +149,16 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, b
     if mins is not None:
         w = w + mins.astype(np.float32)[..., None]
     return w.reshape(w.shape[0], -1).astype(dtype or scales.dtype, copy=False)
+
+
+def dequantize_superblocks(raw: np.ndarray, kind: str, dtype: np.dtype | None = None) -> np.ndarray:
+    """GGUF K-quant super-blocks [out, in/256, bytes] -> float weight [out, in] (float32, then `dtype`)."""
+    q, scales, mins = _from_k_blocks(raw, kind)
+    w = q.astype(np.float32) - np.float32(32 if kind == "Q6_K" else 0)
+    w = w * scales.astype(np.float32)[..., None]
+    if mins is not None:
+        w = w + mins.astype(np.float32)[..., None]
+    return w.reshape(raw.shape[0], -1).astype(dtype or np.float32, copy=False)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -136,13 +199,12 @@ def _from_k_blocks(blocks: np.ndarray, type_name: str):
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> QuantTensor:
-    """GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K block bytes of a [out, in] tensor -> QuantTensor, without rounding."""
+    """GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K block bytes of a [out, in] tensor -> QuantTensor, without rounding (the
+    K-quants' super-blocks as they are)."""
     fmt = GGUF_FORMATS[type_name]
     out, n_in = shape
-    if type_name.endswith("_K"):
-        q, scales, mins = _from_k_blocks(raw.reshape(out, n_in // 256, -1), type_name)
-        return QuantTensor(pack(q, fmt.bits), scales.astype(np.float32), None if mins is None else
-                           mins.astype(np.float32), fmt)
+    if fmt.superblocks:  # as stored, byte for byte
+        return QuantTensor(raw.reshape(fmt.codes_shape(out, n_in)), None, None, fmt)
     nb = n_in // 32
     blocks = raw.reshape(out, nb, -1)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]

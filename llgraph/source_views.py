@@ -3,6 +3,7 @@
 - `QuantizedSource`: the decoder-layer Linears and/or the lm head rounded to nearest (`--quantize`, `--lm-head`).
 - `FusedSplitSource`: Phi-3's fused `qkv_proj` / `gate_up_proj` under the Llama names.
 - `NormOffsetSource`: Gemma's RMSNorm weights stored as w - 1, seen as 1 + w.
+- `WidenedSource`: GGUF K-quant super-blocks seen in the blocked form, for runtimes without a super-block kernel.
 """
 
 from __future__ import annotations
@@ -169,3 +170,43 @@ class NormOffsetSource(WeightSource):
 
     def tokenizer_files(self):
         return self.base.tokenizer_files()
+
+
+class WidenedSource(WeightSource):
+    """Another source whose GGUF super-blocks (Q4_K, Q5_K, Q6_K) are seen widened to the blocked form, exactly
+    (QuantTensor.widened): what a runtime without a super-block kernel reads (ONNX Runtime's MatMulNBits, ONNX's
+    DequantizeLinear, TensorRT)."""
+
+    def __init__(self, base: WeightSource):
+        self.base, self.description, self.rope_layout = base, base.description, base.rope_layout
+        self._last: tuple[str, QuantTensor] | None = None
+
+    def names(self):
+        return self.base.names()
+
+    def shape(self, name):
+        return self.base.shape(name)
+
+    def load(self, name, dtype=None):
+        return self.base.load(name, dtype)
+
+    def load_rows(self, name, start, stop, dtype=None):
+        return self.base.load_rows(name, start, stop, dtype)
+
+    def tokenizer_files(self):
+        return self.base.tokenizer_files()
+
+    def quant_format(self, name):
+        fmt = self.base.quant_format(name)
+        return None if fmt is None else fmt.widened
+
+    def load_quantized(self, name):
+        if self._last is None or self._last[0] != name:  # codes, scales and mins are asked for one after another
+            self._last = (name, self.base.load_quantized(name).widened())
+        return self._last[1]
+
+
+def widened_view(source: WeightSource) -> WeightSource:
+    """`source` with its super-blocks widened (a WidenedSource), or itself when it stores none."""
+    formats = {source.quant_format(n) for n in source.names()}
+    return WidenedSource(source) if any(f is not None and f.superblocks for f in formats) else source

@@ -28,6 +28,18 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # ONNX Runtime MatMulNBits': 0 exact (fp32) .
 # answers "L'Etoile, la Marseillaise, ..."): the stored weights' own answers are the default; `--accuracy-level 4`
 # opts in to the speed.
 DEFAULT_ACCURACY_LEVEL = 0
+# ... except for GGUF K-quant super-blocks (Q4_K, Q5_K, Q6_K: the 1B-8B models users run), whose default is level 4 on
+# llgraph's kernels: there exact fp32 compute is prefill-bound at half llama.cpp's speed, while int8 x (per 32,
+# centred) keeps the next-token distributions closer to the exact ones than llama.cpp's own Q8_K (per 256,
+# uncentred) does: the README's "Quantized weights" has the figures.
+SUPERBLOCK_ACCURACY_LEVEL = 4
+
+
+def accuracy_level_of(requested: int | None, superblocks: bool) -> int:
+    """A quantized Linear's accuracy level: the one requested, else its format's default."""
+    if requested is not None:
+        return requested
+    return SUPERBLOCK_ACCURACY_LEVEL if superblocks else DEFAULT_ACCURACY_LEVEL
 
 
 class WeightRequestError(ExportError):
@@ -94,7 +106,7 @@ class Weights:
     @property
     def mode(self) -> str:
         """Its part of the export cache's key: every choice that changes the exported bytes."""
-        level = f"-l{DEFAULT_ACCURACY_LEVEL if self.accuracy_level is None else self.accuracy_level}"
+        level = f"-l{'auto' if self.accuracy_level is None else self.accuracy_level}"  # auto: by format
         if self.dequantize:
             return f"{self.dtype}-dequantized"
         head = f"-head{self.lm_head}" if self.lm_head else ""

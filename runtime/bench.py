@@ -21,25 +21,33 @@ import time
 import numpy as np
 
 
-def time_backend(forward, allocate, vocab: int, p: int, n: int, repeats: int, sync=lambda: None) -> dict:
-    """Best-of-`repeats` pp and tg seconds of a model behind `forward(ids, positions)` (one step on a fresh cache
-    after `allocate()`), after one warm-up run."""
+def time_backend(forward, allocate, vocab: int, p: int, n: int, repeats: int, sync=lambda: None,
+                 depth: int = 0) -> dict:
+    """Best-of-`repeats` pp and tg seconds of a model behind `forward(ids, positions)` after one warm-up run, as
+    llama-bench measures them: pp, one forward of `p` prompt tokens into an empty cache (`allocate()`); tg, `n`
+    one-token steps into an empty one (each after `depth` tokens of context when given, like llama-bench's -d)."""
     rng = np.random.default_rng(0)
-    prompt = rng.integers(0, vocab, (1, p), dtype=np.int64)
+    prompt = rng.integers(0, vocab, (1, max(p, depth, 1)), dtype=np.int64)
     steps = rng.integers(0, vocab, (n, 1, 1), dtype=np.int64)
     best = {"pp": float("inf"), "tg": float("inf")}
     for _ in range(repeats + 1):
-        allocate()
-        sync()
-        t0 = time.perf_counter()
-        forward(prompt, np.arange(p, dtype=np.int64)[None])
-        sync()
-        t1 = time.perf_counter()
-        for i in range(n):
-            forward(steps[i], np.array([[p + i]], np.int64))
-        sync()
-        t2 = time.perf_counter()
-        best = {"pp": min(best["pp"], t1 - t0), "tg": min(best["tg"], t2 - t1)}
+        if p:
+            allocate()
+            sync()
+            t0 = time.perf_counter()
+            forward(prompt[:, :p], np.arange(p, dtype=np.int64)[None])
+            sync()
+            best["pp"] = min(best["pp"], time.perf_counter() - t0)
+        if n:
+            allocate()
+            if depth:
+                forward(prompt[:, :depth], np.arange(depth, dtype=np.int64)[None])
+            sync()
+            t0 = time.perf_counter()
+            for i in range(n):
+                forward(steps[i], np.array([[depth + i]], np.int64))
+            sync()
+            best["tg"] = min(best["tg"], time.perf_counter() - t0)
     return best
 
 
@@ -59,18 +67,19 @@ def llgraph_times(args) -> tuple[dict, int | None, str]:
             torch.set_num_threads(args.threads)
         preset = not __import__("pathlib").Path(resolve(args.model)).exists() and _preset_path(args.model).exists()
         runner = TorchRunner(None if preset else args.model, config=args.model if preset else None,
-                             max_seq_len=args.p + args.n + 1, dtype=args.dtype, device=args.device, progress=True)
+                             max_seq_len=max(args.p, args.depth + args.n) + 1, dtype=args.dtype, device=args.device,
+                             progress=True)
         sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
         b = runner.backend
         weight_bytes = _read_per_token({k: v.numel() * v.element_size() for k, v in b.executor.params.items()},
                                        b.config.tie_word_embeddings)
     else:
-        runner = open_runner(args.model, args.backend, args.p + args.n + 1, threads=args.threads,
+        runner = open_runner(args.model, args.backend, max(args.p, args.depth + args.n) + 1, threads=args.threads,
                              weights=Weights(args.dtype) if args.dtype != "float32" else Weights())
         b, sync, weight_bytes = runner.backend, (lambda: None), getattr(runner.backend, "weight_bytes", None)
     times = time_backend(lambda ids, pos: b.forward(ids, pos, keep=1), lambda: b.allocate(1, zeroed=True)
                          if args.backend == "torch" else b.allocate(1), b.vocab_size, args.p, args.n, args.repeats,
-                         sync)
+                         sync, args.depth)
     return times, weight_bytes, f"llgraph {args.backend} {args.dtype} on {args.device}"
 
 
@@ -107,7 +116,7 @@ def transformers_times(args, config) -> tuple[dict, int, str]:
         state["past"] = out.past_key_values
         return out.logits[:, -1].float().cpu()
 
-    times = time_backend(forward, allocate, c.vocab_size, args.p, args.n, args.repeats, sync)
+    times = time_backend(forward, allocate, c.vocab_size, args.p, args.n, args.repeats, sync, args.depth)
     sizes = {k: v.numel() * v.element_size() for k, v in model.named_parameters()}  # tied: once
     return times, _read_per_token(sizes, c.tie_word_embeddings), f"transformers {args.dtype} on {args.device}"
 
@@ -120,6 +129,7 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("-p", type=int, default=512, help="prompt tokens (pp)")
     p.add_argument("-n", type=int, default=128, help="generated tokens (tg)")
+    p.add_argument("-d", "--depth", type=int, default=0, help="tokens of context before tg's steps (llama-bench's -d)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--peer", choices=["transformers"], default=None)
@@ -129,15 +139,16 @@ def main(argv=None) -> None:
     rows = [llgraph_times(args)]
     if args.peer == "transformers":
         rows.append(transformers_times(args, load_config(args.model)))
-    print(f"| engine | pp{args.p} tok/s | tg{args.n} tok/s | weights read / token | GB/s in tg | pp × row 1 | "
+    tg = f"tg{args.n}" + (f" @ d{args.depth}" if args.depth else "")
+    print(f"| engine | pp{args.p} tok/s | {tg} tok/s | weights read / token | GB/s in tg | pp × row 1 | "
           "tg × row 1 |\n|---|---|---|---|---|---|---|")
     first = rows[0][0]
     for times, weight_bytes, what in rows:
-        pp, tg = args.p / times["pp"], args.n / times["tg"]
+        pp, tg = args.p / times["pp"] if args.p else 0.0, args.n / times["tg"] if args.n else 0.0
         gbs = f"{weight_bytes * tg / 1e9:.1f}" if weight_bytes else "-"
         read = f"{weight_bytes / 1e9:.3f} GB" if weight_bytes else "-"
-        print(f"| {what} | {pp:.1f} | {tg:.1f} | {read} | {gbs} | {first['pp'] / times['pp']:.2f} | "
-              f"{first['tg'] / times['tg']:.2f} |", flush=True)
+        ratio = [f"{first[k] / times[k]:.2f}" if times[k] < float("inf") else "-" for k in ("pp", "tg")]
+        print(f"| {what} | {pp:.1f} | {tg:.1f} | {read} | {gbs} | {ratio[0]} | {ratio[1]} |", flush=True)
 
 
 if __name__ == "__main__":

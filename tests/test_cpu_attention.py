@@ -91,7 +91,7 @@ for H, KV, D, positions, window, softcap, interleaved in cases:
 '''
 
 
-@pytest.mark.parametrize("isa", ["avx512", "scalar"])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
 def test_grouped_attention_equals_float64_on_every_path(library, isa, report):  # noqa: F811
     """Rows of 1 to 5 queries at their own positions (a prefill, decode steps, a verify), 1 to 3 query heads per
     kv head, windows that cut and softcaps that bite, half and interleaved rotary; the returned caches hold the

@@ -89,10 +89,13 @@ def test_family_equals_transformers(family, backend, tmp_path, report):
         target, _, kernels = backend.partition("-")
         out = export_model(folder, checkpoint=folder, out=tmp_path / backend, target=target, max_seq_len=64,
                            weights=Weights(kernels="llgraph") if kernels else Weights())
-        if kernels:  # every layer's attention on llgraph's kernel, where q, k, v stay packed (no QK-norm between)
+        if kernels:  # every layer's attention on llgraph's kernel: q, k, v packed, or (QK-norm between, or q, k, v
+            # in two formats) concatenated first
             nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
             attention = [n for n in nodes if (n.domain, n.op_type) == (cpu.DOMAIN, "GroupedAttention")]
-            assert len(attention) == (cfg.num_layers if cfg.qk_norm == "none" else 0), [n.op_type for n in nodes]
+            assert len(attention) == cfg.num_layers, [n.op_type for n in nodes]
+            concats = [n for n in nodes if n.op_type == "Concat"]
+            assert len(concats) == (0 if cfg.qk_norm == "none" else cfg.num_layers), [n.op_type for n in nodes]
         ours = OrtStepper(out, cfg, batch=2, max_seq=64)
     worst = 0.0
     for step, logits in enumerate(want):

@@ -87,6 +87,8 @@ struct Problem {
   bool groups;     // exact on the interleaved layout (qlinear_groups.inc): x as given, chunks are groups of 16 rows
   float* glu;      // activation=swiglu: the output [M, glu_rows], silu(gate) * up of y's row pairs (y: scratch whose
   int64_t glu_rows;  // groups alternate 16 gate rows, 16 up rows); null: y is the output
+  int sb = 0;      // GGUF super-blocks (superblocks.inc: kQ4K, kQ5K, kQ6K) on the interleaved layout; 0: blocks
+  const struct Int8K* int8k = nullptr;  // level 4 on super-blocks: x quantized per 32; null: exact (x, xsum)
 };
 
 // IEEE half -> float, exactly (normals, subnormals, infinities)
@@ -295,10 +297,13 @@ struct V {
 namespace {
 
 #include "qlinear_int8.inc"
+#include "superblocks.inc"
 
 // groups [g0, g1) of the interleaved layout, on the chosen instruction set
 void InterleavedGroups(const Problem& p, int64_t g0, int64_t g1) {
-  if (p.int8b != nullptr) {
+  if (p.sb != 0) {
+    SuperGroups(p, g0, g1);
+  } else if (p.int8b != nullptr) {
     if (p.isa == kAvx512Vnni) {
       vnni::Groups(p, *p.int8b, g0, g1);
     } else if (p.isa >= kAvx2 && p.bits == 4) {
@@ -333,7 +338,7 @@ void Chunk(void* data, size_t index) {
         for (int64_t r = 0; r < rows; ++r) out[r] = gate[r] / (1.f + std::exp(-gate[r])) * gate[16 + r];
       }
     }
-  } else if (p.int8b != nullptr || p.groups) {
+  } else if (p.sb != 0 || p.int8b != nullptr || p.groups) {
     InterleavedGroups(p, o0 / 16, (o1 + 15) / 16);
   } else if (p.int8 != nullptr) {
     if (p.isa == kAvx512Vnni) {
@@ -357,15 +362,29 @@ struct BlockFormat {
     bits_ = k.GetAttribute<int64_t>("bits");
     block_ = k.GetAttribute<int64_t>("block_size");
     zero_point_ = k.GetAttribute<int64_t>("zero_point");
+    size_t length = 0;  // "format": blocks (absent in exports before 0.6), or a GGUF super-block format
+    if (OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_string(info, "format", nullptr, &length)) {
+      Ort::GetApi().ReleaseStatus(absent);
+    } else {
+      const std::string format = k.GetAttribute<std::string>("format");
+      sb_ = SuperKind(format);
+      if (sb_ == 0 && format != "blocks")
+        ORT_CXX_API_THROW("llgraph: format must be blocks, Q4_K, Q5_K or Q6_K", ORT_INVALID_ARGUMENT);
+      if (sb_ != 0 && block_ != 256)
+        ORT_CXX_API_THROW("llgraph: a super-block format's block_size is 256", ORT_INVALID_ARGUMENT);
+    }
   }
+  // the bytes of one block of 16 interleaved rows (a super-block's, or block * bits / 8 of each row)
+  int64_t GroupBytes() const { return sb_ ? kLayouts[sb_].bytes : 16 * block_ * bits_ / 8; }
   int64_t bits_, block_, zero_point_;
+  int sb_ = 0;
 };
 
 struct QLinearKernel : BlockFormat {
   QLinearKernel(const OrtApi&, const OrtKernelInfo* info) : BlockFormat(info) {
     Ort::ConstKernelInfo k(info);
     const int64_t level = OptionalAttribute(info, "accuracy_level", 0);  // as MatMulNBits': 4 is int8 activations
-    if ((bits_ != 4 && bits_ != 8) || block_ < 16 || (block_ & (block_ - 1)) != 0)
+    if (sb_ == 0 && ((bits_ != 4 && bits_ != 8) || block_ < 16 || (block_ & (block_ - 1)) != 0))
       ORT_CXX_API_THROW("llgraph QLinear: bits must be 4 or 8 and block_size a power of 2 >= 16",
                         ORT_INVALID_ARGUMENT);
     // the widest path whose lanes divide this block's segments; narrower blocks take the next one down
@@ -384,6 +403,8 @@ struct QLinearKernel : BlockFormat {
                         ORT_INVALID_ARGUMENT);
     const int64_t code_bits = OptionalAttribute(info, "code_bits", bits_);  // Q5_K's and Q6_K's 5 and 6 in 8
     centre_ = int64_t{1} << (std::min(std::max<int64_t>(code_bits, 1), bits_) - 1);
+    if (sb_ != 0 && interleave_ != 16)
+      ORT_CXX_API_THROW("llgraph QLinear: super-blocks are read interleaved (interleave=16)", ORT_INVALID_ARGUMENT);
     int8_ = level == 4 && (interleave_ != 0 || Int8Fits(bits_, block_));
     if (!int8_ && isa_ == kAvx512Vnni) isa_ = kAvx512;
     if (!interleave_ && isa_ == kAvx512 && (bits_ == 4 ? block_ % 32 : block_ % 16) != 0) isa_ = kAvx2;
@@ -391,11 +412,15 @@ struct QLinearKernel : BlockFormat {
 
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
-    const Ort::ConstValue x = ctx.GetInput(0), codes = ctx.GetInput(1), scales = ctx.GetInput(2);
+    const Ort::ConstValue x = ctx.GetInput(0), codes = ctx.GetInput(1);
+    const Ort::ConstValue scales = ctx.GetInputCount() > 2 ? ctx.GetInput(2) : Ort::ConstValue{nullptr};
+    if ((sb_ == 0) != (static_cast<const OrtValue*>(scales) != nullptr))
+      ORT_CXX_API_THROW("llgraph QLinear: the blocked format takes scales, super-blocks none", ORT_INVALID_ARGUMENT);
     const std::vector<int64_t> xs = x.GetTensorTypeAndShapeInfo().GetShape();
     const std::vector<int64_t> cs = codes.GetTensorTypeAndShapeInfo().GetShape();
-    const int64_t lanes = interleave_ ? 16 : 1, groups = glu_ ? cs[0] / 2 : cs[0];  // swiglu: gate and up groups
-    if (xs.empty() || cs.size() != 3 || cs[1] * block_ != xs.back() || cs[2] != lanes * block_ * bits_ / 8 ||
+    const int64_t groups = glu_ ? cs[0] / 2 : cs[0];  // swiglu: gate and up groups
+    if (xs.empty() || cs.size() != 3 || cs[1] * block_ != xs.back() ||
+        cs[2] != (interleave_ ? GroupBytes() : block_ * bits_ / 8) ||
         (interleave_ && (rows_ > groups * 16 || rows_ <= (groups - 1) * 16 || (glu_ && cs[0] % 2))))
       ORT_CXX_API_THROW("llgraph QLinear: codes must be [out, in/block, block*bits/8] (interleaved: [ceil(rows/16), "
                         "in/block, 16*block*bits/8], swiglu twice the groups) matching x's last dim",
@@ -437,12 +462,20 @@ struct QLinearKernel : BlockFormat {
     if ((half || Half(mins)) && !interleave_)
       ORT_CXX_API_THROW("llgraph QLinear: half-float scales and mins are for the interleaved layout only",
                         ORT_INVALID_ARGUMENT);
-    Problem p{nullptr, nullptr, codes.GetTensorData<uint8_t>(), half ? nullptr : scales.GetTensorData<float>(),
+    Problem p{nullptr, nullptr, codes.GetTensorData<uint8_t>(), half || sb_ ? nullptr : scales.GetTensorData<float>(),
               Half(mins) ? nullptr : Optional(ctx, 3), half ? scales.GetTensorData<uint16_t>() : nullptr,
               Half(mins) ? mins.GetTensorData<uint16_t>() : nullptr, Optional(ctx, 4), out, M, K, N, nb, block_,
               bits_, zero_point_, 16, isa_, nullptr, nullptr, centre_, interleave_ != 0 && !int8_, glu, rows_};
-    if (p.groups) {
-      Sums(in, M * nb);
+    p.sb = sb_;
+    if (sb_ != 0 && int8_) {
+      QuantizeK(in, M, K, isa_, int8k_);
+      p.int8k = &int8k_;
+    } else if (sb_ != 0) {  // exact: x as given, its sums per 32
+      Sums(in, M * K / 32, 32);
+      p.x = in;
+      p.xsum = sums_.data();
+    } else if (p.groups) {
+      Sums(in, M * nb, block_);
       p.x = in;
       p.xsum = sums_.data();
     } else if (interleave_) {
@@ -467,11 +500,11 @@ struct QLinearKernel : BlockFormat {
   }
 
   // the block sums of x (the interleaved exact kernels read x itself)
-  void Sums(const float* in, int64_t blocks) {
+  void Sums(const float* in, int64_t blocks, int64_t width) {
     sums_.resize(static_cast<size_t>(blocks));
     for (int64_t r = 0; r < blocks; ++r) {
       float sum = 0.f;
-      for (int64_t j = 0; j < block_; ++j) sum += in[r * block_ + j];
+      for (int64_t j = 0; j < width; ++j) sum += in[r * width + j];
       sums_[r] = sum;
     }
   }
@@ -528,19 +561,20 @@ struct QLinearKernel : BlockFormat {
   std::vector<float> reordered_, sums_, scratch_, normed_;
   Int8X int8x_;
   Int8Blocks int8b_;
+  Int8K int8k_;
 };
 
 struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new QLinearKernel(api, info); }
   const char* GetName() const { return "QLinear"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 7; }  // x, codes, scales, mins?, bias?, residual?, norm weight?
+  size_t GetInputTypeCount() const { return 7; }  // x, codes, scales?, mins?, bias?, residual?, norm weight?
   ONNXTensorElementDataType GetInputType(size_t i) const {  // scales and mins: float, or half (interleaved)
     return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
                   : i == 2 || i == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i >= 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    return i >= 2 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // super-blocks: no scales
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
