@@ -135,7 +135,8 @@ def quantize_linears(format_of: Callable[[str], object]) -> Pass:
             while inputs[-1] is None:  # trailing absent inputs are left out
                 inputs.pop()
             if node.op == "Embedding":
-                nodes.append(Node("QEmbedding", tuple(inputs), node.outputs, {**fmt.attrs, "scale": node.attrs["scale"]}))
+                attrs = {**fmt.attrs, "scale": node.attrs["scale"]}
+                nodes.append(Node("QEmbedding", tuple(inputs), node.outputs, attrs))
             else:
                 nodes.append(Node("QLinear", tuple(inputs), node.outputs, fmt.attrs))
         return verify(Graph(graph.inputs, graph.outputs, params, tuple(nodes), values, graph.metadata))

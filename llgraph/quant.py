@@ -17,9 +17,9 @@ K-quants are carried as GGUF stores them: `format` "Q4_K", "Q5_K" or "Q6_K", the
 super-blocks of 256 weights byte for byte ([out, in/256, 144 | 176 | 210]: 4.5, 5.5 and 6.5625 bits a weight) and no
 scales or mins inputs; ggml's definitions (`dequantize_superblocks`):
 
-    Q4_K  d, dmin (f16), 8 six-bit scales sc and mins m, 128 bytes of nibbles:   w = d*sc*q - dmin*m   (sub-blocks of 32)
-    Q5_K  as Q4_K with a fifth bit per code from 32 bytes of high bits:        w = d*sc*q - dmin*m   (q in 0..31)
-    Q6_K  128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d:   w = d*sc*(q - 32)     (sub-blocks of 16)
+    Q4_K  d, dmin (f16), 8 six-bit scales sc and mins m, 128 B of nibbles:   w = d*sc*q - dmin*m  (sub-blocks of 32)
+    Q5_K  as Q4_K, a fifth bit per code from 32 bytes of high bits:        w = d*sc*q - dmin*m  (q in 0..31)
+    Q6_K  128 B of low nibbles, 64 of high bit pairs, 16 int8 scales, d:   w = d*sc*(q - 32)    (sub-blocks of 16)
 
 A runtime without a super-block kernel reads them widened to the blocked form (`QuantFormat.widened`,
 `QuantTensor.widened`), exactly: the products d*sc and dmin*m are exact in float32 (11 x 6 or 8 bits), so each
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from llgraph.ops import SUPERBLOCK_BYTES  # GGUF's bytes per super-block, by format
-
 
 SUPERBLOCK = 256  # weights in a K-quant super-block
 

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import onnx
 import pytest
 from reference import OrtStepper, Stepper, tiny
