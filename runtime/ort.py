@@ -57,7 +57,7 @@ class OrtBackend(Backend):
         """`model_file`: another graph of the same export to run (a diff side's tapped model)."""
         import onnxruntime as ort
 
-        folder = Path(folder)
+        self.folder = folder = Path(folder)
         manifest = Manifest.read(folder)
         self.config, self.dtype = manifest.config, manifest.dtype
         if self.dtype == "bfloat16":
