@@ -1,5 +1,5 @@
 import sys
 
-from llgraph.cli import main
+from llgraph.runtime.cli import main
 
 sys.exit(main())

@@ -213,3 +213,8 @@ def verify(g: Graph) -> Graph:
     if set(seen) != set(g.values):
         raise IRError(f"graph.values lists values no node defines: {sorted(set(g.values) - set(seen))[:5]}")
     return g
+
+
+def value_order(graph: Graph) -> list[str]:
+    """Every activation in the order the graph computes it (inputs and params excluded)."""
+    return [o for n in graph.nodes for o in n.outputs]

@@ -23,7 +23,7 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # ONNX Runtime MatMulNBits': 0 exact (fp32) .
 # MatMulNBits' accuracy_level by default: 0, exact fp32 compute on the stored blocks. Level 4 (int8 activations per
 # block of 32, as llama.cpp quantizes them to Q8 for its Q4_1 dot products) decodes SmolLM2's Q4_1 GGUF 1.6x faster
 # and stays closer to the exact next-token distributions than llama.cpp on the same file (mean KL 0.0033 vs 0.0042,
-# `python -m llgraph.runtime.benchmark --int4`), yet it turns the README's own question ("What is the capital of
+# `python -m llgraph.runtime.bench.engines --int4`), yet it turns the README's own question ("What is the capital of
 # France?", chat) from "The capital of France is Paris." into "L'Etoile, la Marseur, la France, ..." (llama.cpp
 # answers "L'Etoile, la Marseillaise, ..."): the stored weights' own answers are the default; `--accuracy-level 4`
 # opts in to the speed.

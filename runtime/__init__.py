@@ -6,10 +6,10 @@ sampling rules) does not import every backend and its tensor library."""
 
 import importlib
 
-_EXPORTS = {"Generation": "llgraph.runtime.loop", "Runner": "llgraph.runtime.loop",
-            "ORTRunner": "llgraph.runtime.ort", "TorchRunner": "llgraph.runtime.pytorch",
-            "TRTRunner": "llgraph.runtime.trt", "open_runner": "llgraph.runtime.registry",
-            "RequestError": "llgraph.runtime.sampling", "Sampling": "llgraph.runtime.sampling",
+_EXPORTS = {"Generation": "llgraph.runtime.engine.runner", "Runner": "llgraph.runtime.engine.runner",
+            "ORTRunner": "llgraph.runtime.backends.ort", "TorchRunner": "llgraph.runtime.backends.pytorch",
+            "TRTRunner": "llgraph.runtime.backends.trt", "open_runner": "llgraph.runtime.backends",
+            "RequestError": "llgraph.runtime.engine.sampling", "Sampling": "llgraph.runtime.engine.sampling",
             "build_engine": "llgraph.export.engine"}
 
 __all__ = sorted(_EXPORTS)

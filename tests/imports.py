@@ -8,21 +8,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"llgraph": "llgraph", "plugins": "llgraph.plugins", "export": "llgraph.export",
             "runtime": "llgraph.runtime"}
-FLOORS = ["core", "plugins", "export", "runtime", "cli"]  # bottom up: each imports only from floors below it
+# bottom up: each imports only from floors below it (or its own). The runtime's rooms are floors of their own: the
+# engine, the backends on it, then serve / eval / bench side by side ("apps"), the CLI above all
+FLOORS = ["core", "plugins", "export", "engine", "backends", "apps", "cli"]
+ROOMS = (("llgraph.runtime.cli", "cli"), ("llgraph.runtime.serve", "apps"), ("llgraph.runtime.eval", "apps"),
+         ("llgraph.runtime.bench", "apps"), ("llgraph.runtime.backends", "backends"),
+         ("llgraph.runtime.engine", "engine"), ("llgraph.runtime", "backends"), ("llgraph.export", "export"),
+         ("llgraph.plugins", "plugins"))
 
 
 def modules() -> dict[str, Path]:
     found = {}
     for folder, package in PACKAGES.items():
-        for path in sorted((ROOT / folder).glob("*.py")):
-            found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        base = ROOT / folder
+        for path in sorted(base.rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
     return found
 
 
 def floor(module: str) -> str:
-    if module in ("llgraph.cli", "llgraph.__main__") or module.startswith("llgraph.cli_"):
+    if module == "llgraph.__main__":
         return "cli"
-    for prefix, name in (("llgraph.plugins", "plugins"), ("llgraph.export", "export"), ("llgraph.runtime", "runtime")):
+    for prefix, name in ROOMS:
         if module == prefix or module.startswith(prefix + "."):
             return name
     return "core"

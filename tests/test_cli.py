@@ -140,7 +140,7 @@ def test_a_missing_extra_is_one_line_with_a_working_install_command():
     for blocked, args, packages in (("fastapi", ["serve", "smollm2"], "pip install fastapi uvicorn prometheus-client"),
                                     ("lm_eval", ["lm-eval", "--tasks", "x"], "pip install lm-eval")):
         code = (f"import sys; sys.modules[{blocked!r}] = None; sys.argv = ['llgraph', *{args!r}]; "
-                "from llgraph.cli import main; sys.exit(main())")
+                "from llgraph.runtime.cli import main; sys.exit(main())")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and packages in lines[0], (blocked, r.stderr)

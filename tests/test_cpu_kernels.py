@@ -155,7 +155,7 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     tiny_gguf(tmp_path / "t.gguf", qtype, tiny(**K_CFG) if qtype.name.endswith("_K") else None)
     cfg = load_config(tmp_path / "t.gguf")
     folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "ort", max_seq_len=64,
-                          weights=KERNELS)
+                          weights=KERNELS.replace(accuracy_level=0))  # exact (the K-quants' default is level 4)
     graph = __import__("onnx").load(str(folder / "model.onnx"), load_external_data=False).graph
     ours = [n for n in graph.node if n.domain == cpu.DOMAIN and n.op_type == "QLinear"]
     assert len(ours) == 4 * cfg.num_layers + 1  # qkv, o, gate_up, down; the head

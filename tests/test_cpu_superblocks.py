@@ -140,7 +140,7 @@ def test_q4_k_m_export_carries_the_superblocks_and_matches_float64(library, leve
     print(f"codes initializers {padded} B ({real} B of rows, the rest padding); the GGUF's K-quant tensors {stored} B")
     assert real == stored
     # beside them only the norms (as the GGUF's F32) and the RoPE tables the GGUF does not hold; the 4 KB alignment
-    # of each initializer aside (at real sizes the folder is within 2% of the GGUF: `llgraph.runtime.bench`)
+    # of each initializer aside (at real sizes the folder is within 2% of the GGUF: `llgraph.runtime.bench.speed`)
     lengths = {i.name: int(next(e.value for e in i.external_data if e.key == "length")) for i in graph.initializer
                if i.data_location == onnx.TensorProto.EXTERNAL}
     rope = sum(v for k, v in lengths.items() if "cache" in k)

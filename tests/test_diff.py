@@ -8,11 +8,11 @@ import pytest
 from reference import tiny
 
 from llgraph.checkpoint import random_weights
-from llgraph.ir import Graph, Node
+from llgraph.ir import Graph, Node, value_order
 from llgraph.passes import model_graph
-from llgraph.runtime import diff
-from llgraph.runtime.ort import onnx_side
-from llgraph.runtime.pytorch import torch_side
+from llgraph.runtime.backends.ort import onnx_side
+from llgraph.runtime.backends.pytorch import torch_side
+from llgraph.runtime.eval import diff
 from llgraph.weights import RandomSource, param_shapes
 
 PROMPT = [5, 6, 7, 8, 9]
@@ -29,7 +29,7 @@ def setup():
 
 def report_for(setup, side):
     cfg, source, graph, inputs, reference = setup
-    return diff.compare(reference, diff.run_steps(side, inputs), diff.value_order(graph),
+    return diff.compare(reference, diff.run_steps(side, inputs), value_order(graph),
                         [v.name for v in graph.outputs])
 
 
@@ -92,7 +92,7 @@ def test_planted_rope_layout_flip_is_located_at_its_op(setup):
 def test_fp16_growth_table(setup):
     cfg, source, graph, inputs, reference = setup
     report = diff.compare(reference, diff.run_steps(onnx_side(cfg, source, "ort", "float16"), inputs),
-                          diff.value_order(graph), [v.name for v in graph.outputs], atol=1e-2, rtol=1e-2)
+                          value_order(graph), [v.name for v in graph.outputs], atol=1e-2, rtol=1e-2)
     table = diff.layer_growth(report, cfg.num_layers)
     print(table)
     rows = table.splitlines()[1:]
@@ -108,7 +108,7 @@ def test_save_and_load_round_trip(setup, tmp_path):
     assert all(np.array_equal(a[k], b[k]) for a, b in zip(inputs, inputs2) for k in a)
     assert all(np.array_equal(a[k], b[k]) for a, b in zip(reference, reference2) for k in a)
     report = diff.compare(reference2, diff.run_steps(onnx_side(cfg, source, "ort"), inputs2),
-                          diff.value_order(graph), [v.name for v in graph.outputs])
+                          value_order(graph), [v.name for v in graph.outputs])
     assert report.passed
 
 

@@ -91,7 +91,7 @@ def test_empty_text_and_too_long_context(tmp_path, tiny_setup):
     (tmp_path / "empty.txt").write_text("  \n")
     r = llgraph("eval", "smollm2", "--task", "perplexity", "--data", "empty.txt", cwd=tmp_path)
     assert r.returncode == 2 and "empty.txt: the text is empty" in r.stderr
-    from llgraph.runtime.sampling import RequestError
+    from llgraph.runtime.engine.sampling import RequestError
     with pytest.raises(RequestError, match="exceed the model's cache"):
         tiny_setup[2]["ort"].score_batch([(list(range(1, 60)), list(range(1, 10)))])
 
@@ -110,7 +110,7 @@ def test_smollm2_eval_equals_transformers_on_every_backend(tmp_path, smollm2_exp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llgraph.bundled import bundled_model
-    from llgraph.runtime import evaluate
+    from llgraph.runtime.eval import evaluate
 
     path = bundled_model("smollm2")
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()

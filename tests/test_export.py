@@ -104,8 +104,8 @@ def test_ort_target_computes_logits_for_the_positions_asked_only(tmp_path, repor
     and the head. Each keep's logits equal the last rows of the executor's on the unsliced graph; a caller that
     does not feed the input (onnxruntime-genai) gets every position from its initializer 0."""
     from llgraph.passes import KEEP_INPUT, keep_last_positions
-    from llgraph.runtime.ort import OrtBackend
-    from llgraph.runtime.pytorch import TorchBackend
+    from llgraph.runtime.backends.ort import OrtBackend
+    from llgraph.runtime.backends.pytorch import TorchBackend
 
     cfg = tiny()
     folder, source = export_tiny(cfg, "ort", tmp_path)

@@ -14,10 +14,10 @@ import pytest
 from reference import tiny, write_hf_checkpoint
 
 from llgraph.checkpoint import random_weights
-from llgraph.cli import build_parser
 from llgraph.errors import LlgraphError
 from llgraph.export import export_model
-from llgraph.runtime.cache import content_key, entries
+from llgraph.runtime.backends.cache import content_key, entries
+from llgraph.runtime.cli.args import build_parser
 from llgraph.weight_request import Weights
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("llguidance", reason="structured output needs llguidance (pip install llguidance)")
 jsonschema = pytest.importorskip("jsonschema")
 
-from llgraph.runtime.grammar import Grammar  # noqa: E402
-from llgraph.runtime.sampling import RequestError  # noqa: E402
+from llgraph.runtime.engine.grammar import Grammar  # noqa: E402
+from llgraph.runtime.engine.sampling import RequestError  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
                                            "city": {"type": "string", "maxLength": 40}},
@@ -74,8 +74,8 @@ def test_greedy_under_a_schema_equals_the_unconstrained_model_where_it_complied(
 
 def test_the_scheduler_and_the_torch_backend_follow_the_grammar_too(runner):
     from llgraph.runtime import TorchRunner
-    from llgraph.runtime.sampling import Sampling
-    from llgraph.runtime.scheduler import Scheduler
+    from llgraph.runtime.engine.sampling import Sampling
+    from llgraph.runtime.engine.scheduler import Scheduler
 
     grammar = Grammar.json_schema(PERSON)
     solo = [runner.generate(ASK, 80, temperature=0.7, seed=s, grammar=grammar).text for s in range(4)]

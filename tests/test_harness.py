@@ -122,7 +122,7 @@ def test_lm_eval_api_client_against_llgraph_serve_equals_lm_eval_hf(hf_reference
 
 def test_harness_rejects_unknown_model_args():
     from llgraph.errors import LlgraphError
-    from llgraph.runtime.harness import LlgraphLM
+    from llgraph.runtime.eval.harness import LlgraphLM
 
     with pytest.raises(LlgraphError, match=r"unknown model_args \['pretrained'\]"):
         LlgraphLM(model="smollm2", pretrained="x")
@@ -131,7 +131,7 @@ def test_harness_rejects_unknown_model_args():
 def test_llgraph_lm_eval_is_the_harness_command_line_with_llgraph_registered():
     r = subprocess.run([sys.executable, "-m", "llgraph", "lm-eval", "run", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--model_args" in r.stdout, r.stderr
-    r = subprocess.run([sys.executable, "-c", "import llgraph.runtime.harness; from lm_eval.api.registry import "
+    r = subprocess.run([sys.executable, "-c", "import llgraph.runtime.eval.harness; from lm_eval.api.registry import "
                         "get_model; print(get_model('llgraph').__name__, get_model('hf').__name__)"],
                        capture_output=True, text=True)
     assert r.stdout.split() == ["LlgraphLM", "HFLM"], r.stderr

@@ -21,18 +21,20 @@ def test_no_import_runs_up_a_floor():
 
 def test_the_scan_sees_a_planted_circle_and_an_upward_import():
     """The scanner itself: a graph with both faults is reported (so an empty report means something)."""
-    planted = {"llgraph.config": {"llgraph.weights"}, "llgraph.weights": {"llgraph.config", "llgraph.runtime.loop"},
-               "llgraph.runtime.loop": set()}
+    runner = "llgraph.runtime.engine.runner"
+    planted = {"llgraph.config": {"llgraph.weights"}, "llgraph.weights": {"llgraph.config", runner}, runner: set()}
     assert circles(planted) == [["llgraph.config", "llgraph.weights"]]
-    assert upward(planted) == [("llgraph.weights", "llgraph.runtime.loop")]
-    assert [floor(m) for m in ("llgraph.cli_args", "llgraph.export_folder", "llgraph.export.ort",
-                               "llgraph.plugins.qdp", "llgraph.runtime.trt")] == \
-        ["cli", "core", "export", "plugins", "runtime"]
+    assert upward(planted) == [("llgraph.weights", runner)]
+    assert [floor(m) for m in ("llgraph.runtime.cli.args", "llgraph.export_folder", "llgraph.export.ort",
+                               "llgraph.plugins.qdp", "llgraph.runtime.engine.step", "llgraph.runtime.backends.trt",
+                               "llgraph.runtime.serve.app", "llgraph.__main__")] == \
+        ["cli", "core", "export", "plugins", "engine", "backends", "apps", "cli"]
+    assert {"llgraph.runtime.engine.step", "llgraph.runtime.cli"} <= set(modules())  # the rooms are scanned
 
 
 def test_the_command_line_starts_without_torch():
     """`llgraph --help`, `--version` and a config's reading load no tensor library."""
-    code = ("import sys, llgraph.cli, llgraph.checkpoint as c; c.load_config('tiny'); "
+    code = ("import sys, llgraph.runtime.cli, llgraph.checkpoint as c; c.load_config('tiny'); "
             "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'tensorrt') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -21,7 +21,7 @@ sys.meta_path.insert(0, NoTorch())
 def without_torch(*args, cwd):
     """`llgraph ARGS` in a process that cannot import torch; fails the test if torch was imported anyway."""
     code = NO_TORCH + f"""
-from llgraph.cli import main
+from llgraph.runtime.cli import main
 try:
     code = main({list(args)!r})
 finally:
@@ -89,7 +89,7 @@ def test_the_python_api_runs_without_torch(tmp_path):
     assert without_torch("export", "--config", "tiny", "-o", "tiny-ort", cwd=tmp_path).returncode == 0
     code = NO_TORCH + """
 from llgraph.runtime import ORTRunner
-from llgraph.runtime.scheduler import Scheduler
+from llgraph.runtime.engine.scheduler import Scheduler
 runner = ORTRunner("tiny-ort", max_seq_len=64)
 greedy = runner.generate([[1, 2, 3], [4, 5]], 6)
 sampled = runner.generate([1, 2, 3], 6, temperature=0.9, top_k=20, top_p=0.9, repetition_penalty=1.1, seed=3)

@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from llgraph.runtime.sampling import Sampling
-from llgraph.runtime.scheduler import Metrics, Scheduler
+from llgraph.runtime.engine.sampling import Sampling
+from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 
 SYSTEM = ("You are a meticulous assistant for a library. Answer in one short sentence. The library opens at nine, "
           "closes at six, lends up to five books for three weeks, and has a reading room on the second floor. ") * 3

@@ -7,8 +7,8 @@ import torch
 from reference import hf_model
 
 from llgraph.runtime import RequestError, Runner
-from llgraph.runtime.loop import Backend
-from llgraph.runtime.pytorch import TorchBackend
+from llgraph.runtime.backends.pytorch import TorchBackend
+from llgraph.runtime.engine.backend import Backend
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [60, 61, 62, 63, 64], [7]]
 

@@ -72,7 +72,7 @@ def test_generate_cli_streams_a_chat_answer():
 def test_chat_takes_a_conversation(smollm2_export):
     """Runner.chat, generate and stream take [{"role", "content"}, ...] through the model's chat template: the
     same tokens as generate on the rendered template (the template itself == transformers', above)."""
-    from llgraph.runtime.sampling import RequestError
+    from llgraph.runtime.engine.sampling import RequestError
 
     runner = ORTRunner(smollm2_export("ort", quantized=True), max_seq_len=256)
     messages = [{"role": "system", "content": "You are brief."},

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from llgraph.runtime.loop import Backend, Runner
-from llgraph.runtime.sampling import RequestError, Sampling
-from llgraph.runtime.scheduler import QueueFull, Scheduler, ShuttingDown
+from llgraph.runtime.engine import speculative
+from llgraph.runtime.engine.backend import Backend
+from llgraph.runtime.engine.runner import Runner
+from llgraph.runtime.engine.sampling import RequestError, Sampling
+from llgraph.runtime.engine.scheduler import QueueFull, Scheduler, ShuttingDown
 
 
 def _prompts(n: int) -> list[list[int]]:
@@ -94,7 +96,7 @@ def test_the_tokens_per_second_record_stays_bounded_without_scrapes(tiny_runners
     apart on a fake clock, and nothing reads stats() while 40 steps run."""
     import itertools
 
-    import llgraph.runtime.scheduler as module
+    import llgraph.runtime.engine.scheduler as module
 
     clock = itertools.count()  # next() on it is atomic: the test thread and the decode thread both read the clock
     monkeypatch.setattr(module.time, "monotonic", lambda: float(next(clock)))
@@ -142,7 +144,7 @@ class FailingGrammar:
         return M()
 
 
-def test_one_requests_error_fails_that_request_only(tiny_runners):
+def test_one_requests_error_fails_that_request_only(tiny_runners, monkeypatch):
     """Issue 38, item 1: a request whose own work raises — in its prefill (its sampler's generator), at its third
     token (its grammar) or while drafting (its drafter) — ends alone with finish_reason "error" and an error
     event; the requests decoding beside it keep their solo tokens, and a later request on its row too."""
@@ -152,11 +154,16 @@ def test_one_requests_error_fails_that_request_only(tiny_runners):
     scheduler = Scheduler(runner, slots=4).start()
     try:
         good = [scheduler.submit(p, 20) for p in prompts[:2]]
+        boom = Exploding(1)
+
+        class FailingDrafter(speculative.Drafter):  # the only speculating request's drafter fails at its second draft
+            def draft(self, room):
+                boom.tick()
+                return super().draft(room)
+        monkeypatch.setattr(speculative, "Drafter", FailingDrafter)
         bad = [scheduler.submit(prompts[2], 20, FailingSampling(temperature=0.5, seed=1)),
                scheduler.submit(prompts[2], 20, grammar=FailingGrammar()),
                scheduler.submit(prompts[3] * 3, 20, speculative="ngram")]
-        boom = Exploding(1)
-        bad[2]._request.drafter.draft = lambda room: boom.tick() or [1]
         for h in bad:
             with pytest.raises(RequestError, match="ValueError"):
                 h.result(timeout=60)

@@ -229,7 +229,7 @@ def test_the_ray_server_stops_on_sigint_or_sigterm_whatever_it_inherited(sig):
     import os
 
     code = ("import signal, threading, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job\n"
-            "from llgraph.runtime.serve_run import wait_for_interrupt\n"
+            "from llgraph.runtime.serve.run import wait_for_interrupt\n"
             "t = threading.Thread(target=time.sleep, args=(60,), daemon=True)\nt.start()\n"
             "wait_for_interrupt(ready=lambda: print(t.native_id, flush=True))\nprint('stopped', flush=True)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-import llgraph.runtime.speculative as speculative
+import llgraph.runtime.engine.speculative as speculative
 from llgraph.runtime import RequestError
-from llgraph.runtime.sampling import Sampling
+from llgraph.runtime.engine.sampling import Sampling
 
 # mixed lengths; the first two repeat themselves, so prompt lookup has something to draft from
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [3, 4, 3, 4, 3], [60, 61, 62, 63, 64], [7]]
@@ -155,7 +155,7 @@ def test_a_draft_model_gives_plain_greedy_output(serve_export, tiny_runners):
     """A draft model (here the 4-bit SmolLM2 drafting for the float32 one; and the tiny model for itself, with a
     batch) drafts greedily, so the target's greedy output is unchanged; most of its drafts are kept."""
     from llgraph.runtime import ORTRunner
-    from llgraph.runtime.registry import open_runner
+    from llgraph.runtime.backends import open_runner
     from llgraph.weight_request import Weights
 
     target = open_runner("smollm2", "ort", 256, weights=Weights(dequantize=True))
@@ -223,7 +223,7 @@ def test_the_scheduler_s_draft_model_keeps_16_concurrent_requests_solo(backend, 
     from reference import write_hf_checkpoint
 
     from llgraph.runtime import TorchRunner
-    from llgraph.runtime.scheduler import Metrics, Scheduler
+    from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 
     cfg, source, runners = tiny_runners
     runner = runners[backend]
@@ -250,7 +250,7 @@ def test_the_scheduler_s_draft_model_keeps_16_concurrent_requests_solo(backend, 
 
 
 def test_a_scheduler_without_a_draft_model_refuses_draft_requests(tiny_runners):
-    from llgraph.runtime.scheduler import Scheduler
+    from llgraph.runtime.engine.scheduler import Scheduler
 
     scheduler = Scheduler(tiny_runners[2]["ort"], slots=1)
     with pytest.raises(RequestError, match="speculative 'draft' needs a draft model and this server has none"):

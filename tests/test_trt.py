@@ -107,8 +107,8 @@ def test_engine_builds_with_its_metadata(engine):
 def test_trt_logits_and_caches_match_executor_per_step(engine, report):
     """Prefill + 8 decode steps, batch 2, fp32 (TF32 off): logits and present caches within 1e-3 of the executor
     (the CPU check of the same file through ONNX Runtime holds 1e-4; a GPU's reduction order differs)."""
-    from llgraph.runtime.pytorch import torch_side
-    from llgraph.runtime.trt import engine_side
+    from llgraph.runtime.backends.pytorch import torch_side
+    from llgraph.runtime.backends.trt import engine_side
 
     cfg, folder, source = engine
     ours, theirs = torch_side(cfg, source, max_seq=64)(), engine_side(folder)()
@@ -131,8 +131,8 @@ def test_trt_logits_and_caches_match_executor_per_step(engine, report):
 @pytest.mark.tensorrt
 def test_trt_runner_greedy_equals_torch_runner(engine):
     from llgraph.runtime import TRTRunner
-    from llgraph.runtime.loop import Runner
-    from llgraph.runtime.pytorch import TorchBackend
+    from llgraph.runtime.backends.pytorch import TorchBackend
+    from llgraph.runtime.engine.runner import Runner
 
     cfg, folder, source = engine
     prompts = [[1, 2, 3, 4, 5], [7, 8]]

@@ -16,10 +16,10 @@ from llgraph.bundled import bundled_model
 from llgraph.errors import LlgraphError
 from llgraph.export import export_model
 from llgraph.export.engine import build_engine
-from llgraph.runtime.loop import Runner
-from llgraph.runtime.ort import ORTRunner
-from llgraph.runtime.trt import TRTBackend, TRTRunner
-from llgraph.runtime.trt_twin import ContractError, DataType, Engine
+from llgraph.runtime.backends.ort import ORTRunner
+from llgraph.runtime.backends.trt import TRTBackend, TRTRunner
+from llgraph.runtime.backends.trt_twin import ContractError, DataType, Engine
+from llgraph.runtime.engine.runner import Runner
 
 PROMPTS = [[1, 5, 9, 13], [7, 3], [2, 4, 6, 8, 10, 12, 14], [11]]
 
@@ -74,7 +74,7 @@ def test_speculative_decoding_on_the_twin_equals_plain(smollm2):
 def test_scheduler_over_trt_backend_on_the_twin(tiny):
     """8 concurrent requests through the scheduler (one slot's rows bound per prefill, the live rows per decode
     step, profile switches between them) equal their solo answers."""
-    from llgraph.runtime.scheduler import Scheduler
+    from llgraph.runtime.engine.scheduler import Scheduler
 
     runner = TRTRunner(tiny[0], tensorrt="twin")
     prompts = [[1 + i, 5 + 2 * i, 9 + i][: 1 + i % 3] for i in range(8)]

@@ -1,0 +1,228 @@
+"""ONNX Runtime as a backend of the shared loop (the CPU default): an `llgraph export` folder, or a checkpoint
+exported once into the export cache.
+
+    ORTRunner("smollm2-ort").generate("Hello", max_new_tokens=32)
+
+`OrtBackend` binds each cache buffer once as both past and present through IO binding: nothing is copied or
+allocated for the cache per step (GroupQueryAttention's shared-buffer mode writes in place). `onnx_side` runs an
+export with every IR value exposed, for `llgraph diff`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from llgraph.builder import cache_pairs, new_cache
+from llgraph.config import LlamaConfig
+from llgraph.errors import LlgraphError
+from llgraph.export_folder import MODEL_FILE, Manifest
+from llgraph.ir import Graph, value_order
+from llgraph.passes import KEEP_INPUT, model_graph
+from llgraph.plugins import cpu
+from llgraph.runtime.backends import BackendSpec, RunOptions
+from llgraph.runtime.engine.backend import Backend, cache_length
+from llgraph.runtime.engine.runner import Runner
+from llgraph.tokenizer import Tokenizer
+from llgraph.weights import WeightSource
+
+TAPPED = "model.tapped.onnx"  # a diff side's copy of the graph with every IR value as an output
+
+
+_SHARED_POOL: list[int] = []  # the global thread pool's size, once share_threads() made it
+
+
+def share_threads(threads: int | None = None) -> None:
+    """Every ONNX Runtime session opened after this call, in this process, runs on one global pool of `threads`
+    (default: every core) instead of a pool of its own. For a model and its draft model: two pools' spinning
+    workers fight over the cores between each other's runs (measured on 2 cores: a float32 SmolLM2 with its 4-bit
+    self drafting decoded at 1.2x plain with a pool each, 2.1x with one shared). Takes effect once, before the
+    first session of the process."""
+    import onnxruntime as ort
+
+    if not _SHARED_POOL:
+        ort.capi._pybind_state.set_global_thread_pool_sizes(threads or os.cpu_count() or 1, 1)
+        _SHARED_POOL.append(threads or os.cpu_count() or 1)
+
+
+class OrtBackend(Backend):
+    multi_token_rows = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 and past ..."
+
+    def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None,
+                 model_file: str | None = None):
+        """`model_file`: another graph of the same export to run (a diff side's tapped model)."""
+        import onnxruntime as ort
+
+        self.folder = folder = Path(folder)
+        manifest = Manifest.read(folder)
+        self.config, self.dtype = manifest.config, manifest.dtype
+        if self.dtype == "bfloat16":
+            raise LlgraphError(f"{folder} is a bf16 export and ONNX Runtime's CPU kernels have no bf16 MatMul; "
+                               "re-export with --dtype fp32 (or fp16) for CPU, or build it with `llgraph build`")
+        self.max_seq_len = cache_length(max_seq_len, manifest.max_positions, "this export's RoPE range")
+        self.vocab_size = self.config.vocab_size
+        self._np_dtype = {"float32": np.float32, "float16": np.float16}[self.dtype]
+        opts = ort.SessionOptions()
+        if _SHARED_POOL:  # share_threads(): the process's one pool
+            opts.use_per_session_threads = False
+        else:
+            opts.intra_op_num_threads = threads or os.cpu_count() or 1
+        opts.log_severity_level = 3
+        if manifest.options.get("kernels") == "llgraph":
+            _register_kernels(opts, folder)
+        self.session = ort.InferenceSession(str(folder / (model_file or manifest.model)), opts,
+                                            providers=["CPUExecutionProvider"])
+        self._ort, self._batch, self._binding = ort, None, None
+        self._keeps = any(i.name == KEEP_INPUT for i in self.session.get_overridable_initializers())
+
+    def allocate(self, batch: int, zeroed: bool = False) -> None:
+        if batch == self._batch and not zeroed:
+            return  # stale slots from an earlier request are finite and masked out
+        self._binding = self.session.io_binding()
+        # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
+        self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, self._np_dtype))
+        self._batch, self._rows = batch, None
+        self._bind_cache(slice(0, batch))
+
+    def _bind_cache(self, rows: slice) -> None:
+        """Rows `rows` of each cache array as both past and present (a view: ORT writes the array in place)."""
+        if rows == self._rows:
+            return
+        for past, present in cache_pairs(self.config):
+            value = self._ort.OrtValue.ortvalue_from_numpy(self._arrays[past][rows])  # borrows the memory
+            self._binding.bind_ortvalue_input(past, value)
+            self._binding.bind_ortvalue_output(present, value)
+        self._rows = rows
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+                keep: int = 0) -> np.ndarray:
+        self._bind_cache(slice(0, self._batch) if rows is None else rows)
+        self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
+        self._binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, np.int64))
+        batch, seq = input_ids.shape
+        if self._keeps:  # the graph computes the head for the last `keep` positions only (passes.py)
+            # an overridable initializer: bind_cpu_input looks among the required inputs only
+            keep_value = self._ort.OrtValue.ortvalue_from_numpy(np.array(keep, np.int64))
+            self._binding.bind_ortvalue_input(KEEP_INPUT, keep_value)
+        kept = min(keep, seq) if self._keeps and keep > 0 else seq
+        # a fresh array per step, bound as the logits: no copy, nothing aliased between steps, and no call to
+        # get_outputs, which wraps every cache output too (61 OrtValues a step for SmolLM2: ~0.25 ms)
+        logits = np.empty((batch, kept, self.vocab_size), self._np_dtype)
+        self._binding.bind_ortvalue_output("logits", self._ort.OrtValue.ortvalue_from_numpy(logits))
+        self.session.run_with_iobinding(self._binding)
+        return logits
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        for array in self._arrays.values():
+            array[dst, :, :length] = array[src, :, :length]
+        return True
+
+    def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """One step through session.run (no IO binding) returning every output the graph exposes (a diff side's
+        tapped model exposes every IR value), the presents written back into the cache."""
+        feeds = {"input_ids": input_ids, "position_ids": position_ids, **self._arrays}
+        names = [o.name for o in self.session.get_outputs()]
+        values = dict(zip(names, self.session.run(names, feeds)))
+        for past, present in cache_pairs(self.config):
+            self._arrays[past][...] = values[present]
+        return values
+
+
+def _register_kernels(opts, folder: Path) -> None:
+    """llgraph's CPU kernels, from the copy export put in the folder; one line when they cannot load."""
+    library = folder / cpu.LIBRARY
+    if not library.exists():
+        raise LlgraphError(f"{folder} runs on llgraph's CPU kernels but holds no {cpu.LIBRARY}; re-export it "
+                           "(`llgraph export ... --kernels llgraph`, or --kernels standard for ONNX Runtime's ops)")
+    try:
+        opts.register_custom_ops_library(str(library))
+    except Exception as e:  # onnxruntime raises its own error types for a library it cannot load
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first.split(" : ")[-1] if first.startswith("[ONNXRuntimeError]") else first
+        if first.startswith("llgraph's CPU kernels"):  # the library's own word on why (an older runtime)
+            raise LlgraphError(f"{library}: {first}") from None
+        raise LlgraphError(f"cannot load {library}: {first}; re-export with --kernels standard to run on ONNX "
+                           "Runtime's own ops") from None
+
+
+class ORTRunner(Runner):
+    """ONNX Runtime on an `llgraph export` folder (any target)."""
+
+    def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None):
+        backend = OrtBackend(folder, max_seq_len, threads)
+        target = Manifest.read(Path(folder)).target
+        if target != "ort" and target not in _SAID:  # it runs, but a user comparing speeds should know
+            _SAID.add(target)
+            print(f"llgraph: {folder} is a --target {target} export; ONNX Runtime runs a --target ort export of the "
+                  "same checkpoint several times faster, in less memory", file=sys.stderr)
+        super().__init__(backend, Tokenizer.find(Path(folder)), backend.config.eos_token_ids)
+
+
+_SAID: set[str] = set()  # the targets ORTRunner has said this of, once a process
+
+
+def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype: str = "float32",
+              max_seq: int = 256, folder: str | Path | None = None, graph: Graph | None = None):
+    """A diff side (runtime/diff.py): exports (into `folder`, or a temporary one removed when the side is dropped)
+    and runs an OrtBackend on the export with every IR-named node output exposed as a graph output."""
+    import onnx
+
+    from llgraph.export import get_target
+    from llgraph.export.lower import ONNX_DTYPES, export
+
+    graph = graph or model_graph(cfg, dtype)
+    scratch = None if folder else tempfile.TemporaryDirectory(prefix="llgraph-diff-")  # removed with the side
+    folder = Path(folder or scratch.name) / target
+    export(graph, source, get_target(target), folder, max_positions=max_seq, force=True)
+    model = onnx.load(str(folder / MODEL_FILE), load_external_data=False)
+    present = {o.name for o in model.graph.output}
+    produced = {o for n in model.graph.node for o in n.output}
+    for name in value_order(graph):
+        if name in produced and name not in present:
+            v = graph.values[name]
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, ONNX_DTYPES[v.dtype], None))
+    onnx.save(model, str(folder / TAPPED))
+    backend = OrtBackend(folder, max_seq, model_file=TAPPED)
+
+    def stepper():
+        fresh = [True]
+
+        def step(s: dict) -> dict:
+            _ = scratch  # the export lives as long as a stepper can run
+            if fresh[0]:
+                backend.allocate(s["input_ids"].shape[0], zeroed=True)
+                fresh[0] = False
+            values = backend.values(s["input_ids"], s["position_ids"])
+            return {k: v.astype(np.float32) for k, v in values.items()}
+        return step
+    return stepper
+
+
+def _open(path: Path, options: RunOptions) -> ORTRunner:
+    """An export folder as it is; a checkpoint exported once into the cache (runtime/cache.py), then run."""
+    if Manifest.find(path) is not None:
+        return ORTRunner(path, options.max_seq_len, options.threads)
+    from llgraph.checkpoint import load_config
+    from llgraph.export import export_model, resolve_kernels
+    from llgraph.runtime.backends.cache import cache_dir, entry_for
+
+    load_config(path)  # a folder or file that is no checkpoint fails here, before "exporting ..." is said
+    weights = resolve_kernels(options.weights, "ort", path)  # its kernels are part of the cache key
+    folder = entry_for(path, cache_dir(options.cache_dir), "ort", weights.mode)
+    if Manifest.find(folder) is None:
+        print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
+              file=sys.stderr)
+        export_model(path, checkpoint=path, out=folder, target="ort", weights=weights, force=True, progress=True)
+    return ORTRunner(folder, options.max_seq_len, options.threads)
+
+
+def _side(target: str):
+    return lambda r: onnx_side(r.config, r.source, target, r.dtype, r.max_seq)
+
+
+BACKEND = BackendSpec("ort", _open, {"ort": _side("ort"), "onnx": _side("onnx")}, bf16=False, accuracy_level=True,
+                      kernels=True, share_threads=share_threads)

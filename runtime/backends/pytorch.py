@@ -1,0 +1,123 @@
+"""The PyTorch executor as a backend of the shared loop: the numeric reference, run on a checkpoint.
+
+    TorchRunner("smollm2").generate([[1, 2, 3]], max_new_tokens=8)
+
+`TorchBackend` writes its static cache in place (index_copy by position); `torch_side` is the same backend recording
+every IR value of a step, for `llgraph diff`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from llgraph.builder import new_cache
+from llgraph.checkpoint import open_model
+from llgraph.config import LlamaConfig
+from llgraph.errors import LlgraphError
+from llgraph.executor import TORCH_DTYPES, TorchExecutor, ids_tensor
+from llgraph.export_folder import Manifest
+from llgraph.ir import Graph
+from llgraph.passes import KEEP_INPUT, keep_last_positions, model_graph
+from llgraph.runtime.backends import BackendSpec, RunOptions
+from llgraph.runtime.engine.backend import Backend, cache_length
+from llgraph.runtime.engine.runner import Runner
+from llgraph.tokenizer import Tokenizer
+from llgraph.weight_request import Weights
+from llgraph.weights import WeightSource
+
+
+class TorchBackend(Backend):
+    def __init__(self, config: LlamaConfig, source: WeightSource, max_seq_len: int | None = None,
+                 dtype: str = "float32", device: str = "cpu", progress: bool = False, graph: Graph | None = None,
+                 limit: int | None = None):
+        """`limit`: the longest cache allowed (default the model's context; the executor computes RoPE at any
+        position, and a diff side matches an export's range)."""
+        self.config, self.dtype, self.device = config, dtype, device
+        self.max_seq_len = cache_length(max_seq_len, limit or config.max_position_embeddings, "the model's context")
+        self.vocab_size = config.vocab_size
+        self.executor = TorchExecutor(graph or model_graph(config, dtype), source, device, progress)
+        self._batch, self._cache = None, {}
+        self._keeps = any(v.name == KEEP_INPUT for v in self.executor.graph.inputs)
+
+    def allocate(self, batch: int, zeroed: bool = False) -> None:
+        """The cache for `batch` rows; kept as it is for the same batch (stale slots are masked) unless `zeroed`."""
+        if batch == self._batch and not zeroed:
+            return
+        self._cache = new_cache(self.config, batch, self.max_seq_len,
+                                lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device))
+        self._batch = batch
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        for t in self._cache.values():
+            t[dst, :, :length] = t[src, :, :length]
+        return True
+
+    def _feeds(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None, keep: int = 0) -> dict:
+        cache = self._cache if rows is None else {k: v[rows] for k, v in self._cache.items()}  # views, written in place
+        feeds = {"input_ids": ids_tensor(input_ids, self.device),
+                 "position_ids": ids_tensor(position_ids, self.device), **cache}
+        if self._keeps:  # a graph with passes.keep_last_positions applied
+            feeds[KEEP_INPUT] = torch.tensor(keep, dtype=torch.int64)
+        return feeds
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+                keep: int = 0) -> np.ndarray:
+        logits = self.executor.run(self._feeds(input_ids, position_ids, rows, keep))["logits"]
+        if 0 < keep < logits.shape[1]:  # a graph without logits_to_keep: only the rows asked for leave the device
+            logits = logits[:, -keep:]
+        return logits.float().cpu().numpy()
+
+    def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, torch.Tensor]:
+        """One step like forward, returning every IR value it computed (the present caches are live storage)."""
+        return self.executor.run(self._feeds(input_ids, position_ids, None), record=True)
+
+
+class TorchRunner(Runner):
+    """The PyTorch executor on a checkpoint (HF folder, .safetensors, .gguf, or 'smollm2')."""
+
+    def __init__(self, checkpoint, config=None, max_seq_len: int | None = None, dtype: str = "float32",
+                 device: str = "cpu", progress: bool = False, weights: Weights | None = None):
+        """`weights`: the RTN rounding an int4/int8 export carries, computed dequantized (its dtype: `dtype`)."""
+        weights = (weights or Weights()).replace(dtype=dtype, accuracy_level=None, kernels="standard")
+        if not weights.rounds:  # the executor reads a GGUF's blocks dequantized, whatever their type
+            weights = weights.replace(dequantize=True)
+        model = open_model(config, checkpoint, weights)
+        # the head on the positions a step samples from (a prompt's logits are not computed, nor copied off a GPU)
+        graph = keep_last_positions(model_graph(model.config, weights.dtype))
+        backend = TorchBackend(model.config, model.source, max_seq_len, weights.dtype, device, progress, graph)
+        super().__init__(backend, Tokenizer.find(model.checkpoint), model.config.eos_token_ids)
+
+
+def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", max_seq: int = 256,
+               graph: Graph | None = None):
+    """A diff side (runtime/diff.py): a TorchBackend recording every value, each stepper from a zeroed cache."""
+    backend = TorchBackend(cfg, source, max_seq, dtype, graph=graph, limit=max_seq)
+
+    def stepper():
+        fresh = [True]
+
+        def step(s: dict) -> dict:
+            if fresh[0]:
+                backend.allocate(s["input_ids"].shape[0], zeroed=True)
+                fresh[0] = False
+            recorded = backend.values(s["input_ids"], s["position_ids"])
+            return {k: v.float().numpy().copy() for k, v in recorded.items()}  # present is live storage: copy
+        return step
+    return stepper
+
+
+def _open(path: Path, options: RunOptions) -> TorchRunner:
+    if Manifest.find(path) is not None:
+        raise LlgraphError(f"{options.model} is an ONNX export folder; it runs with --backend ort (or trt once "
+                           "built)")
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    return TorchRunner(path, max_seq_len=options.max_seq_len, dtype=options.weights.dtype, progress=True,
+                       weights=options.weights)
+
+
+BACKEND = BackendSpec("torch", _open, {"torch": lambda r: torch_side(r.config, r.source, r.dtype, r.max_seq)},
+                      bf16=True, accuracy_level=True, kernels=True)  # exact anyway: both are accepted and ignored

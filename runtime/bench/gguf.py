@@ -1,0 +1,140 @@
+"""Real-size test models: Llama-shaped GGUFs in llama.cpp's Q4_K_M layout with random codes, for speed benchmarks
+(decode and prefill speed do not depend on the values), written with gguf's own writer, tensor by tensor.
+
+    python -m llgraph.runtime.bench.gguf 1b OUT.gguf      # Llama-3.2-1B shapes (hidden 2048, 16 layers, ffn 8192)
+    python -m llgraph.runtime.bench.gguf 8b OUT.gguf      # Llama-3.1-8B shapes (4096, 32 layers, ffn 14336)
+    python -m llgraph.runtime.bench.gguf 1b OUT.gguf --vocab 128256   # Llama 3's vocabulary size
+
+The layout: Q4_K for every Linear and the embedding, Q6_K for `output` and for every other layer's `attn_v` and
+`ffn_down` (llama.cpp's Q4_K_M gives those more bits), F32 norms. Super-blocks hold uniform random codes and
+sub-block scales and mins, with float16 d and dmin chosen so the weights are about zero-mean with std ~0.02 (a real
+model's). The tokenizer is SmolLM2's (from the bundled GGUF: BPE vocabulary, merges, chat template), so llama.cpp,
+ik_llama.cpp and llgraph all load the same file; `--vocab` past its 49,152 tokens pads it with reserved control
+tokens, as Llama 3's own are.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {  # hidden, layers, heads, kv heads, ffn
+    "1b": (2048, 16, 32, 8, 8192),
+    "8b": (4096, 32, 32, 8, 14336),
+}
+# (bytes per 256-weight super-block, {byte offset of a float16 field: its value}); Q4_K/Q5_K: d, dmin; Q6_K: d
+K_BLOCKS = {"Q4_K": (144, {0: 8e-5, 2: 6e-4}), "Q6_K": (210, {208: 1.6e-5})}
+TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.merges", "tokenizer.chat_template",
+                  "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
+                  "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+                  "tokenizer.ggml.add_space_prefix")
+
+
+def random_k_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
+    """[rows, cols / 256 * bytes] uint8: random K-quant super-blocks with the float16 fields of K_BLOCKS."""
+    size, halves = K_BLOCKS[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
+    for offset, value in halves.items():
+        raw[..., offset:offset + 2] = np.full(raw.shape[:-1] + (1,), value, np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int):
+    """(gguf name, [rows, cols], type) of every tensor, in llama.cpp's order."""
+    kv = hidden // heads * kv_heads
+    yield "token_embd.weight", (vocab, hidden), "Q4_K"
+    for i in range(layers):
+        more = "Q6_K" if i % 2 == 0 else "Q4_K"
+        yield f"blk.{i}.attn_norm.weight", (hidden,), "F32"
+        yield f"blk.{i}.attn_q.weight", (hidden, hidden), "Q4_K"
+        yield f"blk.{i}.attn_k.weight", (kv, hidden), "Q4_K"
+        yield f"blk.{i}.attn_v.weight", (kv, hidden), more
+        yield f"blk.{i}.attn_output.weight", (hidden, hidden), "Q4_K"
+        yield f"blk.{i}.ffn_norm.weight", (hidden,), "F32"
+        yield f"blk.{i}.ffn_gate.weight", (ffn, hidden), "Q4_K"
+        yield f"blk.{i}.ffn_up.weight", (ffn, hidden), "Q4_K"
+        yield f"blk.{i}.ffn_down.weight", (hidden, ffn), more
+    yield "output_norm.weight", (hidden,), "F32"
+    yield "output.weight", (vocab, hidden), "Q6_K"
+
+
+def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path:
+    import gguf
+    from tqdm import tqdm
+
+    from llgraph.bundled import bundled_model
+    from llgraph.gguf_source import gguf_reader
+
+    hidden, layers, heads, kv_heads, ffn = SHAPES[size]
+    source = gguf_reader(bundled_model("smollm2"))
+    tokens = [bytes(source.fields["tokenizer.ggml.tokens"].parts[i]).decode()
+              for i in source.fields["tokenizer.ggml.tokens"].data]
+    types = [int(t) for t in source.fields["tokenizer.ggml.token_type"].contents()]
+    vocab = vocab or len(tokens)
+    if vocab < len(tokens):
+        raise SystemExit(f"--vocab ({vocab}) must be at least the tokenizer's {len(tokens)} tokens")
+    tokens += [f"<|reserved_special_token_{i}|>" for i in range(vocab - len(tokens))]
+    types += [gguf.TokenType.CONTROL] * (vocab - len(types))
+
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_name(f"llgraph-bench-{size}")
+    w.add_context_length(8192)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_freq_base(500000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    for key in TOKENIZER_KEYS:
+        field = source.fields.get(key)
+        if field is not None:
+            value = field.contents()
+            w.add_key_value(key, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    plan = list(tensors(hidden, layers, heads, kv_heads, ffn, vocab))
+    for name, shape, kind in plan:
+        qtype = gguf.GGMLQuantizationType[kind]
+        if kind == "F32":
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
+        else:
+            nbytes = shape[0] * shape[1] // 256 * K_BLOCKS[kind][0]
+            w.add_tensor_info(name, (shape[0], shape[1] // 256 * K_BLOCKS[kind][0]), np.dtype(np.uint8), nbytes,
+                              raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    total = sum(4 * s[0] if k == "F32" else s[0] * s[1] // 256 * K_BLOCKS[k][0] for _, s, k in plan)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {out.name}") as bar:
+        for name, shape, kind in plan:
+            data = (1 + 0.02 * rng.standard_normal(shape[0], dtype=np.float32) if kind == "F32"
+                    else random_k_blocks(*shape, kind, rng))
+            w.write_tensor_data(data)
+            bar.update(data.nbytes)
+    w.close()
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("size", choices=sorted(SHAPES))
+    p.add_argument("out", type=Path)
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: SmolLM2's 49,152)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    partial = args.out.with_name(args.out.name + ".partial")
+    write(args.size, partial, args.vocab, args.seed)
+    partial.replace(args.out)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1e9:.2f} GB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""How far an engine's next-token distributions are from the exact ones: mean KL(exact || engine) over a text, with
+llama.cpp's own `llama-perplexity --kl-divergence` as a peer on the same tokens and the same reference.
+
+    python -m llgraph.runtime.bench.kl MODEL.gguf --text FILE [--ctx 512] [--chunks 2] [--threads 2]
+                                 [--llama-perplexity PATH] [--levels auto,0]
+
+The reference is llgraph's PyTorch executor in float64 on the GGUF's weights dequantized by ggml's definitions (so
+it is the exact product of the stored weights, not another quantization). The text is tokenized by the GGUF's own
+tokenizer and cut into `--chunks` windows of `--ctx` tokens; as llama-perplexity does, a chunk's first token is the
+BOS where the vocabulary adds one, and the KL is taken over the second half of each window (every position sees at
+least ctx/2 tokens). llgraph's exports (one per accuracy level in `--levels`: `auto` is the default, by format)
+are compared here; llama.cpp reads the reference from a file in its `--kl-divergence-base` format (log-probabilities
+within 16 nats of the top, in 16 bits) and reports its own mean KLD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def windows(gguf: Path, text: str, ctx: int, chunks: int) -> np.ndarray:
+    """[chunks, ctx] token ids of `text` by the GGUF's tokenizer, each window starting with BOS where it adds one."""
+    from llgraph.gguf_source import gguf_reader
+    from llgraph.tokenizer import Tokenizer
+
+    ids = Tokenizer.load(gguf).encode(text)
+    if len(ids) < ctx * chunks:
+        raise SystemExit(f"the text holds {len(ids)} tokens; --ctx {ctx} x --chunks {chunks} needs {ctx * chunks}")
+    out = np.array(ids[:ctx * chunks], np.int64).reshape(chunks, ctx)
+    fields = gguf_reader(gguf).fields
+    add_bos = fields.get("tokenizer.ggml.add_bos_token")
+    if add_bos is not None and bool(add_bos.contents()):
+        out[:, 0] = int(fields["tokenizer.ggml.bos_token_id"].contents())
+    return out
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def reference(gguf: Path, tokens: np.ndarray, threads: int) -> np.ndarray:
+    """[chunks, ctx, vocab] float64 log-probabilities of the float64 executor on the GGUF's dequantized weights."""
+    import torch
+
+    from llgraph.checkpoint import load_config
+    from llgraph.gguf_source import GGUFSource
+    from llgraph.runtime.backends.pytorch import TorchBackend
+
+    torch.set_num_threads(threads)
+    backend = TorchBackend(load_config(gguf), GGUFSource(gguf), tokens.shape[1], "float64", progress=True)
+    out = []
+    for row in tokens:
+        backend.allocate(1, zeroed=True)
+        out.append(log_softmax(backend.forward(row[None], np.arange(len(row))[None])[0]))
+    return np.stack(out)
+
+
+def llgraph_logp(gguf: Path, tokens: np.ndarray, threads: int, level, work: Path) -> np.ndarray:
+    """The same from an ort export of the GGUF at accuracy level `level` (None: the default, by format)."""
+    from llgraph.export import export_model
+    from llgraph.runtime.backends.ort import OrtBackend
+    from llgraph.weight_request import Weights
+
+    folder = export_model(gguf, checkpoint=gguf, out=work / f"l{level}", max_seq_len=tokens.shape[1], force=True,
+                          weights=Weights(accuracy_level=level))
+    backend = OrtBackend(folder, tokens.shape[1], threads)
+    out = []
+    for row in tokens:
+        backend.allocate(1)
+        out.append(log_softmax(backend.forward(row[None], np.arange(len(row))[None])[0]))
+    return np.stack(out)
+
+
+def mean_kl(ref: np.ndarray, logp: np.ndarray) -> tuple[float, float]:
+    """(mean KL(ref || logp), top-1 agreement) over the second half of each window, positions ctx/2 .. ctx-2 (those
+    llama-perplexity scores)."""
+    ctx = ref.shape[1]
+    r, p = ref[:, ctx // 2:ctx - 1], logp[:, ctx // 2:ctx - 1]
+    kl = (np.exp(r) * (r - p)).sum(-1)
+    return float(kl.mean()), float((r.argmax(-1) == p.argmax(-1)).mean())
+
+
+def write_base(path: Path, tokens: np.ndarray, ref: np.ndarray) -> None:
+    """The reference in llama-perplexity's --kl-divergence-base file format (tools/perplexity/perplexity.cpp):
+    "_logits_", n_ctx, n_vocab, n_chunk, the tokens, then per chunk and scored position a float scale and minimum
+    and the log-probabilities as uint16 steps above that minimum (floored at 16 nats below the top)."""
+    chunks, ctx, vocab = ref.shape
+    nv = 2 * ((vocab + 1) // 2) + 4
+    with open(path, "wb") as f:
+        f.write(b"_logits_")
+        np.array([ctx], np.uint32).tofile(f)
+        np.array([vocab, chunks], np.int32).tofile(f)
+        tokens.astype(np.int32).tofile(f)
+        for c in range(chunks):
+            lp = ref[c, ctx // 2:ctx - 1]  # log-probabilities (max - logsumexp shift does not change them)
+            top = lp.max(-1, keepdims=True)
+            low = np.maximum(lp.min(-1, keepdims=True), top - 16)
+            scale = ((top - low) / 65535).astype(np.float32)
+            q = np.where(lp > low, np.rint((lp - low) / np.where(scale > 0, scale, 1)), 0).astype(np.uint16)
+            rows = np.zeros((len(lp), nv), np.uint16)
+            header = np.concatenate([scale, low.astype(np.float32)], -1).view(np.uint16)  # two floats
+            rows[:, :4] = header
+            rows[:, 4:4 + vocab] = q
+            rows.tofile(f)
+
+
+def llama_cpp_kl(binary: str, gguf: Path, tokens: np.ndarray, ref: np.ndarray, threads: int) -> float:
+    """llama-perplexity's mean KLD of the GGUF against the reference written as its base file."""
+    with tempfile.TemporaryDirectory() as scratch:
+        base = Path(scratch) / "reference.kld"
+        write_base(base, tokens, ref)
+        ctx = tokens.shape[1]
+        r = subprocess.run([binary, "-m", str(gguf), "--kl-divergence-base", str(base), "--kl-divergence", "-c",
+                            str(ctx), "-b", str(ctx), "-t", str(threads)], capture_output=True, text=True)
+    m = re.search(r"Mean\s+KLD:\s+([-0-9.e]+)", r.stdout + r.stderr)
+    if r.returncode != 0 or m is None:
+        raise SystemExit(f"{binary} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return float(m[1])
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", type=Path)
+    p.add_argument("--text", type=Path, required=True, help="a text file (e.g. a public-domain book)")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--chunks", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--levels", default="auto,0", help="llgraph accuracy levels to compare (auto: the default)")
+    p.add_argument("--llama-perplexity", default=None, help="llama.cpp's llama-perplexity binary: its KL too")
+    args = p.parse_args(argv)
+    tokens = windows(args.model, args.text.read_text(), args.ctx, args.chunks)
+    ref = reference(args.model, tokens, args.threads)
+    rows = {}
+    with tempfile.TemporaryDirectory() as work:
+        for level in args.levels.split(","):
+            lv = None if level == "auto" else int(level)
+            rows[f"llgraph, accuracy level {level}"] = mean_kl(ref, llgraph_logp(args.model, tokens, args.threads, lv,
+                                                                                 Path(work)))
+    if args.llama_perplexity:
+        rows["llama.cpp (llama-perplexity --kl-divergence)"] = (
+            llama_cpp_kl(args.llama_perplexity, args.model, tokens, ref, args.threads), float("nan"))
+    scored = args.chunks * (args.ctx - 1 - args.ctx // 2)
+    print(f"\n{args.model.name}: mean KL(float64 reference || engine) over {scored} positions of {args.text.name}")
+    print("| engine | mean KL | top-1 agreement |\n|---|---|---|")
+    for name, (kl, top1) in rows.items():
+        print(f"| {name} | {kl:.5f} | {'-' if top1 != top1 else f'{top1:.3f}'} |")
+
+
+if __name__ == "__main__":
+    main()

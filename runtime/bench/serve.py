@@ -1,0 +1,126 @@
+"""Serving throughput: one `llgraph serve` process, N concurrent streaming clients, aggregate tokens/s and time to
+first token, for N = 1, 4, 8, 16 in one run (each row is a ratio against the single-stream row of the same run).
+
+    python -m llgraph.runtime.bench.serve [MODEL] [--backend ort] [--slots 16] [--concurrency 1 4 8 16]
+                                              [--max-tokens 64] [--rounds 2]
+
+Each client sends `rounds` streaming completions one after another (greedy, a prompt of its own, run to
+max_tokens with `ignore_eos`); a row's tokens/s is
+every completion token of the row (the usage the server reports) over the row's wall time, prefill included.
+Clients are plain http.client connections in threads, so the numbers do not depend on a client library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain how rainbows form.",
+           "List five uses of a paperclip.", "What makes a good cup of tea?", "Describe the water cycle.",
+           "Why do cats purr?", "Give advice to someone learning to cook.", "Summarize the plot of Hamlet.",
+           "What is the tallest mountain on Earth?", "How do airplanes stay in the air?",
+           "Describe a walk through a forest in autumn.", "What are prime numbers?", "Tell me about the Moon.",
+           "How does a bicycle work?", "Why is the sky blue?", "Write a haiku about the sea."]
+
+
+def _stream(port: int, prompt: str, max_tokens: int) -> tuple[float, int]:
+    """One streaming completion -> (seconds to the first text, completion tokens)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    start = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
+    first, tokens = None, 0
+    for raw in response:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if chunk["choices"] and chunk["choices"][0]["text"] and first is None:
+            first = time.perf_counter() - start
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+    conn.close()
+    return first if first is not None else time.perf_counter() - start, tokens
+
+
+def _row(port: int, clients: int, rounds: int, max_tokens: int) -> dict:
+    def client(i):
+        return [_stream(port, PROMPTS[(i + r * clients) % len(PROMPTS)], max_tokens) for r in range(rounds)]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = [x for per_client in pool.map(client, range(clients)) for x in per_client]
+    wall = time.perf_counter() - start
+    ttfts = sorted(t for t, _ in results)
+    tokens = sum(n for _, n in results)
+    return {"clients": clients, "requests": len(results), "tokens": tokens, "seconds": wall,
+            "tokens_per_second": tokens / wall, "ttft_p50": statistics.median(ttfts),
+            "ttft_p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))]}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", nargs="?", default="smollm2", help="what `llgraph serve` serves (default smollm2)")
+    p.add_argument("--backend", default="ort", choices=("ort", "torch", "trt"))
+    p.add_argument("--slots", type=int, default=16, help="the server's slots (default 16)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2, help="requests each client sends in turn (default 2)")
+    p.add_argument("--max-seq-len", type=int, default=512)
+    args = p.parse_args(argv)
+
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "llgraph", "serve", args.model, "--backend", args.backend,
+                               "--name", "bench", "--slots", str(args.slots), "--port", str(port),
+                               "--max-seq-len", str(args.max_seq_len), "--max-queue", "256"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ready = threading.Event()
+
+    def watch():
+        for line in server.stdout:
+            if "listening at" in line:
+                print(line.strip(), file=sys.stderr)
+                ready.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        while not ready.wait(0.5):
+            if server.poll() is not None:
+                print(f"the server exited ({server.returncode}) before it was ready", file=sys.stderr)
+                return 1
+        _stream(port, "Hello", 4)  # warm up
+        rows = [_row(port, c, args.rounds, args.max_tokens) for c in args.concurrency]
+    finally:
+        server.terminate()
+        server.wait(60)
+    base = rows[0]["tokens_per_second"]
+    print(f"llgraph serve {args.model} --backend {args.backend} --slots {args.slots}: streaming completions of "
+          f"{args.max_tokens} tokens (greedy), {args.rounds} per client")
+    print(f"{'clients':>8}{'requests':>10}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'x 1st row':>10}"
+          f"{'TTFT p50':>10}{'TTFT p95':>10}")
+    for r in rows:
+        print(f"{r['clients']:>8}{r['requests']:>10}{r['tokens']:>8}{r['seconds']:>9.2f}{r['tokens_per_second']:>10.1f}"
+              f"{r['tokens_per_second'] / base:>10.2f}{r['ttft_p50']:>9.3f}s{r['ttft_p95']:>9.3f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

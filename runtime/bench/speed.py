@@ -1,0 +1,244 @@
+"""`llgraph bench`: llama-bench for llgraph. Prompt processing (pp) and token generation (tg) speed of one model on one
+backend, the weight bytes a decode step reads and the bandwidth that implies beside the machine's own read bandwidth
+(measured in the same invocation), and optionally a peer timed in the same run, so every ratio holds whatever the
+machine's load.
+
+    llgraph bench MODEL [--backend ort|torch] [-p 512] [-n 128] [-d 0] [--repeats 3] [--threads N]
+                        [--peer llama-bench=PATH] [--peer transformers] [--device cuda] [--dtype D]
+
+MODEL is what `llgraph generate` takes (an export folder, a checkpoint such as a GGUF, 'smollm2'), or, for --backend
+torch, a config preset (`llama-3.2-1b`, `8b`, ...) on seeded random weights: speed does not depend on the values.
+pp: one forward of `-p` random prompt tokens into an empty cache (tok/s = p / its time); tg: `-n` one-token steps
+into an empty cache, or after `-d` tokens of context (tok/s = n / their time) — llama-bench's definitions, with no
+sampling or text. Each figure is the best of `--repeats` runs after a warm-up run. Peers: `llama-bench=PATH` runs
+llama.cpp's (or ik_llama.cpp's) llama-bench on the same GGUF with the same -p/-n/-d/-t; `transformers` times HF
+transformers' LlamaForCausalLM of the same config (random weights, same dtype and device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def time_backend(forward, allocate, vocab: int, p: int, n: int, repeats: int, sync=lambda: None,
+                 depth: int = 0) -> dict:
+    """Best-of-`repeats` pp and tg seconds of a model behind `forward(ids, positions)` after one warm-up run, as
+    llama-bench measures them: pp, one forward of `p` prompt tokens into an empty cache (`allocate()`); tg, `n`
+    one-token steps into an empty one (each after `depth` tokens of context when given, like llama-bench's -d)."""
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, vocab, (1, max(p, depth, 1)), dtype=np.int64)
+    steps = rng.integers(0, vocab, (n, 1, 1), dtype=np.int64)
+    best = {"pp": float("inf"), "tg": float("inf")}
+    for _ in range(repeats + 1):
+        if p:
+            allocate()
+            sync()
+            t0 = time.perf_counter()
+            forward(prompt[:, :p], np.arange(p, dtype=np.int64)[None])
+            sync()
+            best["pp"] = min(best["pp"], time.perf_counter() - t0)
+        if n:
+            allocate()
+            if depth:
+                forward(prompt[:, :depth], np.arange(depth, dtype=np.int64)[None])
+            sync()
+            t0 = time.perf_counter()
+            for i in range(n):
+                forward(steps[i], np.array([[depth + i]], np.int64))
+            sync()
+            best["tg"] = min(best["tg"], time.perf_counter() - t0)
+    return best
+
+
+def read_bandwidth(threads: int, size: int = 1 << 30, repeats: int = 3) -> float:
+    """GB/s of reading `size` bytes with `threads` threads (numpy's OR-reduction, which releases the GIL and streams
+    at memory speed), best of `repeats`: the ceiling a memory-bound decode step meets on this machine now."""
+    a = np.ones(size // 8, np.uint64)
+    parts = np.array_split(a, threads)
+    best = 0.0
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.bitwise_or.reduce, args=(part,)) for part in parts]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def onnx_bytes_per_token(folder: Path) -> int:
+    """Bytes of an export's initializers a one-token step reads: all of them but an embedding table the head does
+    not share (a gather reads one row of it)."""
+    import onnx
+
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    sizes = {}
+    for i in graph.initializer:
+        length = next((int(e.value) for e in i.external_data if e.key == "length"), None)
+        sizes[i.name] = length if length is not None else len(i.raw_data)
+    gathered, read = set(), set()
+    for n in graph.node:
+        tables = n.input[1:] if n.op_type in ("QEmbedding", "GatherBlockQuantized") else \
+            n.input[:1] if n.op_type == "Gather" else ()
+        gathered.update(tables)
+        read.update(x for x in n.input if x not in tables)
+    return sum(v for k, v in sizes.items() if k in read or k not in gathered)
+
+
+def llgraph_times(args) -> tuple[dict, int | None, str, dict]:
+    """(times, weight bytes a decode step reads or None, a description, extras) of MODEL on llgraph's --backend."""
+    from llgraph.runtime.backends import open_runner
+
+    start = time.perf_counter()
+    if args.backend == "torch":
+        runner, sync = _torch_runner(args)
+        b = runner.backend
+        weight_bytes = _read_per_token({k: v.numel() * v.element_size() for k, v in b.executor.params.items()},
+                                       b.config.tie_word_embeddings)
+        allocate = lambda: b.allocate(1, zeroed=True)  # noqa: E731
+    else:
+        runner = open_runner(args.model, args.backend, max(args.p, args.depth + args.n) + 1, threads=args.threads)
+        b, sync = runner.backend, (lambda: None)
+        weight_bytes = onnx_bytes_per_token(Path(b.folder)) if hasattr(b, "folder") else None
+        allocate = lambda: b.allocate(1)  # noqa: E731
+    opened = time.perf_counter() - start
+    times = time_backend(lambda ids, pos: b.forward(ids, pos, keep=1), allocate, b.vocab_size, args.p, args.n,
+                         args.repeats, sync, args.depth)
+    device = f" on {args.device}" if args.backend == "torch" else ""
+    return times, weight_bytes, f"llgraph {args.backend}{device}", {"load s": f"{opened:.2f}"}
+
+
+def _torch_runner(args):
+    import torch
+
+    from llgraph.bundled import resolve
+    from llgraph.checkpoint import _preset_path
+    from llgraph.runtime.backends.pytorch import TorchRunner
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    preset = not Path(resolve(args.model)).exists() and _preset_path(args.model).exists()
+    runner = TorchRunner(None if preset else args.model, config=args.model if preset else None,
+                         max_seq_len=max(args.p, args.depth + args.n) + 1, dtype=args.dtype, device=args.device,
+                         progress=True)
+    return runner, torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+
+
+def _read_per_token(sizes: dict[str, int], tied: bool) -> int:
+    """Bytes of weights one decode step reads: every tensor but the embedding table (one row of it is read), which
+    is read whole when the head shares it."""
+    return sum(v for k, v in sizes.items() if tied or "embed" not in k)
+
+
+def transformers_times(args, config) -> tuple[dict, int, str, dict]:
+    """HF transformers' eager LlamaForCausalLM of the same config (random init), timed like llgraph."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = config
+    hf = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                     num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                     num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                     tie_word_embeddings=c.tie_word_embeddings, rope_theta=c.rope.theta,
+                     max_position_embeddings=c.max_position_embeddings)
+    dtype = getattr(torch, args.dtype)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(hf).to(dtype).eval()
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    state = {}
+
+    @torch.inference_mode()
+    def forward(ids, pos):
+        out = model(input_ids=torch.from_numpy(ids).to(args.device), past_key_values=state.get("past"),
+                    use_cache=True, logits_to_keep=1)
+        state["past"] = out.past_key_values
+        return out.logits[:, -1].float().cpu()
+
+    times = time_backend(forward, state.clear, c.vocab_size, args.p, args.n, args.repeats, sync, args.depth)
+    sizes = {k: v.numel() * v.element_size() for k, v in model.named_parameters()}  # tied: once
+    return times, _read_per_token(sizes, c.tie_word_embeddings), f"transformers on {args.device}", {}
+
+
+def llama_bench_times(args, path: str, gguf: Path) -> tuple[dict, int, str, dict]:
+    """A llama-bench binary (llama.cpp's or ik_llama.cpp's) on the same GGUF, the same -p/-n/-d/-t/-r: its mean
+    tok/s as seconds per run. Weight bytes: the GGUF's tensors (llama.cpp reads the file's blocks as stored)."""
+    from llgraph.gguf_source import gguf_reader
+
+    times = {}
+    for test, flags in (("pp", ["-p", str(args.p), "-n", "0"]), ("tg", ["-p", "0", "-n", str(args.n)])):
+        if not (args.p if test == "pp" else args.n):
+            times[test] = float("inf")
+            continue
+        cmd = [path, "-m", str(gguf), "-t", str(args.threads or 2), "-r", str(args.repeats), "-o", "json", *flags]
+        if args.depth and test == "tg":
+            cmd += ["-d", str(args.depth)]
+        r = subprocess.run(cmd + args.peer_flags, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"{path} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+        (row,) = json.loads(r.stdout)
+        times[test] = (args.p if test == "pp" else args.n) / row["avg_ts"]
+    reader = gguf_reader(gguf)
+    embed = next((t.n_bytes for t in reader.tensors if t.name == "token_embd.weight"), 0)
+    tied = not any(t.name == "output.weight" for t in reader.tensors)
+    weight_bytes = sum(t.n_bytes for t in reader.tensors) - (0 if tied else embed)
+    return times, weight_bytes, f"{Path(path).parent.parent.parent.name or 'llama-bench'} ({Path(path).name})", {}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="llgraph bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model")
+    p.add_argument("--backend", default="ort", choices=["ort", "torch"])
+    p.add_argument("--device", default="cpu", help="torch's device (cuda: a GPU)")
+    p.add_argument("--dtype", default="float32", help="torch's dtype (float32, float16, bfloat16)")
+    p.add_argument("-p", type=int, default=512, help="prompt tokens (pp; 0: none)")
+    p.add_argument("-n", type=int, default=128, help="generated tokens (tg; 0: none)")
+    p.add_argument("-d", "--depth", type=int, default=0, help="tokens of context before tg's steps (llama-bench's -d)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: every core)")
+    p.add_argument("--peer", action="append", default=[],
+                   help="llama-bench=PATH (a llama-bench binary, on the same GGUF) or transformers; repeatable")
+    p.add_argument("--peer-flags", default="", help="extra flags for llama-bench peers (e.g. '-rtr 1')")
+    args = p.parse_args(argv)
+    args.peer_flags = args.peer_flags.split()
+    from llgraph.bundled import resolve
+    from llgraph.checkpoint import load_config
+
+    threads = args.threads or __import__("os").cpu_count()
+    bandwidth = read_bandwidth(threads)
+    rows = [llgraph_times(args)]
+    for peer in args.peer:
+        if peer == "transformers":
+            rows.append(transformers_times(args, load_config(args.model)))
+        elif peer.startswith("llama-bench="):
+            gguf = Path(resolve(args.model))
+            if gguf.suffix != ".gguf":
+                raise SystemExit("--peer llama-bench needs MODEL to be a GGUF file (the one both engines run)")
+            rows.append(llama_bench_times(args, peer.split("=", 1)[1], gguf))
+        else:
+            raise SystemExit(f"--peer {peer}: use llama-bench=PATH or transformers")
+    tg = f"tg{args.n}" + (f" @ d{args.depth}" if args.depth else "")
+    print(f"\n{args.model}, {threads} threads; read bandwidth of this machine now: {bandwidth:.1f} GB/s")
+    print(f"| engine | pp{args.p} tok/s | {tg} tok/s | weights read / token | GB/s in tg | llgraph × this, pp | "
+          "llgraph × this, tg | load s |\n|---|---|---|---|---|---|---|---|")
+    first = rows[0][0]
+    for times, weight_bytes, what, extra in rows:
+        pp = args.p / times["pp"] if times["pp"] < float("inf") else 0.0
+        tgs = args.n / times["tg"] if times["tg"] < float("inf") else 0.0
+        gbs = f"{weight_bytes * tgs / 1e9:.1f}" if weight_bytes and tgs else "-"
+        read = f"{weight_bytes / 1e9:.3f} GB" if weight_bytes else "-"
+        ratio = [f"{times[k] / first[k]:.2f}" if times[k] < float("inf") else "-" for k in ("pp", "tg")]
+        print(f"| {what} | {pp:.1f} | {tgs:.1f} | {read} | {gbs} | {ratio[0]} | {ratio[1]} | "
+              f"{extra.get('load s', '-')} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

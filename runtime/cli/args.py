@@ -1,0 +1,292 @@
+"""`llgraph`'s command line: what each command accepts (the commands themselves are in llgraph/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from llgraph.checkpoint import presets
+from llgraph.runtime.backends import BACKENDS
+from llgraph.weight_request import DTYPE_ALIASES, KERNELS, Weights
+
+CACHE_HELP = "where checkpoints are exported for ONNX Runtime (default $LLGRAPH_CACHE_DIR, else ~/.cache/llgraph)"
+
+
+def dtype_name(text: str) -> str:
+    """fp32/fp16/bf16 or float32/float16/bfloat16 -> the canonical name."""
+    names = DTYPE_ALIASES
+    if text not in names and text not in names.values():
+        raise argparse.ArgumentTypeError(f"unknown dtype '{text}'; use fp32, fp16 or bf16")
+    return names.get(text, text)
+
+
+class Version(argparse.Action):
+    """--version: llgraph's on stdout (what scripts read), and on stderr whether its CPU kernels are built here."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import sys
+
+        from llgraph import __version__
+        from llgraph.plugins import cpu
+
+        print(f"llgraph {__version__}")
+        print(cpu.status(), file=sys.stderr)
+        parser.exit()
+
+
+def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
+    """How weights are run, the same flags for export, generate, eval and serve (weight_request.Weights)."""
+    p.add_argument("--dtype", default="fp32", help=f"{whose}dtype: fp32 (default), fp16 or bf16 "
+                   "(bf16: trt and onnx targets only; ONNX Runtime's CPU kernels have none)")
+    p.add_argument("--quantize", choices=("int4", "int8"), help=f"round {whose}float decoder-layer Linears to "
+                   "nearest (a GGUF's Q4_0/Q4_1/Q8_0 blocks are carried as stored without it)")
+    p.add_argument("--block-size", type=int, default=32, help="--quantize: codes per scale (32, 64, 128)")
+    p.add_argument("--symmetric", action="store_true", help="--quantize: no per-block mins (zero point 2^(bits-1))")
+    p.add_argument("--lm-head", choices=("int4", "int8"), help="round the lm head (and an embedding table tied to "
+                   "it) to nearest, with --block-size and --symmetric (default: float; a GGUF's as stored)")
+    p.add_argument("--dequantize", action="store_true", help=f"run {whose}quantized GGUF blocks (e.g. the bundled "
+                   "Q4_1) in float instead of as stored")
+    p.add_argument("--accuracy-level", type=int, help="ONNX Runtime's MatMulNBits accuracy_level for quantized "
+                   "weights: 0 (default) = exact fp32 compute; 4 = int8 activations, 1.6x faster, approximate")
+    p.add_argument("--kernels", choices=KERNELS, default="auto", help="quantized Linears on ONNX Runtime: "
+                   "llgraph's CPU kernels (the stored blocks, exact fp32 or level 4's int8; built once per machine) "
+                   "where they build, else ONNX Runtime's own ops (auto, the default), or either by name")
+
+
+RUN_FLAVORS = ("auto", "tensorrt", "rtx", "twin")
+RUN_FLAVOR_HELP = ("for --backend trt: the TensorRT to run with (default: the one the engine was built with); twin: "
+                   "TensorRT's CPU twin, which checks the engine's execution contract and computes with ONNX Runtime")
+
+
+def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_help: str) -> None:
+    """What generate, eval and serve share: MODEL, the backend, the cache length, the TensorRT, the export cache and
+    the weight flags (runtime.registry.open_runner takes them)."""
+    p.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
+    p.add_argument("--backend", default="ort", choices=tuple(BACKENDS), help=backend_help)
+    p.add_argument("--max-seq-len", type=int, help=max_seq_len_help)
+    p.add_argument("--tensorrt", choices=RUN_FLAVORS, default="auto", help=RUN_FLAVOR_HELP)
+    p.add_argument("--cache-dir", help=CACHE_HELP)
+    p.add_argument("--threads", type=int, help="CPU threads: ONNX Runtime's intra-op threads, which llgraph's "
+                   "kernels run on (default: every core), or torch's for --backend torch")
+    add_weight_flags(p, "a checkpoint's ")
+
+
+def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int, what: str) -> None:
+    """What generate and chat share: how many tokens, and how they are sampled (runtime.sampling.Sampling)."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"{what} (default {max_new_tokens})")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 disables")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats; 1 disables")
+    p.add_argument("--seed", type=int, help="seed for sampling (same seed, same tokens)")
+    p.add_argument("--speculative", type=_speculative, default=SPECULATIVE_DEFAULT, metavar="off|ngram|draft=MODEL",
+                   help="draft tokens and verify them in one step (the same greedy output and sampling distribution): "
+                        "ngram by prompt lookup (faster where the answer repeats its context), draft=MODEL by a "
+                        f"smaller model sharing the tokenizer (default {SPECULATIVE_DEFAULT})")
+    add_draft_max(p)
+
+
+def add_draft_max(p: argparse.ArgumentParser) -> None:
+    from llgraph.runtime.engine.speculative import MAX_DRAFT
+
+    p.add_argument("--draft-max", type=_draft_max, default=MAX_DRAFT, metavar="N",
+                   help=f"the most tokens speculation drafts a step; the draft length adapts below it (default "
+                        f"{MAX_DRAFT})")
+
+
+def _draft_max(value: str) -> int:
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"{value!r} is not an integer >= 1 (the most tokens drafted a step)")
+
+
+SPECULATIVE_DEFAULT = "ngram"  # measured: 1.6x on quoting a passage, ~1.0x on open chat (README, "Speculative")
+
+
+def _speculative(value: str) -> str:
+    if value in ("off", "ngram") or value.startswith("draft=") and len(value) > len("draft="):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not off, ngram or draft=MODEL")
+
+
+def share_threads_for_a_draft(args) -> None:
+    """Before any runner opens: a model and its draft model share one thread pool (registry)."""
+    if args.speculative.startswith("draft="):
+        from llgraph.runtime.backends import share_threads_with_a_draft
+
+        share_threads_with_a_draft(args.backend, args.threads)
+
+
+def sampling_of(args, runner) -> dict:
+    """The sampling flags (add_sampling_flags) as Runner.generate/stream keywords for `runner`; --speculative
+    draft=MODEL opens the draft model (on the same backend, with the same cache length)."""
+    speculative = args.speculative
+    if speculative.startswith("draft="):  # checked before anything is generated
+        from llgraph.runtime.backends import open_draft
+
+        speculative = open_draft(speculative[len("draft="):], runner, args.backend, args.cache_dir, args.tensorrt,
+                                 args.threads)
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                repetition_penalty=args.repetition_penalty, seed=args.seed, speculative=speculative,
+                draft_max=args.draft_max)
+
+
+def weights_of(args) -> Weights:
+    """The weight flags (add_weight_flags) as the one request export and the runners take."""
+    return Weights(args.dtype, args.quantize, args.block_size, args.symmetric, args.dequantize, args.accuracy_level,
+                   args.lm_head, args.kernels)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, as every other failure of the command line is, naming the nearest flag
+    when one is mistyped (instead of the whole usage text)."""
+
+    def error(self, message: str):
+        import difflib
+        import sys
+
+        command = self._command(sys.argv[1:])
+        hint = ""
+        if "unrecognized arguments" in message:
+            flags = [f for a in (command or self)._actions for f in a.option_strings]
+            wrong = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("-")]
+            near = [m[0] for w in wrong if (m := difflib.get_close_matches(w, flags, n=1, cutoff=0.6))]
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        where = command.prog if command is not None else self.prog
+        self.exit(2, f"llgraph: error: {message}{hint} (`{where} --help` lists every flag)\n")
+
+    def _command(self, argv):
+        """The subcommand's parser named on the command line, if any."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for word in argv:
+                    if word in action.choices:
+                        return action.choices[word]
+        return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+
+    p = Parser(prog="llgraph", description="`llgraph` command line. Every expected failure is one "
+                                "line on stderr and exit status 2.")
+    p.add_argument("--version", action=Version, nargs=0, help="show llgraph's version, and its CPU kernels' state")
+    sub = p.add_subparsers(dest="command", required=True)
+    i = sub.add_parser("inspect", help="summarize the graph a config builds: ops, parameters, KV-cache size")
+    i.add_argument("model", nargs="?", help="a checkpoint, an export folder or 'smollm2' (or give --config)")
+    i.add_argument("--config", help=f"a config file (llgraph JSON, HF config.json, .gguf), a checkpoint or export "
+                   f"folder, 'smollm2', or a preset: {', '.join(presets())}")
+    i.add_argument("--dtype", default="fp32", type=dtype_name, help="fp32, fp16 or bf16 (as for export)")
+    i.add_argument("--passes", action="store_true", help="show the graph after QKV and gate/up packing")
+    i.set_defaults(func="inspect")
+    e = sub.add_parser("export", help="export a model to an ONNX folder (model.onnx + external data + manifest)")
+    e.add_argument("--config", help="config file or preset; defaults to the checkpoint's own (config.json / GGUF)")
+    e.add_argument("--checkpoint", help="HF folder, .safetensors, .gguf, or 'smollm2' (the bundled SmolLM2-135M "
+                   "GGUF); without it, seeded random weights")
+    e.add_argument("--target", default="ort", help="ort (ONNX Runtime, default), onnx (standard ops only) or trt "
+                   "(TensorRT plugin nodes; ONNX Runtime runs it too)")
+    add_weight_flags(e)
+    e.add_argument("--max-seq-len", type=int, help="longest position the RoPE tables cover (default: the config's)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    e.add_argument("--force", action="store_true", help="replace an earlier llgraph export at -o (never a folder "
+                   "holding anything llgraph did not write)")
+    e.add_argument("-o", "--output", required=True, help="output folder")
+    e.set_defaults(func="export")
+    b = sub.add_parser("build", help="build a TensorRT engine from a --target trt export folder (TensorRT-RTX builds "
+                       "without a GPU; standard TensorRT needs one; the engine runs on a GPU)")
+    b.add_argument("folder", help="an export folder made with --target trt")
+    b.add_argument("-o", "--output", help="engine path (default FOLDER/model.engine)")
+    b.add_argument("--max-batch", type=int, default=8, help="most prompts in one batch (default 8)")
+    b.add_argument("--max-seq-len", type=int, help="KV-cache length, fixed in the engine (default min(2048, the "
+                   "export's RoPE range))")
+    b.add_argument("--opt-prefill", type=int, default=128, help="prompt length the prefill profile is tuned for")
+    b.add_argument("--plugins", choices=("aot", "jit", "none"), help="aot: llgraph's Triton plugins as PTX inside "
+                   "the engine (TensorRT's default); jit: the same plugins called from Python; none: TensorRT's "
+                   "native layers from the function bodies (TensorRT-RTX's default and only choice)")
+    b.add_argument("--tensorrt", choices=("auto", "tensorrt", "rtx"), default="auto", help="which TensorRT builds "
+                   "when both are installed: tensorrt (10.15+/11) or rtx (TensorRT-RTX; builds without a GPU)")
+    b.set_defaults(func="build")
+    g = sub.add_parser("generate", help="stream a completion from an export folder or a checkpoint")
+    add_runner_flags(g, "ort: ONNX Runtime CPU (default); torch: the PyTorch executor; trt: a built TensorRT engine",
+                     "KV-cache length: prompt + new tokens (default min(2048, the model's range))")
+    g.add_argument("--prompt", help="the prompt text; - reads it from stdin")
+    g.add_argument("--prompt-file", help="the prompt text, from this file")
+    g.add_argument("--tokens", help="the prompt as comma-separated token ids (e.g. for a random-weight export)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", help="a system message before the prompt (implies --chat)")
+    g.add_argument("--stats", action="store_true", help="after the answer, one line on stderr: the prompt's tokens "
+                   "and prefill speed, the generated tokens and decode speed")
+    add_sampling_flags(g, 128, "most tokens to generate")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.set_defaults(func="generate")
+    c = sub.add_parser("chat", help="an interactive conversation in the terminal (/reset, /system TEXT, Ctrl-D)")
+    add_runner_flags(c, "ort (default), torch or trt", "KV-cache length: the conversation kept within it (default "
+                     "min(2048, the model's range))")
+    c.add_argument("--system", help="the system message")
+    add_sampling_flags(c, 256, "most tokens a reply takes")
+    c.set_defaults(func="chat")
+    d = sub.add_parser("diff", help="compare every IR value between two backends, step by step")
+    d.add_argument("model", help="checkpoint (HF folder, .gguf, 'smollm2') or a config (random weights)")
+    d.add_argument("--a", default="torch", help="reference side (torch, ort, onnx)")
+    d.add_argument("--b", help="side under test (torch, ort, onnx, trt); omit with --save to only record side a")
+    d.add_argument("--engine", help="for trt: the export folder holding the built engine (its dtype is the engine's)")
+    d.add_argument("--tensorrt", choices=RUN_FLAVORS, default="auto", help=RUN_FLAVOR_HELP)
+    prompt = d.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default="The quick brown fox", help="prompt text (needs a checkpoint's "
+                        "tokenizer)")
+    prompt.add_argument("--tokens", help="comma-separated token ids")
+    d.add_argument("--steps", type=int, default=4, help="decode steps after the prefill")
+    d.add_argument("--dtype", default="float32", help="side b's dtype (fp32, fp16, bf16)")
+    d.add_argument("--a-dtype", default="float32", help="side a's dtype")
+    d.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
+    d.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
+    d.add_argument("--max-seq-len", type=int, help="KV-cache length of both sides (default 256; with --b trt, the "
+                   "engine's)")
+    d.add_argument("--save", help="write side a's inputs and values to this .npz (compressed)")
+    d.add_argument("--save-values", choices=("outputs", "layers", "all"), default="layers",
+                   help="what --save keeps: final outputs; those + each layer's output (default); every value")
+    d.add_argument("--load", help="use a saved run as side a (its inputs drive side b)")
+    d.add_argument("--all", action="store_true", help="print every value, not only failures and layer outputs")
+    d.set_defaults(func="diff")
+    v = sub.add_parser("eval", help="multiple-choice accuracy or perplexity of a model on any backend")
+    add_runner_flags(v, "the backend scored (default ort)", "KV-cache length (default min(2048, the model's range))")
+    v.add_argument("--task", required=True, choices=("mc", "perplexity"), help="mc: JSONL items with context, "
+                   "choices, answer; perplexity: a text file")
+    v.add_argument("--data", required=True, help="the items (.jsonl) or the text (.txt)")
+    v.add_argument("--compare", choices=tuple(BACKENDS), help="score the same data on this backend too and "
+                   "print the per-item differences")
+    v.add_argument("--context", type=int, help="perplexity: tokens per window (default: the cache length)")
+    v.add_argument("--stride", type=int, help="perplexity: tokens a window advances (default: the window)")
+    v.add_argument("--batch-size", type=int, default=8, help="mc: pairs scored per forward pass (default 8)")
+    v.add_argument("--output", help="also write the numbers to this JSON file")
+    v.set_defaults(func="eval")
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (llgraph[serve])")
+    add_runner_flags(s, "the runner (default ort)", "KV-cache length per slot (default min(2048, the model's))")
+    s.add_argument("--name", help="the model id clients send (default: MODEL's file or folder name)")
+    s.add_argument("--slots", type=int, default=8, help="requests decoded together: cache rows (default 8)")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429 (default 64)")
+    s.add_argument("--timeout", type=float, help="seconds a request may take before it is ended (default none)")
+    s.add_argument("--max-request-bytes", type=int, default=8 << 20, help="a larger request body is refused with "
+                   "413 before it is read (default 8 MiB)")
+    s.add_argument("--speculative", type=_speculative, default="off", metavar="off|ngram|draft=MODEL",
+                   help="requests' default speculative decoding; draft=MODEL opens a draft model beside the model (a "
+                   "cache row per slot) and requests may ask for \"draft\" (a request's \"speculative\" field "
+                   "overrides the default; default off: in a busy batch on ONNX Runtime each drafting request costs "
+                   "a forward of its own)")
+    add_draft_max(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--grace", type=float, default=10.0, help="on SIGTERM: seconds running requests get to finish "
+                   "(default 10)")
+    s.add_argument("--ray", action="store_true", help="deploy on Ray Serve (local Ray unless --ray-address)")
+    s.add_argument("--replicas", type=int, default=1, help="--ray: replicas, each with its own runner (default 1)")
+    s.add_argument("--ray-address", help="--ray: join this cluster ('auto': the one `ray start` made here)")
+    s.set_defaults(func="serve")
+    h = sub.add_parser("lm-eval", add_help=False, help="lm-evaluation-harness's command line with the model "
+                       "'llgraph' registered: llgraph lm-eval --model llgraph --model_args model=smollm2 --tasks T")
+    h.add_argument("harness_args", nargs=argparse.REMAINDER, help="lm_eval's arguments (see llgraph lm-eval --help)")
+    h.set_defaults(func="lm_eval")
+    c = sub.add_parser("cache", help="list or clean the checkpoints `generate` exported for ONNX Runtime")
+    c.add_argument("action", choices=("list", "clean"), help="list: entries with size and source; clean: remove")
+    c.add_argument("names", nargs="*", help="for clean: the entries to remove (default: all)")
+    c.add_argument("--cache-dir", help=CACHE_HELP)
+    c.set_defaults(func="cache")
+    return p

@@ -1,0 +1,58 @@
+"""`llgraph chat MODEL`: an interactive conversation in the terminal (llama.cpp's conversation mode). Each line is
+a user turn, the reply streams back; /reset forgets the turns, /system TEXT sets the system message (and resets),
+Ctrl-D (or /exit) leaves."""
+
+from __future__ import annotations
+
+import sys
+
+HELP = "(/reset forgets the conversation, /system TEXT sets the system message, Ctrl-D leaves)"
+
+
+def cmd_chat(args) -> int:
+    from llgraph.runtime.backends import open_runner
+    from llgraph.runtime.cli.args import sampling_of, share_threads_for_a_draft, weights_of
+    from llgraph.runtime.engine.chat import Conversation
+    from llgraph.runtime.engine.sampling import RequestError, Sampling
+
+    Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)  # before loading
+    share_threads_for_a_draft(args)
+    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
+                         args.threads)
+    chat = Conversation(runner, args.system, args.max_new_tokens, **sampling_of(args, runner))
+    print(f"chatting with {args.model} {HELP}", file=sys.stderr)
+    while True:
+        sys.stdout.write("> ")  # on stdout with the replies (input()'s own prompt may go to stderr)
+        sys.stdout.flush()
+        try:
+            line = input()
+        except EOFError:
+            print()
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return 0
+        if text == "/reset":
+            chat.reset()
+            print("(conversation reset)")
+            continue
+        if text.startswith("/system"):
+            chat.reset(text[len("/system"):].strip() or None, keep_system=False)
+            print("(system message set; conversation reset)")
+            continue
+        dropped = chat.dropped
+        try:
+            for piece in chat.say(line):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except RequestError as e:
+            print(f"llgraph: {e}", file=sys.stderr)
+            continue
+        except KeyboardInterrupt:  # stops this reply, keeps the conversation
+            pass
+        print()
+        if chat.dropped > dropped:
+            print(f"(the oldest turns were dropped to stay within {runner.backend.max_seq_len} tokens)",
+                  file=sys.stderr)

@@ -1,0 +1,364 @@
+"""`llgraph` command line. Every expected failure is one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from llgraph.checkpoint import load_config
+from llgraph.errors import LlgraphError
+from llgraph.outdir import Terminated, signals_raise
+from llgraph.runtime.cli.args import build_parser, sampling_of, share_threads_for_a_draft, weights_of
+from llgraph.weight_request import Weights
+
+USER_ERRORS = (LlgraphError, FileNotFoundError, PermissionError)
+
+
+def cmd_inspect(args) -> None:
+    from llgraph.builder import build_graph
+    from llgraph.passes import DEFAULT_PASSES, run_passes
+
+    if (args.model is None) == (args.config is None):
+        raise LlgraphError("give the model to inspect once: `llgraph inspect MODEL` or `llgraph inspect --config "
+                           "CONFIG`")
+    cfg = load_config(args.model or args.config)
+    graph = build_graph(cfg, args.dtype)
+    if args.passes:
+        graph = run_passes(graph, DEFAULT_PASSES)
+    print(f"model: {cfg.name}  ({cfg.num_layers} layers, hidden {cfg.hidden_size}, heads {cfg.num_heads}/"
+          f"{cfg.num_kv_heads} kv, head_dim {cfg.head_dim}, vocab {cfg.vocab_size}, rope {cfg.rope.type}/"
+          f"{cfg.rope.layout})")
+    bias = ("q/k/v/o" if cfg.attention_out_bias else "q/k/v") if cfg.attention_bias else \
+        ("o" if cfg.attention_out_bias else "none")
+    window = "none" if not cfg.sliding_window else f"{cfg.sliding_window} tokens, " + (
+        "every layer" if cfg.sliding_layers is None else f"layers {', '.join(map(str, cfg.sliding_layers))}")
+    print(f"family: {cfg.family}  (attention biases: {bias}; mlp biases: {'yes' if cfg.mlp_bias else 'no'}; "
+          f"tied embeddings: {'yes' if cfg.tie_word_embeddings else 'no'}; sliding window: {window})")
+    caps = ", ".join(f"{k} {v:g}" for k, v in (("attention", cfg.attention_softcap), ("final", cfg.final_softcap))
+                     if v) or "none"
+    print(f"block: norms {cfg.norm_placement}{' (parallel attention + MLP)' if cfg.parallel_block else ''}, "
+          f"QK-norm {cfg.qk_norm}, MLP {'SwiGLU' if cfg.mlp_activation == 'silu' else 'GeGLU'}, "
+          f"soft-capping {caps}, embedding scale {cfg.embedding_scale:g}")
+    print(f"parameters: {graph.param_count():,}")
+    for dtype, nbytes in (("float16", 2), ("float32", 4)):
+        per_token = cfg.kv_cache_bytes_per_token(nbytes)
+        print(f"KV cache ({dtype}): {per_token:,} bytes/token, "
+              f"{per_token * cfg.max_position_embeddings / 2**30:.2f} GiB at {cfg.max_position_embeddings} tokens")
+    print(f"ops ({len(graph.nodes)} nodes):")
+    for op, n in sorted(graph.op_counts().items()):
+        print(f"  {op:<18}{n}")
+
+
+def cmd_export(args) -> None:
+    from llgraph.export import export_model
+    from llgraph.outdir import check_writable_target
+
+    check_writable_target(Path(args.output), args.force)  # a refused -o is the first thing said, before any work
+    if args.checkpoint is None:
+        load_config(args.config)  # a bad config is the one line said, before the notice below
+        print(f"no --checkpoint: exporting seeded random weights (seed {args.seed})", file=sys.stderr)
+    out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, args.target, weights_of(args),
+                       args.max_seq_len, args.force, progress=True, seed=args.seed)
+    print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
+
+
+def cmd_serve(args) -> int:
+    from llgraph.runtime.serve.app import ServeOptions
+    from llgraph.runtime.serve.run import serve, serve_on_ray
+
+    for flag, value, low in (("--slots", args.slots, 1), ("--max-queue", args.max_queue, 0),
+                             ("--replicas", args.replicas, 1), ("--port", args.port, 0),
+                             ("--max-request-bytes", args.max_request_bytes, 1024)):
+        if value < low:
+            raise LlgraphError(f"{flag} ({value}) must be at least {low}")
+    if args.timeout is not None and args.timeout <= 0:
+        raise LlgraphError(f"--timeout ({args.timeout}) must be a positive number of seconds")
+    from llgraph.runtime.backends import check_weights
+
+    weights = check_weights(args.backend, weights_of(args))
+    draft = args.speculative[len("draft="):] if args.speculative.startswith("draft=") else None
+    options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
+                           args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes, args.threads,
+                           "draft" if draft else args.speculative, args.draft_max, draft)
+    if args.ray:
+        serve_on_ray(options, args.replicas, args.host, args.port, args.ray_address)
+    else:
+        serve(options, args.host, args.port, args.grace)
+    return 0
+
+
+def cmd_cache(args) -> None:
+    from llgraph.runtime.backends.cache import cache_dir, clean, entries
+
+    root = cache_dir(args.cache_dir)
+    if args.action == "list":
+        found = entries(root)
+        print(f"{root}: {len(found)} entries, {sum(e.bytes for e in found) / 2**20:,.0f} MiB")
+        for e in found:
+            print(f"  {e.name:<56}{e.bytes / 2**20:>9,.0f} MiB  {e.source}")
+        return
+    removed, freed = clean(root, args.names)
+    print(f"removed {len(removed)} entries from {root}, freed {freed / 2**20:,.0f} MiB")
+
+
+def cmd_build(args) -> None:
+    from llgraph.export.engine import build_engine
+    from llgraph.export_folder import ENGINE_META
+
+    engine = build_engine(args.folder, args.output, args.max_batch, args.max_seq_len, args.opt_prefill, args.plugins,
+                          args.tensorrt)
+    meta = json.loads((Path(args.folder) / ENGINE_META).read_text())
+    print(f"wrote {engine} ({engine.stat().st_size / 2**20:.1f} MiB, {meta['flavor']} {meta['tensorrt']}, "
+          f"plugins {meta['plugins']}, built in {meta['build_seconds']:.1f} s; runs on {meta['runs_on']})")
+
+
+def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise LlgraphError(f"{flag} '{text}' must be comma-separated token ids, e.g. {flag} 1,2,3") from None
+    if not ids or min(ids) < 0:
+        raise LlgraphError(f"{flag} '{text}' must be one or more non-negative token ids, e.g. {flag} 1,2,3")
+    return ids
+
+
+def cmd_generate(args) -> None:
+    from llgraph.runtime.engine.sampling import Sampling
+
+    # every flag is checked before anything is loaded or exported
+    Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)
+    if args.max_new_tokens < 1:
+        raise LlgraphError(f"--max-new-tokens ({args.max_new_tokens}) must be at least 1")
+    if args.max_seq_len is not None and args.max_seq_len < 2:
+        raise LlgraphError(f"--max-seq-len ({args.max_seq_len}) must be at least 2 tokens")
+    if args.max_seq_len is not None and args.max_new_tokens >= args.max_seq_len:
+        raise LlgraphError(f"--max-new-tokens ({args.max_new_tokens}) leaves no room for the prompt in "
+                           f"--max-seq-len ({args.max_seq_len}); raise --max-seq-len or lower --max-new-tokens")
+    if [args.prompt, args.prompt_file, args.tokens].count(None) != 2:
+        raise LlgraphError("give exactly one of --prompt TEXT (- for stdin), --prompt-file FILE or --tokens 1,2,3")
+    chat = args.chat or args.system is not None
+    if chat and args.tokens is not None:
+        raise LlgraphError("--chat and --system wrap a text prompt; drop them with --tokens")
+    prompt = parse_tokens(args.tokens) if args.tokens is not None else read_prompt(args.prompt, args.prompt_file)
+    from llgraph.runtime.backends import open_runner
+
+    share_threads_for_a_draft(args)
+    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
+                         args.threads)
+    if chat:
+        if runner.tokenizer is None:
+            raise LlgraphError("--chat needs a tokenizer; this model has none")
+        system = [{"role": "system", "content": args.system}] if args.system is not None else []
+        prompt = runner.render_chat([*system, {"role": "user", "content": prompt}])
+    if runner.tokenizer is None:  # token ids in, token ids out
+        result = runner.generate([prompt], args.max_new_tokens, **sampling_of(args, runner))[0]
+        print(",".join(str(t) for t in result.token_ids))
+        return
+    stats = {}
+    pieces = runner.stream(prompt, args.max_new_tokens, stop=args.stop or (), stats=stats,
+                           **sampling_of(args, runner))
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if args.stats:
+        print(format_stats(stats), file=sys.stderr)
+
+
+def read_prompt(text: str | None, file: str | None) -> str:
+    """--prompt TEXT, --prompt - (stdin) or --prompt-file FILE; an unreadable file is one line. Text read from a
+    file or a pipe loses its one final newline (the text file's line end, `echo`'s), not part of the prompt."""
+    if file is not None:
+        try:
+            text = Path(file).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise LlgraphError(f"cannot read --prompt-file {file}: {getattr(e, 'strerror', None) or e}") from None
+    elif text == "-":
+        text = sys.stdin.read()
+    else:
+        return text
+    return text[:-1] if text.endswith("\n") else text
+
+
+def format_stats(s: dict) -> str:
+    """generate --stats: the prompt's and the generation's token counts and speeds (llama.cpp's timing summary)."""
+    decode = s["new_tokens"] - 1  # the first new token comes with the prefill
+    speed = f"{decode / s['decode_s']:.1f} tok/s" if decode > 0 and s["decode_s"] > 0 else "-"
+    drafts = f"; speculative: {s['accepted']} of {s['drafted']} drafted tokens accepted" if "drafted" in s else ""
+    return (f"prompt: {s['prompt_tokens']} tokens in {s['prefill_s'] * 1e3:.0f} ms "
+            f"({s['prompt_tokens'] / s['prefill_s']:.1f} tok/s); generated: {s['new_tokens']} tokens, decode "
+            f"{speed}{drafts}")
+
+
+def cmd_eval(args) -> int:
+    from llgraph.runtime.backends import open_runner
+    from llgraph.runtime.eval import evaluate
+
+    if args.batch_size < 1:
+        raise LlgraphError(f"--batch-size ({args.batch_size}) must be at least 1")
+    data = evaluate.load_mc(args.data) if args.task == "mc" else evaluate.load_text(args.data)  # before loading
+    backends = [args.backend] + ([args.compare] if args.compare else [])
+    results = {}
+    for backend in backends:
+        runner = open_runner(args.model, backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
+                             args.threads)
+        if args.task == "mc":
+            results[backend] = evaluate.evaluate_mc(runner, data, args.batch_size, progress=True)
+        else:
+            results[backend] = evaluate.evaluate_perplexity(runner, data, args.context, args.stride)
+    table = evaluate.format_results(args.task, results, data)
+    print(table)
+    if args.output:
+        from llgraph.outdir import write_atomic
+
+        write_atomic(Path(args.output), json.dumps(evaluate.as_json(args.task, results), indent=2))
+    return 0
+
+
+def cmd_lm_eval(args) -> int:
+    from llgraph.runtime.eval.harness import main as harness_main
+
+    harness_main(args.harness_args)
+    return 0
+
+
+def _diff_cache_length(args) -> int:
+    """Both sides' cache length: --max-seq-len, else the engine's fixed one (the caches are compared whole), else
+    256."""
+    if "trt" not in (args.a, args.b):
+        return args.max_seq_len or 256
+    from llgraph.export_folder import ENGINE_META
+
+    meta = Path(args.engine) / ENGINE_META
+    if not meta.exists():
+        raise LlgraphError(f"--engine {args.engine} holds no built engine ({ENGINE_META}); run `llgraph build "
+                           f"{args.engine}` first")
+    engine = json.loads(meta.read_text())["max_seq_len"]
+    if args.max_seq_len not in (None, engine):
+        raise LlgraphError(f"--max-seq-len ({args.max_seq_len}) differs from the engine's cache ({engine} positions); "
+                           "drop it, or rebuild the engine with that length")
+    return engine
+
+
+def cmd_diff(args) -> int:
+    from llgraph.bundled import resolve
+    from llgraph.checkpoint import open_model
+    from llgraph.ir import value_order
+    from llgraph.runtime.backends import SideRequest, diff_sides
+    from llgraph.runtime.eval import diff
+    from llgraph.weight_request import DTYPE_ALIASES
+
+    if args.b is None and not args.save:  # else it would run side a and report nothing
+        raise LlgraphError("diff compares two sides: give --b (torch, ort, onnx or trt), or --save FILE to record "
+                           "side a for a later --load")
+    model = resolve(args.model)
+    from llgraph.export_folder import Manifest
+
+    exported = Manifest.find(Path(model))
+    if exported is not None:
+        raise LlgraphError(f"{args.model} is an export folder; diff builds every side from the checkpoint or config "
+                           f"it came from ({exported.weights}): pass that, with --b {exported.target}")
+    is_checkpoint = Path(model).exists() and not str(model).endswith(".json")
+    # every side computes in float from the same tensors (a GGUF's blocks dequantized)
+    opened = open_model(model, model if is_checkpoint else None, Weights(dequantize=True))
+    cfg, source, graph = opened.config, opened.source, opened.graph
+    dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
+    makers = diff_sides((args.a, args.b))  # every backend's sides: torch, ort, onnx, trt
+
+    def sides(name: str, dtype: str):
+        return makers[name](SideRequest(cfg, source, dtype, args.max_seq_len, args.engine, args.tensorrt))
+
+    for side in (args.a, args.b):
+        if side is not None and side not in makers:
+            raise LlgraphError(f"unknown backend '{side}'; use {', '.join(makers)}")
+    if "trt" in (args.a, args.b) and not args.engine:
+        raise LlgraphError("--b trt needs --engine FOLDER (a --target trt export with `llgraph build` run on it); "
+                           "to compare across machines, --save here and --load on the GPU machine")
+    args.max_seq_len = _diff_cache_length(args)
+    if args.load:
+        name, inputs, capture_a = diff.load_run(args.load)
+        print(f"loaded {len(inputs)} steps of '{name}' from {args.load}")
+    else:
+        if args.tokens:
+            prompt = parse_tokens(args.tokens)
+        else:
+            from llgraph.tokenizer import Tokenizer
+            if not is_checkpoint:
+                raise LlgraphError("--prompt needs a checkpoint with a tokenizer; pass --tokens 1,2,3 instead")
+            prompt = Tokenizer.load(model).encode(args.prompt)
+        name = args.a
+        inputs, capture_a = diff.greedy_steps(sides(args.a, args.a_dtype), prompt, args.steps)
+    if args.save:
+        size = diff.save_run(args.save, name, inputs, capture_a,
+                             diff.keep_values(args.save_values, [v.name for v in graph.outputs]))
+        print(f"saved {len(inputs)} steps of '{name}' ({args.save_values}) to {args.save}: {size / 2**20:.1f} MiB")
+    if args.b is None:
+        return 0
+    report = diff.compare(capture_a, diff.run_steps(sides(args.b, dtype), inputs), value_order(graph),
+                          [v.name for v in graph.outputs], args.atol, args.rtol)
+    print(diff.format_report(report, name, f"{args.b} ({dtype})", args.atol, args.rtol, args.all))
+    if dtype != args.a_dtype:
+        print(f"\nerror growth through the layers at prefill ({args.b} {dtype} vs {name} {args.a_dtype}):")
+        print(diff.layer_growth(report, cfg.num_layers))
+    return 0 if report.passed else 1
+
+
+def _one_line_warnings() -> None:
+    import warnings
+
+    from llgraph.hf_config import ConfigWarning
+
+    show = warnings.showwarning
+
+    def showwarning(message, category, *rest, **kw):
+        if issubclass(category, ConfigWarning):
+            print(f"llgraph: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, *rest, **kw)
+    warnings.showwarning = showwarning
+
+
+def cmd_chat(args) -> int:
+    from llgraph.runtime.cli.chat import cmd_chat as chat
+
+    return chat(args)
+
+
+COMMANDS = {"inspect": cmd_inspect, "export": cmd_export, "build": cmd_build, "generate": cmd_generate,
+            "chat": cmd_chat, "diff": cmd_diff, "eval": cmd_eval, "serve": cmd_serve, "lm_eval": cmd_lm_eval,
+            "cache": cmd_cache}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # the harness's own parser reads the rest, --help included
+        args = argparse.Namespace(command="lm-eval", func="lm_eval", harness_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+    args.func = COMMANDS[args.func]  # the parser names the command; its function is here
+    _one_line_warnings()
+    if getattr(args, "command", None) == "export" and not (args.config or args.checkpoint):
+        print("llgraph: error: export needs --config or --checkpoint", file=sys.stderr)
+        return 2
+    status = 0
+    try:
+        with signals_raise():  # SIGTERM/SIGHUP clean up like Ctrl-C: no partial output is left behind
+            status = args.func(args)
+    except Terminated as e:
+        print(f"llgraph: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except USER_ERRORS as e:
+        print(f"llgraph: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `llgraph inspect ... | head`
+        sys.stdout = None
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
+    return status or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

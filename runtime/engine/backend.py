@@ -1,0 +1,51 @@
+"""What the engine needs of a backend: `allocate(batch)` (its static KV cache) and `forward(input_ids, position_ids,
+rows=None, keep=0) -> logits` (one step on its bound buffers, or on a range of their rows), and optionally
+`copy_prefix`. Each backend (runtime/backends/) implements it; everything else lives in the engine once.
+
+Batches are right-padded. That is correct with the position-indexed static cache: a pad token of row b writes
+slot p >= len(b), and row b's decode token at position p overwrites slot p before any query of row b can see it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llgraph.builder import DEFAULT_MAX_SEQ
+from llgraph.errors import LlgraphError
+
+
+def cache_length(requested: int | None, limit: int, what: str) -> int:
+    """The KV-cache length for a runner: `requested` (default min(2048, limit)), refused when out of 2..limit."""
+    if requested is None:
+        return min(DEFAULT_MAX_SEQ, limit)
+    if not isinstance(requested, int) or requested < 2:
+        raise LlgraphError(f"--max-seq-len ({requested}) must be at least 2 tokens")
+    if requested > limit:
+        raise LlgraphError(f"--max-seq-len ({requested}) exceeds {what} ({limit} positions); lower it, or "
+                           f"re-export with `llgraph export --max-seq-len {requested}`")
+    return requested
+
+
+class Backend:
+    max_seq_len: int
+    vocab_size: int
+    # whether one forward may run several rows of more than one token after a cached prefix (speculative
+    # verification); ONNX Runtime's GroupQueryAttention takes only one such row (runtime/ort.py sets False)
+    multi_token_rows: bool = True
+
+    def allocate(self, batch: int) -> None:
+        raise NotImplementedError
+
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+                keep: int = 0) -> np.ndarray:
+        """input_ids, position_ids: [B, S] int64 numpy arrays -> logits [B, K, V] (a float numpy array: float32,
+        float16 or ml_dtypes' bfloat16) of the last K positions:
+        K = S when `keep` is 0, else min(keep, S) or more (an engine whose graph has no logits_to_keep input gives
+        all S). `rows`: run on that contiguous range of the allocated cache's rows only (B == its length; the
+        scheduler prefills one slot while the others keep their caches); None: all of them."""
+        raise NotImplementedError
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        """Copies cache positions 0..length-1 of row `src` into row `dst` (the scheduler's prefix reuse); False where
+        this backend cannot."""
+        return False

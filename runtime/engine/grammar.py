@@ -1,0 +1,130 @@
+"""Structured output: a JSON schema (or any JSON object) enforced by constrained decoding, as a token mask in the
+shared sampling step, so the plain loop, the scheduler and every backend have it, greedy and sampled.
+
+    runner.generate(prompt, 64, grammar=Grammar.json_schema({"type": "object", ...}))
+    Grammar.from_response_format({"type": "json_schema", "json_schema": {"schema": {...}}})   # OpenAI's field
+
+The grammar engine is llguidance (Microsoft's, on PyPI, no dependencies; `pip install llguidance`). Chosen by
+measurement over xgrammar on SmolLM2's 49k vocabulary and a nested schema, 2 cores: llguidance's mask took 58 us a
+token on average, xgrammar's 8 us; both are ~1% or less of a 6 ms CPU decode step, and xgrammar needs torch,
+transformers and triton where llguidance needs nothing (the CPU path is meant to install lean).
+
+A row's matcher sees every token the row samples; the mask allows what keeps the output a prefix of a valid
+document, and the model's EOS tokens once the document is complete (only them once nothing else can follow).
+Whitespace between JSON tokens is allowed, at most 16 characters at a time, so a sampled row cannot spend its
+tokens on blank space.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from llgraph.errors import LlgraphError
+from llgraph.runtime.engine.sampling import RequestError
+
+_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,16}"}
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError:
+        raise LlgraphError("structured output needs llguidance: pip install llguidance") from None
+    return llguidance
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled-on-demand grammar (llguidance's JSON form). Build one with json_schema(), json_object() or
+    from_response_format(); a bad schema is a RequestError naming the problem."""
+    spec: str
+
+    @classmethod
+    def json_schema(cls, schema: dict | str) -> "Grammar":
+        ll = _llguidance()
+        try:
+            spec = ll.LLMatcher.grammar_from_json_schema(schema, defaults=_OPTIONS)
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise RequestError(f"the JSON schema is not valid: {str(e).splitlines()[0][:200]}") from None
+        error = ll.LLMatcher.validate_grammar(spec)
+        if error:
+            raise RequestError(f"the JSON schema is not valid (or not supported): {' '.join(error.split())[:200]}")
+        return cls(spec)
+
+    @classmethod
+    def json_object(cls) -> "Grammar":
+        return cls.json_schema({"type": "object"})
+
+    @classmethod
+    def from_response_format(cls, response_format) -> "Grammar | None":
+        """OpenAI's `response_format`: {"type": "text"} (None: unconstrained), {"type": "json_object"}, or
+        {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}."""
+        if response_format is None:
+            return None
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls.json_object()
+        if kind == "json_schema":
+            inner = response_format.get("json_schema")
+            schema = inner.get("schema") if isinstance(inner, dict) else None
+            if not isinstance(schema, (dict, bool)):
+                raise RequestError("response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": "
+                                   "{...}}}")
+            return cls.json_schema(json.dumps(schema))
+        raise RequestError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
+
+    def matcher(self, tokenizer, vocab_size: int, eos: set[int]) -> "Matcher":
+        return Matcher(self, _ll_tokenizer(tokenizer, vocab_size, tuple(sorted(eos))))
+
+
+_TOKENIZERS: dict = {}  # (id(tokenizer), vocab, eos) -> (tokenizer, LLTokenizer): building one takes ~0.4 s
+
+
+def _ll_tokenizer(tokenizer, vocab_size: int, eos: tuple[int, ...]):
+    if tokenizer is None:
+        raise RequestError("structured output needs the model's tokenizer; this runner has none")
+    if not eos:
+        raise RequestError("structured output needs the model's EOS token to end a document; this one has none")
+    key = (id(tokenizer), vocab_size, eos)
+    if key not in _TOKENIZERS or _TOKENIZERS[key][0] is not tokenizer:
+        ll = _llguidance()
+        _TOKENIZERS[key] = (tokenizer, ll.LLTokenizer(tokenizer.tk.to_str(), n_vocab=vocab_size, eos_token=list(eos)))
+    return _TOKENIZERS[key][1]
+
+
+class Matcher:
+    """One row's grammar state: allowed() before it samples, advance(token) after."""
+
+    def __init__(self, grammar: Grammar, ll_tokenizer):
+        ll = _llguidance()
+        self._m = ll.LLMatcher(ll_tokenizer, grammar.spec, log_level=0)
+        self._words = (ll_tokenizer.vocab_size + 31) // 32
+        self._bits = np.zeros(self._words, np.int32)
+        self._check()
+
+    def allowed(self, vocab_size: int) -> np.ndarray:
+        """[vocab_size] bool: the tokens that keep the output valid."""
+        self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        self._check()
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:vocab_size]
+        return bits.view(np.bool_)  # unpackbits gives 0/1 bytes: a bool view, no copy
+
+    def advance(self, token: int) -> None:
+        self._m.consume_token(token)
+        self._check()
+
+    def _check(self) -> None:
+        if self._m.is_error():
+            raise RequestError(f"structured output failed: {self._m.get_error()[:200]}")
+
+
+def row_masks(matchers: list, vocab_size: int) -> np.ndarray | None:
+    """[B, V] bool for a batch's rows (a row without a matcher allows everything); None when no row has one."""
+    if not any(matchers):
+        return None
+    return np.stack([m.allowed(vocab_size) if m is not None else np.ones(vocab_size, np.bool_) for m in matchers])

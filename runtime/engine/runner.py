@@ -1,0 +1,220 @@
+"""Runner: a model's generate, stream, chat and scoring, for every backend: each request a batch of rows driven
+through the one engine step (runtime/engine/step.py): prefill, then steps until every row has finished.
+
+    runner.generate("Once upon a time", max_new_tokens=32)   # -> Generation(text, token_ids, finish_reason)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from llgraph.runtime.engine.backend import Backend
+from llgraph.runtime.engine.decoding import Decoding
+from llgraph.runtime.engine.sampling import RequestError, Sampling
+from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_mode
+from llgraph.runtime.engine.step import Engine, Metrics, Row
+
+ROLES = ("system", "developer", "user", "assistant", "tool")  # a conversation's roles (OpenAI's)
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "eos", "stop" (a stop string), "length", or "error" (a batch's row that failed: `error`)
+    error: str | None = None
+
+
+class Runner:
+    # a batch whose prompts share a prefix prefills it once, in row 0, and copies it to the other rows
+    reuse_prefixes = True
+
+    def __init__(self, backend: Backend, tokenizer=None, eos_token_ids: Sequence[int] = ()):
+        self.backend, self.tokenizer = backend, tokenizer
+        self.eos_token_ids = set(eos_token_ids)
+
+    # -- public API -------------------------------------------------------------------------------------------------
+    def generate(self, prompts, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
+                 stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None, grammar=None,
+                 speculative: str = "off", draft_max: int = MAX_DRAFT):
+        """One prompt (a string, a list of token ids, or a conversation: a list of {"role", "content"} messages,
+        rendered with the model's chat template) -> a Generation; a list of prompts -> a list of them.
+        `grammar`: a runtime.grammar.Grammar (e.g. Grammar.json_schema(schema)) every output must follow.
+        `speculative`: "ngram" drafts tokens by prompt lookup and verifies them in one step
+        (runtime/engine/speculative.py), or a draft model's runner drafts them: the same greedy output, the same
+        sampling distribution, fewer steps where the output repeats its context; `draft_max` bounds the tokens
+        drafted a step (the length adapts below it). In a batch, row r samples with seed + r (each row equals that
+        prompt alone with that seed), and a row whose own work fails ends alone with finish_reason "error" (a single
+        prompt's failure raises RequestError)."""
+        if len(prompts) == 0:
+            raise RequestError("the prompt is empty; give at least one token")
+        single = isinstance(prompts, str) or isinstance(prompts[0], (numbers.Integral, dict))  # numpy ints too
+        batch = [prompts] if single else list(prompts)
+        params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
+        rows = []
+        for rows in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,
+                                 self._speculation(speculative), draft_max=check_draft_max(draft_max)):
+            pass
+        if single and rows[0].error:
+            raise RequestError(rows[0].error)
+        results = [Generation(r.decoding.text(), r.decoding.tokens, r.decoding.finish_reason, r.error) for r in rows]
+        return results[0] if single else results
+
+    def chat(self, messages: list[dict], max_new_tokens: int = 64, **kwargs) -> Generation:
+        """The assistant's reply to a conversation ([{"role": "system" | "user" | "assistant", "content": ...}]),
+        through the model's chat template: generate() on the rendered prompt. stream() takes a conversation too."""
+        if not messages or not isinstance(messages[0], dict):
+            raise RequestError('chat takes a list of messages: [{"role": "user", "content": "Hi"}, ...]')
+        return self.generate(messages, max_new_tokens, **kwargs)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """A conversation as the model's chat template writes it, ready for the assistant's turn (the one place a
+        conversation is checked and rendered: generate, stream, chat and the server's chat completions)."""
+        if self.tokenizer is None or not self.tokenizer.chat_template:
+            raise RequestError("this model has no chat template; give it a plain prompt instead of messages")
+        for m in messages:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise RequestError(f"each message is {{'role': str, 'content': str}}; got {str(m)[:60]}")
+            if m["role"] not in ROLES:
+                raise RequestError(f"message role {m['role']!r} is not one of {', '.join(ROLES)}")
+        return self.tokenizer.apply_chat_template(list(messages))
+
+    def stream(self, prompt, max_new_tokens: int = 64, **kwargs) -> Iterator[str]:
+        """New text pieces as they are decoded; pieces never split a multi-byte character, and they concatenate to
+        generate()'s text. Stopping early (or a KeyboardInterrupt) leaves the runner usable. `stats` (a dict) is
+        filled once the stream ends: prompt_tokens, prefill_s (to the first token), new_tokens, decode_s."""
+        stop = kwargs.pop("stop", ())
+        eos = kwargs.pop("eos_token_ids", None)
+        stats = kwargs.pop("stats", None)  # a dict to fill: prompt_tokens, prefill_s, new_tokens, decode_s
+        grammar = kwargs.pop("grammar", None)
+        speculative = self._speculation(kwargs.pop("speculative", "off"))
+        draft_max = check_draft_max(kwargs.pop("draft_max", MAX_DRAFT))
+        start = first = time.perf_counter()
+        row, counts = None, _Counts()
+        for (row,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar, speculative,
+                                   counts, draft_max):
+            if row.error:
+                raise RequestError(row.error)
+            if row.decoding.steps <= 1:
+                first = time.perf_counter()  # prefill done and its token sampled
+            piece = row.decoding.new_text()
+            if piece:
+                yield piece
+        if stats is not None and row is not None:
+            stats.update(prompt_tokens=len(row.ids), prefill_s=first - start, new_tokens=row.decoding.steps,
+                         decode_s=time.perf_counter() - first, **counts.as_dict())
+
+    # -- scoring (runtime/score.py) ---------------------------------------------------------------------------------
+    def score(self, context, continuation):
+        """Log-probability of `continuation` after `context` (texts or token ids) -> score.Score."""
+        return self.score_batch([(context, continuation)])[0]
+
+    def score_batch(self, pairs, batch_size: int = 8):
+        """[(context, continuation), ...] -> [score.Score, ...], one forward pass per batch. Texts are encoded
+        as lm-evaluation-harness does: the whole string once, the continuation being what follows the context's
+        own encoding (so a token spanning the boundary belongs to the continuation)."""
+        from llgraph.runtime.engine.score import score_pairs
+
+        return score_pairs(self.backend, [self._split_pair(c, x) for c, x in pairs], batch_size)
+
+    def perplexity(self, text, window: int | None = None, stride: int | None = None) -> tuple[float, float, int]:
+        """(perplexity, summed negative log-likelihood, tokens scored) of a text or token ids, in rolling windows
+        (runtime/score.py)."""
+        import math
+
+        from llgraph.runtime.engine.score import rolling_logprob
+
+        ids = self.encode(text)
+        logprob, n = rolling_logprob(self.backend, ids, window, stride)
+        return math.exp(-logprob / n), -logprob, n
+
+    def _split_pair(self, context, continuation) -> tuple[list[int], list[int]]:
+        if isinstance(context, str) != isinstance(continuation, str):
+            raise RequestError("context and continuation must both be texts or both be token ids")
+        if not isinstance(context, str):
+            return self.encode(context), self.encode(continuation)
+        spaces = len(context) - len(context.rstrip())  # as lm-eval: trailing spaces move to the continuation
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        whole, ctx = self.encode(context + continuation), self.encode(context) if context else []
+        if not ctx:
+            raise RequestError("the context is empty; give at least one token of context")
+        return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else self.encode(continuation)
+
+    # -- the loop ---------------------------------------------------------------------------------------------------
+    def _speculation(self, mode):
+        mode = check_mode(mode)
+        if not isinstance(mode, str):
+            check_draft(self, mode)
+        return mode
+
+    def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar=None,
+                speculative="off", metrics: Metrics | None = None, draft_max: int = MAX_DRAFT):
+        """Yields the batch's rows after its prefill and after each engine step, until every row has finished.
+        `speculative`: "off", "ngram" or a draft model's runner (its cache gets a row per prompt)."""
+        ids = [self.encode(p) for p in prompts]
+        eos = self.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
+        b = self.backend
+        self.check_room(max(len(p) for p in ids), max_new_tokens)
+        mode, draft = (speculative, None) if isinstance(speculative, str) else ("draft", speculative.backend)
+        rows = [Row(p, Decoding(self.text_of, max_new_tokens, stop, eos), slot=r, speculative=mode,
+                    draft_max=draft_max, sampling=params if params.seed is None or r == 0 else
+                    dataclasses.replace(params, seed=params.seed + r)) for r, p in enumerate(ids)]
+        engine = Engine(b, metrics, draft)
+        for r in rows:  # a row's grammar: its own failure (a bad schema is refused before this)
+            r.matcher = engine._own(r, grammar.matcher, self.tokenizer, b.vocab_size, eos) if grammar else None
+        b.allocate(len(ids))
+        if draft is not None:
+            draft.allocate(len(ids))
+        engine.prefill([r for r in rows if not r.finished], share=self.reuse_prefixes)
+        yield rows
+        while not all(r.finished for r in rows):
+            engine.step(rows)
+            yield rows
+
+    def check_room(self, prompt_tokens: int, max_new_tokens) -> None:
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens ({max_new_tokens}) must be a positive integer")
+        if prompt_tokens + max_new_tokens > self.backend.max_seq_len:
+            raise RequestError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                               f"cache ({self.backend.max_seq_len} tokens); shorten the prompt, lower "
+                               "max_new_tokens, or raise --max-seq-len")
+
+    def encode(self, prompt) -> list[int]:
+        if not isinstance(prompt, str) and len(prompt) and isinstance(prompt[0], dict):  # a conversation
+            prompt = self.render_chat(prompt)
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this runner has no tokenizer; pass token ids or load a model with one")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise RequestError("the prompt is empty; give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.backend.vocab_size]
+        if bad:
+            raise RequestError(f"token ids {bad[:5]} are outside the vocabulary (0..{self.backend.vocab_size - 1})")
+        return ids
+
+    def text_of(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
+
+
+class _Counts(Metrics):
+    """A stream's speculation figures (its `stats`): tokens drafted and kept."""
+
+    def __init__(self):
+        self.drafted = self.accepted = 0
+        self.speculating = False
+
+    def speculated(self, drafted: int, accepted: int) -> None:
+        self.speculating = True
+        self.drafted, self.accepted = self.drafted + drafted, self.accepted + accepted
+
+    def as_dict(self) -> dict:
+        return {"drafted": self.drafted, "accepted": self.accepted} if self.speculating else {}

@@ -1,0 +1,336 @@
+"""Continuous batching over any backend: a fixed number of cache rows ("slots"); requests queue, are prefilled into a
+free slot between decode steps, decode together, and leave when done (EOS, a stop string, their length, cancelled
+because the client left, or their timeout).
+
+    scheduler = Scheduler(runner, slots=8).start()       # owns the runner's backend from now on
+    handle = scheduler.submit("Hello", max_new_tokens=32, sampling=Sampling(temperature=0.7, seed=1))
+    for piece in handle.text():                          # streamed text; handle.result() waits for the whole
+        ...
+    handle.cancel()                                      # the slot is free before the next step
+    scheduler.stop(grace=10)                             # no new requests; the running ones get `grace` seconds
+
+Why it is exact: the static cache is indexed by position, so each slot's row holds that request's keys and values
+whatever the others do. A request is prefilled alone on its own row (`backend.forward(..., rows=slot)`), exactly as
+`Runner.generate` prefills it; each decode step runs every row up to the highest busy slot, a free row taking a
+dummy token at the last position of its own row. Each request samples with its own parameters and generator.
+
+Prefix reuse: a row keeps the keys and values of the tokens its request wrote (prompt, then each step's input)
+after the request leaves. A new request takes the free slot whose row holds the longest prefix of its prompt, or
+copies the longest one another row holds (a finished request's, or a running one's prompt: positions a request
+has written never change while it runs), and prefills only the rest: a shared system prompt, or a conversation's
+earlier turns, is prefilled once. It takes no memory of its own: the prefixes are the slots' rows, each kept until
+a request takes that row (a request with no match takes the lowest free row, so the higher rows keep theirs
+longest). A scored prompt (prompt logprobs) is prefilled whole.
+Speculative decoding (runtime/speculative.py) verifies a speculating request's draft in the same step: drafts by
+prompt lookup ("ngram"), or by the scheduler's draft model ("draft": `Scheduler(runner, draft=draft_runner)`),
+whose cache has a row per slot, written from the request's first token on.
+The thread that calls `start()` keeps the caller free: the decode loop runs on one background thread, and
+`submit`/`cancel` are thread-safe; events reach a consumer through a queue (or an asyncio loop's queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from llgraph.runtime.engine.decoding import Decoding
+from llgraph.runtime.engine.prefix import CachedRows
+from llgraph.runtime.engine.runner import Runner
+from llgraph.runtime.engine.sampling import RequestError, Sampling
+from llgraph.runtime.engine.score import TokenLogprob
+from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_served_mode
+from llgraph.runtime.engine.step import Engine, Metrics, Row
+
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
+
+
+class QueueFull(RequestError):
+    """Every slot is busy and the queue is at its bound: try again later (HTTP 429)."""
+
+
+class ShuttingDown(RequestError):
+    """The scheduler is stopping and admits nothing new (HTTP 503)."""
+
+
+@dataclass
+class Event:
+    kind: str  # "token" (one sampled), "done" (finished: see decoding.finish_reason) or "error" (it ended failed)
+    text: str = ""  # the new text it completes (often "" inside a multi-byte character or a possible stop string)
+    decoding: Decoding | None = None
+    token: int | None = None
+    logprob: TokenLogprob | None = None  # the token's, when the request asked for logprobs
+
+
+@dataclass(eq=False)  # compared by identity (the queue removes a cancelled one)
+class _Request(Row):
+    """A submitted request: its row (the engine's) and what the scheduler keeps of it."""
+    slot: int = -1  # its cache row, once admitted
+    deliver: object = None  # callable(Event)
+    deadline: float | None = None
+    id: int = 0
+    cancelled: bool = False
+
+
+class Handle:
+    """A submitted request: its events, and `cancel()`."""
+
+    def __init__(self, scheduler: "Scheduler", request: _Request, events):
+        self._scheduler, self._request, self.events = scheduler, request, events
+        self.prompt_tokens = len(request.ids)
+        self.prompt_ids = request.ids
+
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprob] | None:
+        """Tokens 1.. of the prompt, each scored given those before it (submit(prompt_logprobs=True)); ready once
+        the first event arrived."""
+        return self._request.prompt_scores
+
+    @property
+    def decoding(self) -> Decoding:
+        return self._request.decoding
+
+    def cancel(self) -> None:
+        self._scheduler.cancel(self)
+
+    def text(self, timeout: float | None = None):
+        """Text pieces as they come (a queue consumer); raises RequestError if the backend failed."""
+        while True:
+            event = self.events.get(timeout=timeout)
+            if event.kind == "error":
+                raise RequestError(event.text)
+            if event.text:
+                yield event.text
+            if event.kind == "done":
+                return
+
+    def result(self, timeout: float | None = None) -> Decoding:
+        for _ in self.text(timeout):
+            pass
+        return self._request.decoding
+
+
+class Scheduler:
+    def __init__(self, runner: Runner, slots: int = 8, max_queue: int = 64, timeout: float | None = None,
+                 metrics: Metrics | None = None, reuse_prefixes: bool = True, draft: Runner | None = None):
+        """`draft`: a runner over a smaller model sharing the tokenizer, for requests that speculate with "draft";
+        it gets a cache row per slot."""
+        if slots < 1 or max_queue < 0:
+            raise RequestError(f"slots ({slots}) must be >= 1 and max_queue ({max_queue}) >= 0")
+        self.runner, self.backend, self.slots, self.max_queue = runner, runner.backend, slots, max_queue
+        self.timeout = timeout
+        self._queue: deque[_Request] = deque()
+        self._active: dict[int, _Request] = {}  # slot -> request
+        self._cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self._stopping, self._stop_deadline, self._thread = False, None, None
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the last steps, for tokens/s
+        self._rows = CachedRows(self.backend, slots, reuse_prefixes)  # prefix reuse: what each slot's row holds
+        if draft is not None:
+            check_draft(runner, draft)
+        self.draft = draft
+        self.engine = Engine(self.backend, metrics, draft.backend if draft is not None else None,
+                             on_error=self._failed)
+
+    @property
+    def metrics(self) -> Metrics:
+        """What the engine reports to (the server sets its Prometheus metrics here)."""
+        return self.engine.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: Metrics) -> None:
+        self.engine.metrics = metrics
+
+    # -- the caller's side ------------------------------------------------------------------------------------------
+    def start(self) -> "Scheduler":
+        self.backend.allocate(self.slots)
+        if self.draft is not None:
+            self.draft.backend.allocate(self.slots)
+        self._thread = threading.Thread(target=self._run, name="llgraph-scheduler", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, prompt, max_new_tokens: int = 64, sampling: Sampling = Sampling(), stop=(),
+               eos_token_ids=None, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None,
+               logprobs: int | None = None, prompt_logprobs: bool = False, grammar=None,
+               speculative: str = "off", draft_max: int = MAX_DRAFT) -> Handle:
+        """Queues a request (a text or token ids). Raises RequestError for a bad one, QueueFull when the queue is
+        at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it.
+        `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
+        `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only). `grammar`: a
+        runtime.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and verifies
+        the drafts in its decode steps (runtime/speculative.py), "draft" drafts with the scheduler's draft model;
+        at most `draft_max` tokens a step."""
+        ids = self.runner.encode(prompt)
+        check_served_mode(speculative, self.draft is not None)
+        check_draft_max(draft_max)
+        if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= MAX_LOGPROBS):
+            raise RequestError(f"logprobs ({logprobs}) must be an integer in 0..{MAX_LOGPROBS}")
+        if prompt_logprobs and max_new_tokens == 0:
+            self.runner.check_room(len(ids) - 1, 1)  # scoring alone: the last prompt token is never input
+        else:
+            self.runner.check_room(len(ids), max_new_tokens)
+        eos = self.runner.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
+        matcher = grammar.matcher(self.runner.tokenizer, self.backend.vocab_size, eos) if grammar else None
+        if loop is None:
+            events = queue.Queue()
+            deliver = events.put
+        else:
+            events = asyncio.Queue()
+            deliver = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
+        timeout = timeout if timeout is not None else self.timeout
+        request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling,
+                           matcher=matcher, speculative=speculative, draft_max=draft_max, logprobs=logprobs,
+                           prompt_logprobs=prompt_logprobs, emit=self._emit, deliver=deliver,
+                           deadline=None if timeout is None else time.monotonic() + timeout, id=next(self._ids))
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down; send the request to another replica")
+            if len(self._queue) >= self.max_queue + self.slots - len(self._active):
+                raise QueueFull(f"all {self.slots} slots are busy and {len(self._queue)} requests are queued; "
+                                "retry later")
+            self._queue.append(request)
+            self._cond.notify()
+        return Handle(self, request, events)
+
+    def cancel(self, handle: Handle) -> None:
+        """The request ends: a queued one leaves the queue now (its place goes to the next client), a running one
+        frees its slot before the next step."""
+        with self._cond:
+            r = handle._request
+            r.cancelled = True
+            if r in self._queue:
+                self._queue.remove(r)
+                self._finish(r, "cancelled")
+            self._cond.notify()
+
+    def drain(self, grace: float = 0.0) -> None:
+        """Admits nothing new (ShuttingDown); running and queued requests get `grace` seconds, then end with
+        finish_reason "shutdown" and an error event (they did not finish)."""
+        with self._cond:
+            deadline = time.monotonic() + grace
+            self._stop_deadline = deadline if self._stop_deadline is None else min(deadline, self._stop_deadline)
+            self._stopping = True
+            self._cond.notify()
+
+    @property
+    def draining(self) -> bool:
+        return self._stopping
+
+    def stop(self, grace: float = 0.0) -> None:
+        """drain(grace), then wait for the decode thread to end."""
+        self.drain(grace)
+        if self._thread is not None:
+            self._thread.join()
+
+    def stats(self) -> dict:
+        with self._cond:
+            now = time.monotonic()
+            self._trim_recent(now)
+            span = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
+            rate = sum(n for _, n in list(self._recent)[1:]) / span if span > 0 else 0.0
+            return {"queue": len(self._queue), "active": len(self._active), "slots": self.slots,
+                    "tokens_per_second": rate}
+
+    def _trim_recent(self, now: float) -> None:
+        """Keeps the last 10 s of steps (for tokens/s): trimmed as steps are added, so a server nobody scrapes
+        does not grow a record of every step it ever ran."""
+        while self._recent and self._recent[0][0] < now - 10:
+            self._recent.popleft()
+
+    # -- the decode thread ------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._queue or self._active or self._stopping):
+                    self._cond.wait()
+                if self._stopping and (time.monotonic() >= self._stop_deadline or
+                                       not (self._queue or self._active)):
+                    for r, stage in [*((r, "started") for r in self._queue),
+                                     *((r, "finished") for r in self._active.values())]:
+                        r.decoding.finish_reason = "shutdown"
+                        r.deliver(Event("error", f"the server shut down before this request {stage}", r.decoding))
+                    self._queue.clear()
+                    self._active.clear()
+                    return
+                admit = []
+                free = [s for s in range(self.slots) if s not in self._active]
+                while self._queue and free:
+                    r = self._queue.popleft()
+                    if r.cancelled or (r.deadline is not None and time.monotonic() > r.deadline):
+                        self._finish(r, "cancelled" if r.cancelled else "timeout")
+                        continue
+                    r.slot = self._rows.place(r.ids, free)
+                    free.remove(r.slot)
+                    self._active[r.slot] = r
+                    admit.append(r)
+            try:
+                for r in admit:
+                    self._prefill(r)
+                self._retire()
+                if self._active:
+                    self._step()
+                    self._retire()
+            except Exception as e:  # the batch's forward failed: no row can tell whose fault it was
+                with self._cond:
+                    for r in list(self._active.values()):
+                        r.error = f"{type(e).__name__}: {e}"
+                        r.decoding.finish_reason = "error"
+                        self._failed(r)
+                    self._active.clear()
+
+    def _prefill(self, r: _Request) -> None:
+        """Its prompt into its slot's row, after the longest prefix the cache holds (none for a scored prompt, which
+        needs every position's logits), then its first token (the engine's)."""
+        written = r.ids[:-1] if r.decoding.max_new_tokens == 0 else r.ids  # scoring alone never inputs the last
+        r.start = self._rows.reuse(r.slot, written, allowed=not (r.decoding.max_new_tokens == 0 or r.prompt_logprobs))
+        self.engine.prefill([r])
+        if r.decoding.finish_reason == "length" and r.decoding.steps == 0:  # scored, nothing to generate
+            self._finish(r, "length")
+
+    def _step(self) -> None:
+        before = {slot: r.token for slot, r in self._active.items()}
+        self.engine.step(list(self._active.values()))
+        for slot, r in self._active.items():
+            if r.error is None and r.taken:  # the inputs this step wrote: its last token and the drafts kept
+                self._rows.held[slot] += [before[slot], *r.taken[:-1]]
+        with self._cond:
+            now = time.monotonic()
+            self._recent.append((now, len(self._active)))
+            self._trim_recent(now)
+
+    def _emit(self, r: _Request, token: int, scored: TokenLogprob | None) -> None:
+        """A token the engine emitted for `r`: its event."""
+        piece = r.decoding.new_text()
+        r.deliver(Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token, scored))
+
+    def _retire(self) -> None:
+        """Frees the slots of finished, cancelled and timed-out requests."""
+        now = time.monotonic()
+        with self._cond:
+            for slot, r in list(self._active.items()):
+                if r.decoding.finish_reason is not None:
+                    del self._active[slot]
+                elif r.cancelled or (r.deadline is not None and now > r.deadline):
+                    self._finish(r, "cancelled" if r.cancelled else "timeout")
+                    del self._active[slot]
+
+    def _failed(self, r: _Request) -> None:
+        """`r` ended with an error (the engine's on_error): its cache row holds nothing reusable any more, and its
+        client is told (an error event with finish_reason "error")."""
+        if r.slot >= 0:
+            self._rows.held[r.slot] = []
+            self._rows.pending.discard(r.slot)
+        try:
+            r.deliver(Event("error", r.error or "the request failed", r.decoding))
+        except Exception:  # its consumer is gone (a closed event loop): nobody is left to tell
+            pass
+
+    @staticmethod
+    def _finish(r: _Request, reason: str) -> None:
+        r.decoding.finish_reason = reason
+        r.deliver(Event("done", "", r.decoding))

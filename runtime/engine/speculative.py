@@ -1,0 +1,234 @@
+"""Speculative decoding: draft a few tokens cheaply, verify them all in one forward of k+1 positions per row. A
+decode step reads every weight once whatever its length, so each accepted draft token is a token for (nearly) free.
+
+Drafts come from prompt lookup ("ngram"): the tokens that followed the most recent earlier occurrence of the row's
+last 3 (else 2) tokens, in its own prompt and output. The static cache makes verification simple: the
+step writes positions p..p+k, and a rejected tail is overwritten by the next step before any query can see it.
+
+`accept` walks the k+1 positions in order with the same sampler as plain decoding (penalty, grammar mask,
+temperature, top-k, top-p), so:
+- greedy: the sampler's token at each position; a draft token is kept while it equals it, the first that differs is
+  replaced by it: the output equals plain greedy decoding token for token;
+- sampled: the draft is a point mass q = δ(d), so the standard rule (Leviathan et al. 2023, Chen et al. 2023)
+  keeps d with probability min(1, p(d)/q(d)) = p(d), and on rejection draws from the residual
+  norm(max(0, p - q)) = p without d: each emitted token has exactly plain sampling's distribution.
+After k accepted drafts the last position's distribution gives one more token. Draft length adapts per row: it
+doubles (to MAX_DRAFT) while every draft is accepted, falls to one past what was accepted otherwise, and a row whose
+drafts keep failing stops drafting for a while (its steps are plain one-token steps).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llgraph.runtime.engine.sampling import RequestError, Sampling, distribution, draw, sample
+
+MODES = ("off", "ngram")  # or a draft model's runner
+MAX_NGRAM = 3
+MIN_NGRAM = 3  # shorter matches guess badly in open text (measured: bigrams kept 0 of 7 drafts in open chat)
+MAX_DRAFT = 8
+FIRST_DRAFT = 2
+PAUSE = 8  # plain steps after three drafts in a row that gained nothing
+
+
+def check_mode(mode):
+    """"off", "ngram", or a draft model: a Runner (any backend) over a smaller model sharing the tokenizer."""
+    if isinstance(mode, str) and mode in MODES or hasattr(mode, "backend") and hasattr(mode, "tokenizer"):
+        return mode
+    raise RequestError(f"speculative ({mode!r}) must be one of {', '.join(MODES)} or a draft model's runner")
+
+
+def check_served_mode(mode, draft: bool) -> str:
+    """A scheduler request's mode (a server request's "speculative"): "off", "ngram", or "draft" where the scheduler
+    has a draft model (`draft`) of its own."""
+    if mode == "draft" and not draft:
+        raise RequestError("speculative 'draft' needs a draft model and this server has none (it starts with one by "
+                           "--speculative draft=MODEL); ask for 'ngram' or 'off'")
+    if mode not in (*MODES, "draft"):
+        raise RequestError(f"speculative ({str(mode)[:40]!r}) must be one of {', '.join(MODES)}"
+                           f"{', draft' if draft else ''}")
+    return mode
+
+
+def check_draft_max(draft_max) -> int:
+    """The most tokens a row may draft in one step (llama.cpp's --draft-max, vLLM's num_speculative_tokens)."""
+    if not isinstance(draft_max, int) or isinstance(draft_max, bool) or draft_max < 1:
+        raise RequestError(f"draft_max ({draft_max!r}) must be an integer >= 1: the most tokens a step drafts")
+    return draft_max
+
+
+def check_draft(target, draft) -> None:
+    """A draft model must share the target's vocabulary (the same ids mean the same tokens) and hold its cache."""
+    vocab = (target.backend.vocab_size, draft.backend.vocab_size)
+    same = vocab[0] == vocab[1] and (target.tokenizer is None) == (draft.tokenizer is None) and (
+        target.tokenizer is None or target.tokenizer.tk.get_vocab(True) == draft.tokenizer.tk.get_vocab(True))
+    if not same:
+        raise RequestError(f"the draft model's vocabulary ({vocab[1]} tokens) is not the model's ({vocab[0]}); a "
+                           "draft model must share the tokenizer")
+    if draft.backend.max_seq_len < target.backend.max_seq_len:
+        raise RequestError(f"the draft model's cache ({draft.backend.max_seq_len} tokens) is shorter than the "
+                           f"model's ({target.backend.max_seq_len}); open it with the same --max-seq-len")
+
+
+class Lookup:
+    """One row's tokens (prompt and output) and, for each n-gram (n <= MAX_NGRAM), where its latest occurrence's
+    continuation starts: propose() is a dictionary lookup, extend() is O(MAX_NGRAM) a token."""
+
+    def __init__(self, tokens):
+        self.tokens: list[int] = []
+        self._next: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            i = len(self.tokens)
+            for n in range(MIN_NGRAM, min(MAX_NGRAM, i) + 1):  # the n-grams ending just before token i go on with it
+                self._next[tuple(self.tokens[i - n:i])] = i
+            self.tokens.append(int(t))
+
+    def propose(self, k: int) -> list[int]:
+        for n in range(min(MAX_NGRAM, len(self.tokens)), MIN_NGRAM - 1, -1):
+            start = self._next.get(tuple(self.tokens[-n:]))
+            if start is not None:
+                return self.tokens[start:start + k]
+        return []
+
+
+class DraftLength:
+    """How many tokens a row drafts next, from how its last drafts fared."""
+
+    def __init__(self, limit: int = MAX_DRAFT):
+        self.limit = limit  # checked where a request gives it (check_draft_max)
+        self.k, self.misses, self.paused = min(FIRST_DRAFT, limit), 0, 0
+
+    def next(self) -> int:
+        if self.paused:
+            self.paused -= 1
+            return 0
+        return self.k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if not drafted:
+            return
+        self.k = min(2 * self.k, self.limit) if accepted == drafted else min(max(accepted + 1, 1), self.limit)
+        self.misses = self.misses + 1 if accepted == 0 else 0
+        if self.misses >= 3:
+            self.misses, self.paused, self.k = 0, PAUSE, 1
+
+
+def accept(logits: np.ndarray, draft: list[int], params: Sampling, seen: np.ndarray,
+           generator: np.random.Generator, matcher=None) -> list[int]:
+    """logits [len(draft) + 1, V]: position i predicts the token after draft[:i] -> the tokens to emit: the accepted
+    drafts, then the sampler's own token (a correction, or one more after all were accepted). `seen` ([1, V], the
+    repetition penalty's) and `matcher` (a grammar's) advance with each emitted token."""
+    out: list[int] = []
+    vocab = logits.shape[-1]
+    for i in range(len(draft) + 1):
+        allowed = None if matcher is None else matcher.allowed(vocab)[None]
+        d = draft[i] if i < len(draft) else None
+        row = logits[i:i + 1]
+        if params.greedy or d is None:  # the plain sampler itself: a step without a draft is a plain step
+            token = int(sample(row, params, seen, generator, allowed)[0])
+        else:
+            probs = distribution(row, params, seen, allowed)[0]
+            if generator.random() < float(probs[d]):
+                token = d
+            else:  # the residual: p without the rejected draft token (p(d) < 1 here)
+                probs[d] = 0
+                token = draw(probs, generator)
+        out.append(token)
+        seen[0, token] = True
+        if matcher is not None:
+            matcher.advance(token)
+        if token != d:
+            return out
+    return out
+
+
+class Drafter:
+    """One request's drafting: its tokens' lookup and its adaptive draft length."""
+
+    def __init__(self, tokens, draft_max: int = MAX_DRAFT):
+        self.lookup, self.length = Lookup(tokens), DraftLength(draft_max)
+
+    def draft(self, room: int) -> list[int]:
+        """Up to `room` tokens (what the request's length and the cache leave)."""
+        k = min(self.length.next(), room)
+        return self.lookup.propose(k) if k > 0 else []
+
+    def took(self, draft: list[int], emitted: list[int]) -> None:
+        self.length.update(len(draft), len(emitted) - 1)
+        self.lookup.extend(emitted)
+
+
+class ModelDrafter:
+    """One row's drafting by a draft model: its greedy tokens (a deterministic draft, so the same acceptance rule
+    keeps the distribution), from its own cache row, which holds the row's tokens up to `valid`."""
+
+    def __init__(self, backend, row: int, tokens: list[int], draft_max: int = MAX_DRAFT):
+        self.backend, self.row, self.tokens, self.valid = backend, row, list(tokens), 0
+        self.length = DraftLength(draft_max)
+        self.next = self._catch_up()
+
+    def _step(self, tokens: list[int], start: int) -> int:
+        logits = self.backend.forward(np.array([tokens], np.int64), np.arange(start, start + len(tokens))[None],
+                                      rows=slice(self.row, self.row + 1), keep=1)
+        return int(logits[0, -1].argmax())
+
+    def _catch_up(self) -> int:
+        """Writes the tokens its row lacks -> its greedy token after all of them."""
+        token = self._step(self.tokens[self.valid:], self.valid)
+        self.valid = len(self.tokens)
+        return token
+
+    def draft(self, room: int) -> list[int]:
+        k = min(self.length.next(), room)
+        if k <= 0:
+            return []
+        draft = [self.next]
+        for i in range(1, k):  # each drafted token but the last is written at its position
+            draft.append(self._step(draft[-1:], len(self.tokens) + i - 1))
+        return draft
+
+    def took(self, draft: list[int], emitted: list[int]) -> None:
+        self.length.update(len(draft), len(emitted) - 1)
+        kept = min(len(emitted) - 1, max(len(draft) - 1, 0))  # accepted drafts this row already wrote
+        self.valid = len(self.tokens) + kept
+        self.tokens += emitted
+        self.next = self._catch_up()
+
+
+def verify_logits(backend, last: list[int], pos: list[int], drafts: list[list[int]], span: slice | None = None
+                  ) -> list[np.ndarray]:
+    """Each row's logits for its last token and its draft, [len(draft) + 1, V]; rows are those of `span` (None:
+    every allocated row), row r's last token at position pos[r]. One forward padded to the longest draft, or, where
+    the backend cannot run several rows of more than one token after a cached prefix (ONNX Runtime's
+    GroupQueryAttention), one plain step of every row and one more forward per drafting row."""
+    rows, width = len(last), 1 + max(map(len, drafts))
+    clamp = backend.max_seq_len - 1  # finished or free rows may sit at the cache's end
+    if width == 1:  # no draft anywhere: a plain step
+        logits = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=span, keep=1)
+        return list(logits[:, -1:])
+    if width > 1 and rows > 1 and not backend.multi_token_rows:
+        first = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=span, keep=1)[:, -1:]
+        base = 0 if span is None else span.start
+        out = []
+        for r, d in enumerate(drafts):
+            if d:
+                more = backend.forward(np.array([d], np.int64), (pos[r] + 1 + np.arange(len(d)))[None],
+                                       rows=slice(base + r, base + r + 1), keep=len(d))[0, -len(d):]
+            out.append(np.concatenate([first[r], more]) if d else first[r])
+        return out
+    ids = np.zeros((rows, width), np.int64)
+    for r, d in enumerate(drafts):
+        ids[r, 0] = last[r]
+        ids[r, 1:1 + len(d)] = d
+    # a row's pad positions past its draft are overwritten before any query sees them
+    positions = np.minimum(_column(pos) + np.arange(width), clamp)
+    logits = backend.forward(ids, positions, rows=span, keep=width)[:, -width:]
+    return [logits[r, :len(d) + 1] for r, d in enumerate(drafts)]
+
+
+def _column(values: list[int]) -> np.ndarray:
+    """[B] ints -> [B, 1] int64."""
+    return np.array(values, np.int64)[:, None]

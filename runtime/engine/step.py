@@ -1,0 +1,211 @@
+"""The one engine step. A `Row` is one sequence in its cache row (its slot): its prompt, how it samples, what it has
+emitted, its drafter. `Engine.prefill(rows)` writes prompts into their rows and samples each row's first token;
+`Engine.step(rows)` runs one forward over the busy rows — each row's last token and its draft, if it speculates —
+and samples each row's next tokens, keeping the drafts the sampler agrees with (runtime/engine/speculative.py). Every
+driver uses these two calls: Runner.generate/stream/chat (a batch of rows, slots 0..B-1) and the Scheduler (rows
+joining and leaving the server's slots). Speculation is data in the step, not a loop: a row without a drafter drafts
+nothing, and a step of rows without drafts is a plain decode step.
+
+Errors: a row's own work — its prefill, drafting, sampling, grammar, the events it emits — runs under one guard; if it
+raises, that row alone ends (finish_reason "error", `row.error` the message, the engine's `on_error(row)` called) and
+the others go on. Only a failure of the batch's forward itself concerns every row, and reaches the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from llgraph.runtime.engine import speculative
+from llgraph.runtime.engine.decoding import Decoding
+from llgraph.runtime.engine.prefix import MIN_REUSE, shared_prefix
+from llgraph.runtime.engine.sampling import Sampling
+from llgraph.runtime.engine.score import TokenLogprob, token_logprobs
+from llgraph.runtime.engine.speculative import MAX_DRAFT, verify_logits
+
+
+class Metrics:
+    """What the engine reports as it goes (the server's subclass feeds Prometheus; Runner's counts drafts)."""
+
+    def first_token(self, seconds: float) -> None:
+        """A row's first token, `seconds` after it was created (submitted)."""
+
+    def tokens(self, n: int) -> None:
+        """`n` tokens emitted."""
+
+    def speculated(self, drafted: int, accepted: int) -> None:
+        """One verify step of a speculating row: its draft's length and how many of them were kept."""
+
+    def prefix(self, reused: int, prompt: int) -> None:
+        """One prefill: of its `prompt` tokens, `reused` were in the cache already (prefix reuse)."""
+
+
+@dataclass(eq=False)  # compared by identity
+class Row:
+    """One sequence: its prompt `ids`, its cache row `slot` (positions 0..`start`-1 of it already hold the prompt's
+    first tokens: prefix reuse), its sampling, its decoding state, and after each step the last token it took
+    (`token`, the next step's input, at `position`)."""
+    ids: list[int]
+    decoding: Decoding
+    sampling: Sampling = Sampling()
+    slot: int = 0
+    start: int = 0
+    matcher: object = None  # grammar.Matcher: the tokens this row may sample (structured output)
+    speculative: str = "off"  # "off", "ngram" (prompt lookup) or "draft" (the engine's draft model)
+    draft_max: int = MAX_DRAFT
+    logprobs: int | None = None  # each emitted token's log-probability and this many alternatives; None: off
+    prompt_logprobs: bool = False  # the prompt's own, into prompt_scores (a row of max_new_tokens 0 only scores)
+    emit: Callable[["Row", int, TokenLogprob | None], None] | None = None  # called with each emitted token
+    created: float = field(default_factory=time.monotonic)
+    # state, set by the engine
+    token: int = 0
+    position: int = 0
+    seen: np.ndarray | None = None  # [1, V] the tokens already in the sequence (the repetition penalty's)
+    generator: np.random.Generator | None = None
+    drafter: speculative.Drafter | speculative.ModelDrafter | None = None
+    prompt_scores: list[TokenLogprob] | None = None
+    first_token_at: float | None = None
+    taken: list[int] = field(default_factory=list)  # the tokens its last step emitted
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.decoding.finish_reason is not None
+
+
+class Engine:
+    def __init__(self, backend, metrics: Metrics | None = None, draft_backend=None,
+                 on_error: Callable[[Row], None] = lambda row: None):
+        """`draft_backend`: a draft model's backend (rows that speculate "draft" draft with it, each from the cache
+        row of its own slot); `on_error(row)`: told when a row ends in an error (the scheduler forgets its cached
+        prefix)."""
+        self.backend, self.metrics, self.draft_backend = backend, metrics or Metrics(), draft_backend
+        self.on_error = on_error
+
+    # -- prefill ------------------------------------------------------------------------------------------------
+    def prefill(self, rows: list[Row], share: bool = True) -> None:
+        """Writes each row's prompt (after the `start` positions its cache row holds) and takes its first token. A
+        batch in slots 0..B-1 from an empty cache is one right-padded forward, a prefix every prompt shares computed
+        once (in row 0, then copied; `share`); any other rows are prefilled one by one."""
+        if len(rows) > 1 and [r.slot for r in rows] == list(range(len(rows))) and not any(
+                r.start or r.prompt_logprobs for r in rows):
+            logits = self._batch_prefill(rows, share)
+            for r, row in zip(rows, logits):
+                self._own(r, self._begin, r, row[None])
+            return
+        for r in rows:
+            self._own(r, self._prefill_one, r)
+
+    def _prefill_one(self, r: Row) -> None:
+        scoring_only = r.decoding.max_new_tokens == 0
+        ids = r.ids[:-1] if scoring_only else r.ids  # scoring alone never inputs the last token
+        if scoring_only and len(ids) == 0:  # one token: nothing predicts it
+            r.prompt_scores = []
+            r.decoding.finish_reason = "length"
+            return
+        self.metrics.prefix(r.start, len(ids))
+        logits = self.backend.forward(np.array([ids[r.start:]], np.int64), np.arange(r.start, len(ids))[None],
+                                      rows=slice(r.slot, r.slot + 1), keep=0 if r.prompt_logprobs else 1)
+        if r.prompt_logprobs:  # position t predicts token t + 1
+            r.prompt_scores = token_logprobs(logits[0, :len(r.ids) - 1], r.ids[1:], r.logprobs or 0)
+        if scoring_only:
+            r.decoding.finish_reason = "length"
+            return
+        self._begin(r, logits[0, -1:])
+
+    def _batch_prefill(self, rows: list[Row], share: bool) -> np.ndarray:
+        """-> each row's last-token logits [B, V]."""
+        b, ids = self.backend, [r.ids for r in rows]
+        shared = shared_prefix(ids) if share else 0
+        if shared < MIN_REUSE or not b.copy_prefix(0, 0, 0):  # probed with an empty copy
+            return _last_logits(b, ids, 0, None)
+        b.forward(np.array([ids[0][:shared]], np.int64), np.arange(shared)[None], rows=slice(0, 1), keep=1)
+        for row in range(1, len(ids)):
+            b.copy_prefix(0, row, shared)
+        tails = [p[shared:] for p in ids]
+        if b.multi_token_rows:
+            return _last_logits(b, tails, shared, None)
+        # ONNX Runtime's GroupQueryAttention: one row of several tokens after a cached prefix per forward
+        return np.concatenate([_last_logits(b, [t], shared, slice(r, r + 1)) for r, t in enumerate(tails)])
+
+    def _begin(self, r: Row, logits: np.ndarray) -> None:
+        """A prefilled row's state, then its first token from the prompt's last logits [1, V]."""
+        r.seen = np.zeros((1, self.backend.vocab_size), np.bool_)
+        r.seen[0, r.ids] = True
+        r.generator, r.position = r.sampling.generator(), len(r.ids) - 1  # the last prompt token's; _take moves it
+        if r.speculative == "ngram":
+            r.drafter = speculative.Drafter(r.ids, r.draft_max)
+        elif r.speculative == "draft":  # the draft model's cache row of this slot, written from position 0
+            r.drafter = speculative.ModelDrafter(self.draft_backend, r.slot, r.ids, r.draft_max)
+        self._take(r, logits)
+
+    # -- a decode step -------------------------------------------------------------------------------------------
+    def step(self, rows: list[Row]) -> None:
+        """One forward over the unfinished `rows` (each at its slot; the slots up to the highest one are run, a free
+        slot below it taking a dummy token at its row's last position, which no reusable prefix reaches), each row's
+        last token with its draft; then each row takes its tokens. Finished rows are left out."""
+        busy = {r.slot: r for r in rows if not r.finished}
+        if not busy:
+            return
+        top = max(busy) + 1
+        last, positions = [0] * top, [self.backend.max_seq_len - 1] * top
+        drafts: list[list[int]] = [[] for _ in range(top)]
+        for slot, r in busy.items():
+            last[slot], positions[slot] = r.token, r.position
+            if r.drafter is not None:
+                d = r.decoding
+                room = min(d.max_new_tokens - d.steps - 1, self.backend.max_seq_len - 1 - r.position)
+                drafts[slot] = self._own(r, r.drafter.draft, room) or []
+        logits = verify_logits(self.backend, last, positions, drafts, slice(0, top))
+        for slot, r in busy.items():
+            if not r.finished:  # its drafting may have failed
+                self._own(r, self._take, r, logits[slot], drafts[slot])
+
+    def _take(self, r: Row, logits: np.ndarray, draft: list[int] = ()) -> list[int]:
+        """logits [len(draft) + 1, V] of the row's last token and its draft -> the tokens it emits (the accepted
+        drafts and one more), each pushed to its decoding and emitted; its position moves past them."""
+        tokens = r.taken = speculative.accept(logits, list(draft), r.sampling, r.seen, r.generator, r.matcher)
+        if r.drafter is not None:
+            r.drafter.took(list(draft), tokens)
+            self.metrics.speculated(len(draft), len(tokens) - 1)
+        r.token, r.position = tokens[-1], r.position + len(tokens)
+        if r.first_token_at is None:
+            r.first_token_at = time.monotonic()
+            self.metrics.first_token(r.first_token_at - r.created)
+        for i, token in enumerate(tokens):
+            scored = None if r.logprobs is None else token_logprobs(logits[i:i + 1], [token], r.logprobs)[0]
+            self.metrics.tokens(1)
+            r.decoding.push(token)
+            if r.emit is not None:
+                r.emit(r, token, scored)
+            if r.finished:
+                break
+        return tokens
+
+    def _own(self, r: Row, work, *args):
+        """`work(*args)`, a piece of row `r`'s own work -> its result; if it raises, `r` alone ends with the error
+        and None is returned: the other rows go on."""
+        try:
+            return work(*args)
+        except Exception as e:
+            r.error = f"{type(e).__name__}: {e}"
+            r.decoding.finish_reason = "error"
+            self.on_error(r)
+            return None
+
+
+def _last_logits(backend, rows: list[list[int]], start: int, span: slice | None) -> np.ndarray:
+    """One right-padded forward of `rows` (row r's tokens at positions start..) on the allocated rows (`span`: a
+    range of them) -> each row's last-token logits [B, V]. Only the positions from the shortest row's last token on
+    are asked for (one row of the head for a single prompt)."""
+    lengths = np.array([len(r) for r in rows])
+    longest = int(lengths.max())
+    tokens = np.zeros((len(rows), longest), np.int64)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = r
+    positions = np.broadcast_to(np.arange(start, start + longest), tokens.shape)
+    logits = backend.forward(tokens, positions, rows=span, keep=longest - int(lengths.min()) + 1)
+    return logits[np.arange(len(rows)), lengths - 1 - (longest - logits.shape[1])]

@@ -1,0 +1,247 @@
+"""`llgraph serve`: an OpenAI-compatible HTTP server over the continuous-batching scheduler (runtime/scheduler.py),
+for any runner. `pip install -e ".[serve]"`.
+
+    llgraph serve smollm2 [--backend ort|torch|trt] [--slots 8] [--host 127.0.0.1] [--port 8000]
+    llgraph serve smollm2 --ray --replicas 2          # the same app as a Ray Serve deployment
+
+Endpoints: /v1/models, /v1/completions and /v1/chat/completions (batched prompts, n, echo, logprobs; `stream: true`
+answers as server-sent events in OpenAI's chunk format: runtime/serve_completions.py), /tokenize, /detokenize and
+/tokenizer_info (vLLM's shapes), /health, /metrics (Prometheus). Errors are OpenAI's error object: 400 for a bad
+request (a field that would change the output and is not supported included), 429 when every slot is busy and the
+queue is full, 503 while shutting down.
+SIGTERM (or Ctrl-C): admit nothing new, let running requests finish for --grace seconds, cancel the rest, exit 0.
+This module is the app; runtime/serve_run.py runs it (uvicorn, or Ray Serve with --ray).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import PlainTextResponse
+    from starlette.exceptions import HTTPException
+except ImportError as e:
+    from llgraph.errors import MissingExtra
+
+    raise MissingExtra("llgraph serve", "fastapi uvicorn prometheus-client", "serve", e) from None
+
+from llgraph.runtime.engine.scheduler import Metrics, Scheduler
+from llgraph.runtime.engine.speculative import MAX_DRAFT
+from llgraph.runtime.serve.completions import answer, parse
+from llgraph.runtime.serve.request import ApiError, chat_prompt, flag, read_json
+from llgraph.weight_request import Weights
+
+
+@dataclass
+class ServeOptions:
+    """Everything a server (or each Ray replica) needs to load its runner and scheduler."""
+    model: str
+    backend: str = "ort"
+    name: str | None = None
+    slots: int = 8
+    max_queue: int = 64
+    max_seq_len: int | None = None
+    timeout: float | None = None
+    cache_dir: str | None = None
+    tensorrt: str = "auto"
+    weights: Weights = Weights()
+    max_request_bytes: int = 8 << 20  # a larger body is a 413 before it is read
+    threads: int | None = None  # CPU threads of the runner (registry.RunOptions.threads)
+    speculative: str = "off"  # requests' default: off, ngram or draft (runtime/speculative.py); a request's
+    # "speculative" overrides it
+    draft_max: int = MAX_DRAFT  # requests' default most drafted tokens a step; "speculative.n_max" overrides it
+    draft: str | None = None  # the draft model (a MODEL as for `model`), opened beside it: requests may ask "draft"
+
+    @property
+    def served_name(self) -> str:
+        from pathlib import Path
+
+        return self.name or Path(str(self.model)).name
+
+
+class PrometheusMetrics(Metrics):
+    def __init__(self, scheduler_stats):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = r = CollectorRegistry()
+        self.ttft = Histogram("llgraph_time_to_first_token_seconds", "submit to first token", registry=r,
+                              buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+        self.generated = Counter("llgraph_generated_tokens", "tokens sampled", registry=r)
+        self.drafted = Counter("llgraph_speculative_draft_tokens", "tokens drafted by speculating requests", registry=r)
+        self.accepted = Counter("llgraph_speculative_accepted_tokens", "drafted tokens kept", registry=r)
+        self.verified = Counter("llgraph_speculative_steps", "verify steps of speculating requests", registry=r)
+        self.prefills = Counter("llgraph_prefills", "prompts prefilled", registry=r)
+        self.prompt_tokens = Counter("llgraph_prompt_tokens", "prompt tokens of those prefills", registry=r)
+        self.prefix_hits = Counter("llgraph_prefix_cache_hits", "prefills that reused a cached prefix", registry=r)
+        self.prefix_tokens = Counter("llgraph_prefix_cache_tokens", "prompt tokens reused, not prefilled (saved)",
+                                     registry=r)
+        self.totals = {"drafted": 0, "accepted": 0, "steps": 0, "prefills": 0, "hits": 0}
+        t = self.totals
+        Gauge("llgraph_prefix_cache_hit_rate", "prefills that reused a cached prefix / prefills, since start",
+              registry=r).set_function(lambda: t["hits"] / max(t["prefills"], 1))
+        Gauge("llgraph_speculative_acceptance_rate", "accepted / drafted tokens, since start", registry=r
+              ).set_function(lambda: t["accepted"] / max(t["drafted"], 1))
+        Gauge("llgraph_speculative_tokens_per_step", "tokens a speculating request emits per verify step (1 would "
+              "be plain decoding: the speedup in steps)", registry=r
+              ).set_function(lambda: (t["accepted"] + t["steps"]) / max(t["steps"], 1))
+        for key, doc in (("queue", "requests waiting for a slot"), ("active", "slots decoding"),
+                         ("slots", "cache rows"), ("tokens_per_second", "tokens sampled per second, last 10 s")):
+            name = {"queue": "llgraph_queue_depth", "active": "llgraph_active_slots"}.get(key, f"llgraph_{key}")
+            Gauge(name, doc, registry=r).set_function(lambda key=key: scheduler_stats()[key])
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def tokens(self, n: int) -> None:
+        self.generated.inc(n)
+
+    def prefix(self, reused: int, prompt: int) -> None:
+        self.prefills.inc()
+        self.prompt_tokens.inc(prompt)
+        if reused:
+            self.prefix_hits.inc()
+            self.prefix_tokens.inc(reused)
+        self.totals["prefills"] += 1
+        self.totals["hits"] += bool(reused)
+
+    def speculated(self, drafted: int, accepted: int) -> None:
+        self.drafted.inc(drafted)
+        self.accepted.inc(accepted)
+        self.verified.inc()
+        self.totals["drafted"] += drafted
+        self.totals["accepted"] += accepted
+        self.totals["steps"] += 1
+
+
+# -- the app -----------------------------------------------------------------------------------------------------------
+
+def load_runners(options: ServeOptions) -> tuple:
+    """(the runner, its draft model's runner or None); a draft of another vocabulary is one line (RequestError)."""
+    from llgraph.runtime.backends import open_draft, open_runner, share_threads_with_a_draft
+
+    if options.draft is not None:
+        share_threads_with_a_draft(options.backend, options.threads)
+    runner = open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir, options.tensorrt,
+                         options.weights, options.threads)
+    draft = None if options.draft is None else open_draft(options.draft, runner, options.backend, options.cache_dir,
+                                                          options.tensorrt, options.threads)
+    return runner, draft
+
+
+def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
+    """The ASGI app. Without `runners` (load_runners'), they and the scheduler load at startup (lifespan), so a
+    Ray replica loads its own; `serve` loads them first, so a bad model is one line before anything listens."""
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app):
+        runner, draft = runners or load_runners(options)
+        scheduler = Scheduler(runner, options.slots, options.max_queue, options.timeout, draft=draft)
+        scheduler.metrics = state["metrics"] = PrometheusMetrics(scheduler.stats)
+        state.update(runner=scheduler.runner, scheduler=scheduler.start(), created=int(time.time()))
+        app.state.scheduler = scheduler
+        yield
+        scheduler.stop(0)
+
+    app = FastAPI(title="llgraph", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, e: ApiError):
+        return e.response()
+
+    @app.exception_handler(HTTPException)  # 404 (no such path), 405 (wrong method): OpenAI's shape too
+    async def http_error(request, e: HTTPException):
+        return ApiError(e.status_code, str(e.detail), "invalid_request_error" if e.status_code < 500
+                        else "server_error").response()
+
+    @app.get("/health")
+    async def health():
+        if state["scheduler"].draining:
+            raise ApiError(503, "shutting down", "server_error", code="shutting_down")
+        return {"status": "ok", "pid": os.getpid(), **state["scheduler"].stats()}
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(state["metrics"].registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": options.served_name, "object": "model",
+                                            "created": state["created"], "owned_by": "llgraph"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(request, chat=True)
+
+    async def _serve(request: Request, chat: bool):
+        body = await read_json(request, options.max_request_bytes)
+        _check_model(body)
+        runner, scheduler = state["runner"], state["scheduler"]
+        ask = parse(body, chat, runner, options.slots, options.slots + options.max_queue, options.speculative,
+                    options.draft_max, draft=scheduler.draft is not None)
+        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": options.served_name}
+        return await answer(request, ask, runner, scheduler, meta)
+
+    # vLLM's tokenizer endpoints (lm-evaluation-harness's tokenizer_backend=remote uses them)
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await read_json(request, options.max_request_bytes)
+        _check_model(body)
+        runner = state["runner"]
+        if runner.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer", param="prompt")
+        if "messages" in body:
+            text, special = chat_prompt(body, runner), flag(body, "add_special_tokens", False)
+        else:
+            text, special = body.get("prompt"), flag(body, "add_special_tokens", True)
+            if not isinstance(text, str):
+                raise ApiError(400, "'prompt' must be a string (or send 'messages')", param="prompt")
+        tokens = await asyncio.to_thread(runner.tokenizer.encode, text, special)
+        return {"count": len(tokens), "max_model_len": runner.backend.max_seq_len, "tokens": tokens,
+                "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await read_json(request, options.max_request_bytes)
+        _check_model(body)
+        runner, tokens = state["runner"], body.get("tokens")
+        if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)):
+            raise ApiError(400, "'tokens' must be a list of token ids", param="tokens")
+        if runner.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer", param="tokens")
+        bad = [t for t in tokens if not 0 <= t < runner.backend.vocab_size]
+        if bad:
+            raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary "
+                                f"(0..{runner.backend.vocab_size - 1})", param="tokens")
+        return {"prompt": runner.tokenizer.decode(tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        tokenizer = state["runner"].tokenizer
+        if tokenizer is None:
+            raise ApiError(404, "this model has no tokenizer")
+        return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tokenizer.bos_token or None,
+                "eos_token": tokenizer.eos_token or None, "pad_token": None,
+                "chat_template": tokenizer.chat_template, "model_max_length": state["runner"].backend.max_seq_len}
+
+    def _check_model(body: dict) -> None:
+        if body.get("model", options.served_name) != options.served_name:  # none named: the one served (as vLLM)
+            raise ApiError(400, f"model '{str(body.get('model'))[:100]}' is not served here; this server serves "
+                                f"'{options.served_name}' (GET /v1/models)", param="model", code="model_not_found")
+
+    return app
+
+

@@ -1,0 +1,343 @@
+"""`llgraph serve`'s /v1/completions and /v1/chat/completions: a request's prompts x n choices, each a scheduler
+request, answered whole or streamed as server-sent events, with OpenAI's log-probabilities.
+
+- Choice i*n + j answers prompt i with sample j (OpenAI's index order). Sample j of a seeded request is seeded
+  seed + j, so each choice equals a solo request with that seed.
+- Log-probabilities are the model's own: `score.token_logprobs`, a float64 log-softmax of the logits before
+  temperature, top-k, top-p or a penalty. An echoed prompt's therefore equal `Runner.score` on it; its first token
+  has none (null).
+- Completions' `logprobs: k` gives OpenAI's legacy shape: tokens, token_logprobs, top_logprobs (the k most likely
+  and the chosen token) and text_offset (characters into prompt + completion, echoed or not). Chat's
+  `logprobs: true, top_logprobs: k` gives `content[]` of token, logprob, bytes and top_logprobs.
+- A token string is its text, or `bytes:\\xNN...` for a token that holds part of a character.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from llgraph.runtime.engine.sampling import RequestError, Sampling
+from llgraph.runtime.engine.scheduler import MAX_LOGPROBS, QueueFull, ShuttingDown
+from llgraph.runtime.engine.speculative import MAX_DRAFT, check_served_mode
+from llgraph.runtime.serve.request import (
+    ApiError,
+    chat_prompt,
+    flag,
+    grammar_of,
+    include_usage,
+    number,
+    prompt_ids,
+    prompts_of,
+    refuse_unsupported,
+    stop_strings,
+)
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
+
+
+@dataclass
+class Ask:
+    """One request's fields, checked."""
+    chat: bool
+    prompts: list  # each a string or token ids (chat: the rendered conversation)
+    n: int
+    max_tokens: int | None  # None: chat's default, the rest of the context
+    key: str  # the field max_tokens came from
+    samplings: list[Sampling]  # sample j's
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    logprobs: int | None  # alternatives per token; None: no log-probabilities
+    grammar: object  # runtime.grammar.Grammar (response_format) or None
+    speculative: str  # "off", "ngram" or "draft" (llgraph's field; the server's --speculative by default)
+    draft_max: int  # the most tokens drafted a step ("speculative.n_max", llama.cpp's field; --draft-max by default)
+    echo: bool
+    stream: bool
+    usage: bool
+
+
+def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative: str = "off",
+          draft_max: int = MAX_DRAFT, draft: bool = False) -> Ask:
+    """The request's fields, each checked (ApiError naming it). `capacity`: the choices one request may ask for;
+    `speculative`, `draft_max`: the server's defaults; `draft`: whether it has a draft model."""
+    n = number(body, "n", 1, 1, 1 << 30, integer=True)
+    if n > slots:
+        raise ApiError(400, f"'n' ({n}) exceeds this server's {slots} slots (each choice decodes in a slot of its "
+                            "own); lower n or start the server with more --slots", param="n")
+    refuse_unsupported(body, n)
+    if chat:
+        if body.get("echo") is not None:
+            raise ApiError(400, "'echo' is a /v1/completions field; chat completions do not echo", param="echo")
+        prompts = [chat_prompt(body, runner)]
+        logprobs = None
+        if flag(body, "logprobs"):
+            logprobs = number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True)
+        elif body.get("top_logprobs") is not None:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        echo = False
+    else:
+        prompts = prompts_of(body, runner.tokenizer)
+        logprobs = number(body, "logprobs", None, 0, MAX_LOGPROBS, integer=True)
+        echo = flag(body, "echo")
+    if len(prompts) * n > capacity:
+        raise ApiError(400, f"{len(prompts)} prompts x n={n} make {len(prompts) * n} choices; this server takes at "
+                            f"most {capacity} at once (its slots and queue); send fewer", param="prompt")
+    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    if body.get(key) == 0 and not echo and not isinstance(body.get(key), bool):
+        raise ApiError(400, f"'{key}' is 0: nothing would be generated; ask for at least 1 (0 with 'echo': true "
+                            "scores the prompt alone)", param=key)
+    max_tokens = number(body, key, None if chat else 16, 0 if echo else 1, 1 << 30, integer=True)
+    seed = number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True)
+    top_k = number(body, "top_k", 0, -1, 1 << 30, integer=True)  # vLLM's extension; -1 (or 0) disables it
+    try:
+        samplings = [Sampling(temperature=number(body, "temperature", 1.0, 0, 2), top_k=max(top_k, 0),
+                              top_p=number(body, "top_p", 1.0, 0, 1),
+                              repetition_penalty=number(body, "repetition_penalty", 1.0, 0, 1e6),
+                              seed=None if seed is None else seed + j)
+                     for j in range(n)]
+    except RequestError as e:
+        raise ApiError(400, str(e)) from None
+    grammar = grammar_of(body)
+    ignore_eos = flag(body, "ignore_eos")
+    if grammar is not None and ignore_eos:
+        raise ApiError(400, "'ignore_eos' cannot go with a response_format: a document ends with EOS",
+                       param="ignore_eos")
+    speculative = body.get("speculative", speculative)
+    try:
+        check_served_mode(speculative, draft)
+    except RequestError as e:
+        raise ApiError(400, str(e), param="speculative") from None
+    draft_max = number(body, "speculative.n_max", draft_max, 1, 1 << 10, integer=True)
+    return Ask(chat, prompts, n, max_tokens, key, samplings, stop_strings(body), ignore_eos, logprobs, grammar,
+               speculative, draft_max, echo, flag(body, "stream"), include_usage(body))
+
+
+async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
+    context = runner.backend.max_seq_len
+    if ask.grammar is not None:  # its first use builds llguidance's view of the vocabulary (~0.4 s): not on the loop
+        await asyncio.to_thread(ask.grammar.matcher, runner.tokenizer, runner.backend.vocab_size,
+                                runner.eos_token_ids)
+    ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context, ask.key) for p in ask.prompts])
+    handles = []
+    try:
+        for prompt in ids:
+            max_tokens = max(1, context - len(prompt)) if ask.max_tokens is None else ask.max_tokens
+            room = len(prompt) + max_tokens if max_tokens else len(prompt) - 1  # scoring alone: the last is not input
+            if room > context:
+                raise ApiError(400, f"this model's context is {context} tokens; the prompt takes {len(prompt)} and "
+                                    f"{ask.key} asks for {max_tokens} more; lower {ask.key} or shorten the prompt",
+                               param=ask.key, code="context_length_exceeded")
+            for sampling in ask.samplings:
+                handles.append(scheduler.submit(
+                    prompt, max_tokens, sampling, ask.stop, () if ask.ignore_eos else None,
+                    loop=asyncio.get_running_loop(), logprobs=ask.logprobs,
+                    prompt_logprobs=ask.echo and (ask.logprobs is not None or max_tokens == 0), grammar=ask.grammar,
+                    speculative=ask.speculative, draft_max=ask.draft_max))
+    except BaseException as e:
+        for h in handles:
+            h.cancel()
+        if isinstance(e, QueueFull):
+            raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
+        if isinstance(e, ShuttingDown):
+            raise ApiError(503, str(e), "server_error", code="shutting_down") from None
+        if isinstance(e, RequestError):
+            raise ApiError(400, str(e)) from None
+        raise
+    choices = [Choice(k, h, ask, runner.tokenizer) for k, h in enumerate(handles)]
+    events = _merged(handles)
+    # the status waits for the first event: a request that never started (shut down while queued) is a 503
+    first = await _unless_gone(request, anext(events))
+    if first is None:
+        await events.aclose()
+        return JSONResponse({}, status_code=499)
+    if not ask.stream:
+        async def rest():
+            for k, event in [first, *[e async for e in events]]:
+                choices[k].take(event)
+        if await _unless_gone(request, rest(), done=True) is None:  # a client that leaves frees its slots
+            await events.aclose()
+            return JSONResponse({}, status_code=499)
+        return {**meta, "object": "chat.completion" if ask.chat else "text_completion",
+                "choices": [c.whole() for c in choices], "usage": _usage(handles, ask.n)}
+    return StreamingResponse(_sse(first, events, choices, handles, meta, ask), media_type="text/event-stream")
+
+
+class Choice:
+    """One choice's text and log-probabilities as its events come."""
+
+    def __init__(self, index: int, handle, ask: Ask, tokenizer):
+        self.index, self.handle, self.ask, self.tokenizer = index, handle, ask, tokenizer
+        self.pieces: list[str] = []
+        self.scored: list = []  # (token, TokenLogprob | None)
+        self.started = False
+        self.offsets = None if ask.chat or ask.logprobs is None else Offsets()
+
+    def prompt_text(self) -> str:
+        prompt = self.ask.prompts[self.index // self.ask.n]
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt) if self.tokenizer else ""
+
+    def take(self, event) -> tuple[str, list]:
+        """An event -> the text and (token, logprob) entries it adds (the echoed prompt's, first)."""
+        text, entries = "", []
+        if not self.started:
+            self.started = True
+            if self.ask.echo:
+                text = self.prompt_text()
+                if self.ask.logprobs is not None:
+                    scores = self.handle.prompt_logprobs or []
+                    entries = [(self.handle.prompt_ids[0], None), *((s.token, s) for s in scores)]
+            elif self.offsets is not None:
+                self.offsets.skip(self.prompt_text())
+        kept = not (event.kind == "done" and event.decoding.finish_reason == "eos")  # EOS is not in the output
+        if event.logprob is not None and event.token is not None and kept:
+            entries.append((event.token, event.logprob))
+        text += event.text
+        self.pieces.append(text)
+        self.scored += entries
+        return text, entries
+
+    def logprobs(self, entries: list):
+        if self.ask.logprobs is None:
+            return None
+        if self.ask.chat:
+            return {"content": [self._chat_entry(t, s) for t, s in entries]}
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, s in entries:
+            out["text_offset"].append(self.offsets.take(self.tokenizer.token_bytes(token)))
+            out["tokens"].append(self._string(token))
+            out["token_logprobs"].append(None if s is None else s.logprob)
+            top = None
+            if s is not None:  # the k most likely and the chosen token, most likely first
+                top = {}
+                for t, lp in sorted([*s.top, (token, s.logprob)], key=lambda tl: -tl[1]):
+                    top.setdefault(self._string(t), lp)
+            out["top_logprobs"].append(top)
+        return out
+
+    def whole(self) -> dict:
+        reason = FINISH[self.handle.decoding.finish_reason]
+        text = "".join(self.pieces)
+        logprobs = self.logprobs(self.scored)
+        if self.ask.chat:
+            return {"index": self.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": reason}
+        return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+    def _string(self, token: int) -> str:
+        raw = self.tokenizer.token_bytes(token)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+    def _chat_entry(self, token: int, s) -> dict:
+        def one(t, lp):
+            return {"token": self._string(t), "logprob": lp, "bytes": list(self.tokenizer.token_bytes(t))}
+        return {**one(token, s.logprob), "top_logprobs": [one(t, lp) for t, lp in s.top]}
+
+
+class Offsets:
+    """Characters of text before each token, from the tokens' bytes (a character split over tokens counts once,
+    at the token that completes it)."""
+
+    def __init__(self):
+        self.chars, self._utf8 = 0, codecs.getincrementaldecoder("utf-8")("replace")
+
+    def skip(self, text: str) -> None:
+        self.chars += len(text)
+
+    def take(self, raw: bytes) -> int:
+        at = self.chars
+        self.chars += len(self._utf8.decode(raw))
+        return at
+
+
+def _usage(handles, n: int) -> dict:
+    prompt = sum(h.prompt_tokens for h in handles[::n])  # a prompt counts once, however many samples it has
+    done = sum(h.decoding.steps for h in handles)
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+
+def _failure(handle, event) -> ApiError:
+    """An error event as the API says it: 503 when the server shut down first, else 500 (the model failed)."""
+    if handle.decoding.finish_reason == "shutdown":
+        return ApiError(503, event.text, "server_error", code="shutting_down")
+    return ApiError(500, f"the model failed: {event.text}", "server_error")
+
+
+async def _merged(handles):
+    """(choice index, event) from every handle as they come, until all are done; an error event raises its
+    ApiError. Leaving early (the client went away) cancels every request."""
+    waits = {asyncio.ensure_future(h.events.get()): k for k, h in enumerate(handles)}
+    try:
+        while waits:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=waits.get):
+                k = waits.pop(task)
+                event = task.result()
+                if event.kind == "error":
+                    raise _failure(handles[k], event)
+                yield k, event
+                if event.kind != "done":
+                    waits[asyncio.ensure_future(handles[k].events.get())] = k
+    finally:
+        for task in waits:
+            task.cancel()
+        for h in handles:
+            h.cancel()  # a no-op once finished; frees the slot (or the queue place) of an abandoned request
+
+
+async def _unless_gone(request: Request, awaitable, done: bool = False):
+    """Awaits it while the client is there (checked every 0.5 s); None, and it is cancelled, once the client left.
+    `done`: the awaitable returns None itself, so success is True."""
+    task = asyncio.ensure_future(awaitable)
+    while True:
+        finished, _ = await asyncio.wait({task}, timeout=0.5)
+        if finished:
+            result = task.result()
+            return True if done else result
+        if await request.is_disconnected():
+            task.cancel()
+            return None
+
+
+async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: Ask):
+    kind = "chat.completion.chunk" if ask.chat else "text_completion"
+
+    def chunk(k: int, text: str | None, reason: str | None, entries=None, opening: bool = False) -> str:
+        logprobs = choices[k].logprobs(entries) if entries else None
+        if ask.chat:
+            delta = ({"role": "assistant", "content": ""} if opening else {} if text is None else {"content": text})
+            choice = {"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        else:
+            choice = {"index": k, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
+        body = {**meta, "object": kind, "choices": [choice]}
+        if ask.usage:
+            body["usage"] = None
+        return f"data: {json.dumps(body)}\n\n"
+
+    if ask.chat:
+        for c in choices:
+            yield chunk(c.index, None, None, opening=True)
+    try:
+        pending = first
+        while pending is not None:
+            k, event = pending
+            text, entries = choices[k].take(event)
+            if text or entries:
+                yield chunk(k, text, None, entries)
+            if event.kind == "done":
+                yield chunk(k, None, FINISH[handles[k].decoding.finish_reason])
+            pending = await anext(events, None)
+    except ApiError as e:
+        yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.kind, 'code': e.code}})}\n\n"
+    finally:
+        await events.aclose()
+    if ask.usage:
+        yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': _usage(handles, ask.n)})}\n\n"
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,196 @@
+"""`llgraph serve`'s request parsing: the body read within its size limit, each field checked, the prompt
+tokenized. Every bad input is an ApiError: a 4xx in OpenAI's error shape naming the field."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from llgraph.runtime.engine.sampling import RequestError
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.param, self.code = status, kind, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status_code=self.status)
+
+
+# -- fields ---------------------------------------------------------------------------------------------------
+
+def number(body: dict, key: str, default, lo: float, hi: float, integer: bool = False):
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise ApiError(400, f"'{key}' must be {'an integer' if integer else 'a number'}, not {value!r}", param=key)
+    if not lo <= value <= hi:
+        raise ApiError(400, f"'{key}' ({value}) must be in [{lo}, {hi}]", param=key)
+    return value
+
+
+def flag(body: dict, key: str, default: bool = False) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{key}' must be true or false, not {value!r}", param=key)
+    return value
+
+
+def include_usage(body: dict) -> bool:
+    """stream_options.include_usage (OpenAI): stream_options is an object or null."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise ApiError(400, f"'stream_options' must be an object, not {options!r}", param="stream_options")
+    return flag(options, "include_usage")
+
+
+def stop_strings(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop or []
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
+    return tuple(stop)
+
+
+def _token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                            for t in value)
+
+
+def prompts_of(body: dict, tokenizer) -> list:
+    """completions' `prompt`: a string, a list of strings, a list of token ids or a list of token-id lists -> the
+    prompts, each a string or token ids (OpenAI's and vLLM's forms)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or _token_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt) or
+                                                  all(_token_ids(p) for p in prompt)):
+        prompts = prompt
+    else:
+        prompts = []
+    if not prompts or any(p == "" for p in prompts):
+        raise ApiError(400, "'prompt' must be a non-empty string, a list of token ids, or a list of either",
+                       param="prompt")
+    if tokenizer is None and isinstance(prompts[0], str):
+        raise ApiError(400, "this model has no tokenizer; send 'prompt' as token ids", param="prompt")
+    return prompts
+
+
+# A request field this server cannot honour, and the values of it that change nothing: any other value is a 400
+# naming the field (a field that would change the output is never silently ignored).
+_NEUTRAL = {
+    "suffix": (None, ""), "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "min_p": (None, 0), "min_tokens": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "prompt_logprobs": (None,),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
+    "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0),
+}
+
+
+def refuse_unsupported(body: dict, n: int) -> None:
+    for key, neutral in _NEUTRAL.items():
+        if key in body and body[key] not in neutral:
+            raise ApiError(400, f"'{key}' ({str(body[key])[:60]}) is not supported by this server; drop it",
+                           param=key)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise ApiError(400, f"'best_of' ({best_of!r}) is not supported apart from best_of == n; drop it",
+                       param="best_of")
+
+
+def grammar_of(body: dict):
+    """response_format -> a runtime.grammar.Grammar (None: plain text); a bad one is a 400 naming it."""
+    from llgraph.errors import LlgraphError
+    from llgraph.runtime.engine.grammar import Grammar
+
+    try:
+        return Grammar.from_response_format(body.get("response_format"))
+    except LlgraphError as e:
+        raise ApiError(400, f"'response_format': {e}", param="response_format") from None
+
+
+def _content(content) -> str | None:
+    """A message's content: a string, or a list of text parts (OpenAI's content parts); None if neither."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ApiError(400, f"content part of type {kind!r} is not supported; this model reads text parts "
+                                "({\"type\": \"text\", \"text\": ...})", param="messages")
+        if not isinstance(part.get("text"), str):
+            raise ApiError(400, "a text content part needs a string 'text'", param="messages")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def chat_prompt(body: dict, runner) -> str:
+    """The messages (content as a string or OpenAI's text parts) rendered by the runner's chat template."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
+    clean = [{"role": m.get("role"), "content": _content(m.get("content"))} if isinstance(m, dict) else m
+             for m in messages]
+    try:
+        return runner.render_chat(clean)
+    except RequestError as e:
+        raise ApiError(400, str(e), param="messages") from None
+    except Exception as e:
+        raise ApiError(400, f"the chat template failed on these messages: {e}", param="messages") from None
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object, read no further than `limit` bytes (413 past it: a huge body costs neither
+    memory nor anyone else's time)."""
+    too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} bytes "
+                            "(llgraph serve --max-request-bytes)", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ApiError(400, "the body is not valid JSON (or nests too deeply)") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    try:  # JSON may escape a lone UTF-16 surrogate ("\ud800"), which no tokenizer (and no UTF-8 reply) can hold
+        json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise ApiError(400, "the body holds a lone UTF-16 surrogate escape (e.g. \\ud800 without its pair); "
+                            "send valid Unicode") from None
+    return body
+
+
+def prompt_ids(runner, prompt, context: int, key: str) -> list[int]:
+    """Token ids of a prompt (text or ids), refusing at once one that cannot fit the context whatever it
+    tokenizes to: a text of more than context x the longest token's characters is never tokenized. Runs off the
+    event loop (tokenizing a long text takes a while)."""
+    if isinstance(prompt, str) and len(prompt) > context * runner.tokenizer.max_token_chars or \
+            not isinstance(prompt, str) and len(prompt) > context:
+        unit = "characters" if isinstance(prompt, str) else "token ids"
+        raise ApiError(400, f"the prompt ({len(prompt)} {unit}) cannot fit this model's context of {context} "
+                            "tokens; shorten the prompt", param=key, code="context_length_exceeded")
+    try:
+        return runner.encode(prompt)
+    except RequestError as e:
+        raise ApiError(400, str(e), param="prompt") from None
