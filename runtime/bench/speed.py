@@ -4,13 +4,14 @@ backend, the weight bytes a decode step reads and the bandwidth that implies bes
 machine's load.
 
     llgraph bench MODEL [--backend ort|torch] [-p 512] [-n 128] [-d 0] [--repeats 3] [--threads N]
-                        [--peer llama-bench=PATH] [--peer transformers] [--device cuda] [--dtype D]
+                        [--peer 'llama-bench=PATH [FLAGS]'] [--peer transformers] [--device cuda] [--dtype D]
 
 MODEL is what `llgraph generate` takes (an export folder, a checkpoint such as a GGUF, 'smollm2'), or, for --backend
 torch, a config preset (`llama-3.2-1b`, `8b`, ...) on seeded random weights: speed does not depend on the values.
 pp: one forward of `-p` random prompt tokens into an empty cache (tok/s = p / its time); tg: `-n` one-token steps
 into an empty cache, or after `-d` tokens of context (tok/s = n / their time) — llama-bench's definitions, with no
-sampling or text. Each figure is the best of `--repeats` runs after a warm-up run. Peers: `llama-bench=PATH` runs
+sampling or text. The engines run in turn `--repeats` times (so drift in the machine's speed hits each alike), each
+figure the best of its runs, after a warm-up run. Peers: `llama-bench=PATH` runs
 llama.cpp's (or ik_llama.cpp's) llama-bench on the same GGUF with the same -p/-n/-d/-t; `transformers` times HF
 transformers' LlamaForCausalLM of the same config (random weights, same dtype and device).
 """
@@ -27,34 +28,39 @@ from pathlib import Path
 import numpy as np
 
 
-def time_backend(forward, allocate, vocab: int, p: int, n: int, repeats: int, sync=lambda: None,
-                 depth: int = 0) -> dict:
-    """Best-of-`repeats` pp and tg seconds of a model behind `forward(ids, positions)` after one warm-up run, as
-    llama-bench measures them: pp, one forward of `p` prompt tokens into an empty cache (`allocate()`); tg, `n`
-    one-token steps into an empty one (each after `depth` tokens of context when given, like llama-bench's -d)."""
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, vocab, (1, max(p, depth, 1)), dtype=np.int64)
-    steps = rng.integers(0, vocab, (n, 1, 1), dtype=np.int64)
-    best = {"pp": float("inf"), "tg": float("inf")}
-    for _ in range(repeats + 1):
-        if p:
-            allocate()
-            sync()
+class Timed:
+    """pp and tg of a model behind `forward(ids, positions)` (one step on the cache `allocate()` empties), as
+    llama-bench measures them: pp, one forward of `p` prompt tokens into an empty cache; tg, `n` one-token steps
+    into an empty one (after `depth` tokens of context when given, like llama-bench's -d). `run()` is one
+    measurement of each (seconds); the first call warms up."""
+
+    def __init__(self, forward, allocate, vocab: int, p: int, n: int, sync=lambda: None, depth: int = 0):
+        rng = np.random.default_rng(0)
+        self.prompt = rng.integers(0, vocab, (1, max(p, depth, 1)), dtype=np.int64)
+        self.steps = rng.integers(0, vocab, (n, 1, 1), dtype=np.int64)
+        self.forward, self.allocate, self.p, self.n, self.sync, self.depth = forward, allocate, p, n, sync, depth
+        self.run()
+
+    def run(self) -> dict:
+        times = {"pp": float("inf"), "tg": float("inf")}
+        if self.p:
+            self.allocate()
+            self.sync()
             t0 = time.perf_counter()
-            forward(prompt[:, :p], np.arange(p, dtype=np.int64)[None])
-            sync()
-            best["pp"] = min(best["pp"], time.perf_counter() - t0)
-        if n:
-            allocate()
-            if depth:
-                forward(prompt[:, :depth], np.arange(depth, dtype=np.int64)[None])
-            sync()
+            self.forward(self.prompt[:, :self.p], np.arange(self.p, dtype=np.int64)[None])
+            self.sync()
+            times["pp"] = time.perf_counter() - t0
+        if self.n:
+            self.allocate()
+            if self.depth:
+                self.forward(self.prompt[:, :self.depth], np.arange(self.depth, dtype=np.int64)[None])
+            self.sync()
             t0 = time.perf_counter()
-            for i in range(n):
-                forward(steps[i], np.array([[depth + i]], np.int64))
-            sync()
-            best["tg"] = min(best["tg"], time.perf_counter() - t0)
-    return best
+            for i in range(self.n):
+                self.forward(self.steps[i], np.array([[self.depth + i]], np.int64))
+            self.sync()
+            times["tg"] = time.perf_counter() - t0
+        return times
 
 
 def read_bandwidth(threads: int, size: int = 1 << 30, repeats: int = 3) -> float:
@@ -93,8 +99,9 @@ def onnx_bytes_per_token(folder: Path) -> int:
     return sum(v for k, v in sizes.items() if k in read or k not in gathered)
 
 
-def llgraph_times(args) -> tuple[dict, int | None, str, dict]:
-    """(times, weight bytes a decode step reads or None, a description, extras) of MODEL on llgraph's --backend."""
+def llgraph_engine(args) -> tuple[Timed, int | None, str, dict]:
+    """(its timer, weight bytes a decode step reads or None, a description, extras) of MODEL on llgraph's
+    --backend."""
     from llgraph.runtime.backends import open_runner
 
     start = time.perf_counter()
@@ -110,10 +117,10 @@ def llgraph_times(args) -> tuple[dict, int | None, str, dict]:
         weight_bytes = onnx_bytes_per_token(Path(b.folder)) if hasattr(b, "folder") else None
         allocate = lambda: b.allocate(1)  # noqa: E731
     opened = time.perf_counter() - start
-    times = time_backend(lambda ids, pos: b.forward(ids, pos, keep=1), allocate, b.vocab_size, args.p, args.n,
-                         args.repeats, sync, args.depth)
+    timed = Timed(lambda ids, pos: b.forward(ids, pos, keep=1), allocate, b.vocab_size, args.p, args.n, sync,
+                  args.depth)
     device = f" on {args.device}" if args.backend == "torch" else ""
-    return times, weight_bytes, f"llgraph {args.backend}{device}", {"load s": f"{opened:.2f}"}
+    return timed, weight_bytes, f"llgraph {args.backend}{device}", {"load s": f"{opened:.2f}"}
 
 
 def _torch_runner(args):
@@ -138,7 +145,7 @@ def _read_per_token(sizes: dict[str, int], tied: bool) -> int:
     return sum(v for k, v in sizes.items() if tied or "embed" not in k)
 
 
-def transformers_times(args, config) -> tuple[dict, int, str, dict]:
+def transformers_engine(args, config) -> tuple[Timed, int, str, dict]:
     """HF transformers' eager LlamaForCausalLM of the same config (random init), timed like llgraph."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -162,34 +169,47 @@ def transformers_times(args, config) -> tuple[dict, int, str, dict]:
         state["past"] = out.past_key_values
         return out.logits[:, -1].float().cpu()
 
-    times = time_backend(forward, state.clear, c.vocab_size, args.p, args.n, args.repeats, sync, args.depth)
+    timed = Timed(forward, state.clear, c.vocab_size, args.p, args.n, sync, args.depth)
     sizes = {k: v.numel() * v.element_size() for k, v in model.named_parameters()}  # tied: once
-    return times, _read_per_token(sizes, c.tie_word_embeddings), f"transformers on {args.device}", {}
+    return timed, _read_per_token(sizes, c.tie_word_embeddings), f"transformers on {args.device}", {}
 
 
-def llama_bench_times(args, path: str, gguf: Path) -> tuple[dict, int, str, dict]:
-    """A llama-bench binary (llama.cpp's or ik_llama.cpp's) on the same GGUF, the same -p/-n/-d/-t/-r: its mean
-    tok/s as seconds per run. Weight bytes: the GGUF's tensors (llama.cpp reads the file's blocks as stored)."""
+class LlamaBench:
+    """A llama-bench binary (llama.cpp's or ik_llama.cpp's) on the same GGUF with the same -p/-n/-d/-t and its own
+    `flags`: `run()` is one run of each test (-r 1), its tok/s as seconds."""
+
+    def __init__(self, args, path: str, gguf: Path, flags: list[str]):
+        self.args, self.path, self.gguf, self.flags = args, path, gguf, flags
+
+    def run(self) -> dict:
+        a, times = self.args, {}
+        for test, shape in (("pp", ["-p", str(a.p), "-n", "0"]), ("tg", ["-p", "0", "-n", str(a.n)])):
+            count = a.p if test == "pp" else a.n
+            if not count:
+                times[test] = float("inf")
+                continue
+            cmd = [self.path, "-m", str(self.gguf), "-t", str(a.threads or 2), "-r", "1", "-o", "json", *shape]
+            if a.depth and test == "tg":
+                cmd += ["-d", str(a.depth)]
+            r = subprocess.run(cmd + self.flags, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"{self.path} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+            want = (a.p, 0) if test == "pp" else (0, a.n)  # the row of this test (some versions add others)
+            row = next(x for x in json.loads(r.stdout) if (x["n_prompt"], x["n_gen"]) == want)
+            times[test] = count / row["avg_ts"]
+        return times
+
+
+def llama_bench_engine(args, path: str, gguf: Path, flags: list[str]) -> tuple[LlamaBench, int, str, dict]:
+    """A llama-bench peer; its weight bytes a token: the GGUF's tensors (read as stored), less an untied table."""
     from llgraph.gguf_source import gguf_reader
 
-    times = {}
-    for test, flags in (("pp", ["-p", str(args.p), "-n", "0"]), ("tg", ["-p", "0", "-n", str(args.n)])):
-        if not (args.p if test == "pp" else args.n):
-            times[test] = float("inf")
-            continue
-        cmd = [path, "-m", str(gguf), "-t", str(args.threads or 2), "-r", str(args.repeats), "-o", "json", *flags]
-        if args.depth and test == "tg":
-            cmd += ["-d", str(args.depth)]
-        r = subprocess.run(cmd + args.peer_flags, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"{path} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
-        (row,) = json.loads(r.stdout)
-        times[test] = (args.p if test == "pp" else args.n) / row["avg_ts"]
     reader = gguf_reader(gguf)
     embed = next((t.n_bytes for t in reader.tensors if t.name == "token_embd.weight"), 0)
     tied = not any(t.name == "output.weight" for t in reader.tensors)
     weight_bytes = sum(t.n_bytes for t in reader.tensors) - (0 if tied else embed)
-    return times, weight_bytes, f"{Path(path).parent.parent.parent.name or 'llama-bench'} ({Path(path).name})", {}
+    name = Path(path).resolve().parent.parent.parent.name or "llama-bench"
+    return LlamaBench(args, path, gguf, flags), weight_bytes, " ".join([f"{name} llama-bench", *flags]), {}
 
 
 def main(argv=None) -> None:
@@ -205,26 +225,32 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: every core)")
     p.add_argument("--peer", action="append", default=[],
-                   help="llama-bench=PATH (a llama-bench binary, on the same GGUF) or transformers; repeatable")
-    p.add_argument("--peer-flags", default="", help="extra flags for llama-bench peers (e.g. '-rtr 1')")
+                   help="'llama-bench=PATH [FLAGS]' (a llama-bench binary on the same GGUF, with its own flags, e.g. "
+                        "'-rtr 1') or transformers; repeatable")
     args = p.parse_args(argv)
-    args.peer_flags = args.peer_flags.split()
     from llgraph.bundled import resolve
     from llgraph.checkpoint import load_config
 
     threads = args.threads or __import__("os").cpu_count()
     bandwidth = read_bandwidth(threads)
-    rows = [llgraph_times(args)]
+    engines = [llgraph_engine(args)]
     for peer in args.peer:
         if peer == "transformers":
-            rows.append(transformers_times(args, load_config(args.model)))
+            engines.append(transformers_engine(args, load_config(args.model)))
         elif peer.startswith("llama-bench="):
             gguf = Path(resolve(args.model))
             if gguf.suffix != ".gguf":
                 raise SystemExit("--peer llama-bench needs MODEL to be a GGUF file (the one both engines run)")
-            rows.append(llama_bench_times(args, peer.split("=", 1)[1], gguf))
+            path, *flags = peer.split("=", 1)[1].split()
+            engines.append(llama_bench_engine(args, path, gguf, flags))
         else:
             raise SystemExit(f"--peer {peer}: use llama-bench=PATH or transformers")
+    best = [{"pp": float("inf"), "tg": float("inf")} for _ in engines]
+    for _ in range(args.repeats):  # the engines in turn, so the machine's drifting speed hits each alike
+        for b, (engine, *_) in zip(best, engines):
+            for k, v in engine.run().items():
+                b[k] = min(b[k], v)
+    rows = [(b, *rest) for b, (_, *rest) in zip(best, engines)]
     tg = f"tg{args.n}" + (f" @ d{args.depth}" if args.depth else "")
     print(f"\n{args.model}, {threads} threads; read bandwidth of this machine now: {bandwidth:.1f} GB/s")
     print(f"| engine | pp{args.p} tok/s | {tg} tok/s | weights read / token | GB/s in tg | llgraph × this, pp | "
