@@ -289,6 +289,30 @@ struct V {
     return _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(static_cast<int32_t>(centre))));
   }
 };
+// e^x, 8 lanes, x <= 0: avx512::Exp's polynomial, 2^n built in the exponent bits (n >= -126 after the clamp)
+__m256 Exp(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// avx512::Swiglu16's arithmetic, 8 rows
+void Swiglu8(const float* gate, const float* up, float* out) {
+  const __m256 g = _mm256_loadu_ps(gate), one = _mm256_set1_ps(1.f);
+  const __m256 e = Exp(_mm256_andnot_ps(_mm256_set1_ps(-0.f), g) * _mm256_set1_ps(-1.f));
+  const __m256 num = _mm256_blendv_ps(one, e, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_div_ps(_mm256_mul_ps(g, num), _mm256_add_ps(one, e)),
+                                      _mm256_loadu_ps(up)));
+}
+
 #include "qlinear_tile.inc"
 #include "qlinear_groups.inc"
 }  // namespace avx2
@@ -334,6 +358,9 @@ void Chunk(void* data, size_t index) {
       float* out = p.glu + m * p.glu_rows + 16 * g;
       if (p.isa >= kAvx512 && rows == 16) {
         avx512::Swiglu16(gate, gate + 16, out);
+      } else if (p.isa >= kAvx2 && rows == 16) {
+        avx2::Swiglu8(gate, gate + 16, out);
+        avx2::Swiglu8(gate + 8, gate + 24, out + 8);
       } else {
         for (int64_t r = 0; r < rows; ++r) out[r] = gate[r] / (1.f + std::exp(-gate[r])) * gate[16 + r];
       }
