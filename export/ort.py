@@ -22,6 +22,7 @@ import numpy as np
 from onnx import TensorProto
 
 import llgraph.export.onnx as std
+from llgraph.export.cpu_layout import glu_groups, glu_groups_half, interleave16_half, interleaver
 from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
@@ -87,7 +88,7 @@ def _plan_qlinear_fusions(em: Emitter, node: Node, producer, consumers, only_rea
     """What llgraph's QLinear computes in the node itself, each a pattern of the IR around a QLinear whose
     output (or input) nothing else reads:
     - SwiGLU over a packed gate/up QLinear's Split: `swiglu`, the rows interleaved gate group, up group
-      (`_glu_groups`), silu(gate) * up written directly (two nodes and a [tokens, 2 * intermediate] round trip
+      (`glu_groups`), silu(gate) * up written directly (two nodes and a [tokens, 2 * intermediate] round trip
       fewer per layer; bias-free only);
     - the residual Add after a QLinear (o_proj, down_proj): `residual`, added to its output;
     - the whole-row RMSNorm before a QLinear (the attention's and the MLP's input norms, the final one): `norm`,
@@ -253,9 +254,9 @@ def qembedding_gather(em: Emitter, node: Node) -> None:
     ids, codes, scales, mins = (list(node.inputs) + [None, None])[:4]
     bits, zp = node.attrs["bits"], node.attrs["zero_point"]
     if em.options.get("kernels") == "llgraph":
-        inputs = [ids, em.weight(codes, compute=_interleaver(node.attrs["format"]))]
-        inputs += [em.weight(scales, compute=_interleave16_half)] if scales else []
-        inputs += [em.weight(mins, compute=_interleave16_half)] if mins else []
+        inputs = [ids, em.weight(codes, compute=interleaver(node.attrs["format"]))]
+        inputs += [em.weight(scales, compute=interleave16_half)] if scales else []
+        inputs += [em.weight(mins, compute=interleave16_half)] if mins else []
         rows = em.node("QEmbedding", inputs, hint=node.name, domain=cpu.DOMAIN, format=node.attrs["format"],
                        bits=bits, block_size=node.attrs["block_size"], zero_point=zp,
                        rows=em.graph.values[codes].shape[0])[0]
@@ -314,17 +315,17 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
                     norm: Node | None = None) -> None:
     """llgraph::QLinear (plugins/cpu/llgraph_ort.cc): one node on the codes, scales and mins; the schema's inputs
     and attributes, and the export's accuracy level. The blocks are written in the kernel's interleaved layout
-    (`_interleave16`: 16 rows' bytes side by side, so one load feeds 16 output rows: its VNNI dots at level 4, its
+    (`interleave16`: 16 rows' bytes side by side, so one load feeds 16 output rows: its VNNI dots at level 4, its
     fp32 FMAs in exact mode); a tied embedding reads the same initializers (qembedding_gather). `swiglu`: the
     output of a SwiGLU over its two halves; `residual`: (the stream, the Add's output) it adds to its own; `norm`:
     the RMSNorm its x passes first (all computed in the node: _plan_qlinear_fusions)."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
     level = accuracy_level_of(em.options.get("accuracy_level"), node.attrs["format"] != "blocks")
-    interleave = _interleaver(node.attrs["format"])
+    interleave = interleaver(node.attrs["format"])
     if swiglu:
-        layout, per_block = {"compute": _glu_groups(interleave)}, {"compute": _glu_groups_half}
+        layout, per_block = {"compute": glu_groups(interleave)}, {"compute": glu_groups_half}
     else:
-        layout, per_block = {"compute": interleave}, {"compute": _interleave16_half}
+        layout, per_block = {"compute": interleave}, {"compute": interleave16_half}
     rows = em.graph.values[codes].shape[0] // (2 if swiglu else 1)
     attrs = {"interleave": 16, "rows": rows, **({"activation": 1} if swiglu else {})}
     inputs = [norm.inputs[0] if norm else x, em.weight(codes, **layout),
@@ -338,80 +339,6 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
     outputs = [swiglu] if swiglu else [residual[1]] if residual else node.outputs
     em.node("QLinear", inputs, outputs, domain=cpu.DOMAIN, hint=node.name, format=node.attrs["format"], bits=bits,
             block_size=block, zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
-
-
-def _glu_groups(interleave=None):
-    """-> a layout: a packed [gate; up] tensor (rows first) interleaved by `interleave` (default _interleave16) with
-    its row groups alternating: 16 gate rows, the same 16 rows of up, ... (each half padded to whole groups), so one
-    group pair makes 16 outputs."""
-    interleave = interleave or _interleave16
-
-    def glu_groups(t: np.ndarray) -> np.ndarray:
-        gate, up = (_pad16(h).reshape(-1, 16, *h.shape[1:]) for h in np.split(t, 2))
-        return interleave(np.stack([gate, up], 1).reshape(-1, *t.shape[1:]))
-    glu_groups.__name__ = f"glu_{interleave.__name__}"
-    return glu_groups
-
-
-def _pad16(t: np.ndarray) -> np.ndarray:
-    """Rows padded with zeros to a multiple of 16."""
-    return np.concatenate([t, np.zeros((-t.shape[0] % 16, *t.shape[1:]), t.dtype)])
-
-
-def _glu_groups_half(t: np.ndarray) -> np.ndarray:
-    return _halved(_glu_groups()(t))
-
-
-def _halved(t: np.ndarray) -> np.ndarray:
-    half = t.astype(np.float16)
-    return half if np.array_equal(half.astype(t.dtype), t) else t
-
-
-def _interleave16_half(t: np.ndarray) -> np.ndarray:
-    """Scales or mins interleaved, as half floats where that is lossless (a GGUF's are half floats widened): a
-    block's bytes drop from 24 to 20 (Q4_1), and the kernels widen them back exactly."""
-    return _halved(_interleave16(t))
-
-
-# Each piece of a row's GGUF super-block as (byte offset, bytes, unit), in the order plugins/cpu/superblocks.inc
-# reads a group's: d, dmin, the packed 6-bit scales and mins, (Q5_K's high bits), the nibbles; Q6_K: d, its int8
-# scales, then per half n and quarter-half hh the low nibbles of streams 0/2 and 1/3 and their high bit pairs.
-# Interleaved `unit` bytes of each of 16 rows at a time.
-SUPERBLOCK_FIELDS = {
-    "Q4_K": ((0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 128, 4)),
-    "Q5_K": ((0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 32, 4), (48, 128, 4)),
-    "Q6_K": ((208, 2, 2), (192, 16, 1),
-             *((off, 16, 4) for n in (0, 1) for hh in (0, 1)
-               for off in (64 * n + 16 * hh, 64 * n + 32 + 16 * hh, 128 + 32 * n + 16 * hh))),
-}
-
-
-def _interleaver(fmt: str):
-    """The interleaved layout of a format's codes: _interleave16 for the blocked form, else its super-blocks'."""
-    if fmt == "blocks":
-        return _interleave16
-
-    def interleave_superblocks(t: np.ndarray) -> np.ndarray:
-        """Super-blocks [N, nsb, bytes] -> [ceil(N/16), nsb, 16 * bytes]: per group of 16 rows and super-block, each
-        field of the 16 rows side by side, `unit` bytes at a time (SUPERBLOCK_FIELDS); the same bytes, reordered."""
-        t = _pad16(t)
-        groups, nsb = t.shape[0] // 16, t.shape[1]
-        t = t.reshape(groups, 16, nsb, -1)
-        fields = [t[..., off:off + n].reshape(groups, 16, nsb, n // unit, unit).transpose(0, 2, 3, 1, 4)
-                  .reshape(groups, nsb, 16 * n) for off, n, unit in SUPERBLOCK_FIELDS[fmt]]
-        return np.concatenate(fields, axis=-1)
-    interleave_superblocks.__name__ = f"interleave16_{fmt}"
-    return interleave_superblocks
-
-
-def _interleave16(t: np.ndarray) -> np.ndarray:
-    """Codes [N, nb, bytes] -> [ceil(N/16), nb, 16 * bytes] (each block's bytes 4 at a time, row by row of 16);
-    scales or mins [N, nb] -> [ceil(N/16), nb, 16]. Rows past N are zeros (the kernel writes only N)."""
-    t = _pad16(t)
-    groups = t.shape[0] // 16
-    if t.ndim == 3:
-        return t.reshape(groups, 16, t.shape[1], -1, 4).transpose(0, 2, 3, 1, 4).reshape(groups, t.shape[1], -1)
-    return np.ascontiguousarray(t.reshape(groups, 16, -1).transpose(0, 2, 1))
 
 
 def extras(folder: Path, manifest) -> None:

@@ -23,10 +23,10 @@ from llgraph.weight_request import Weights
 # One QLinear node at accuracy_level 4 per case, against numpy: x quantized per block as the kernel's definition
 # says (d = max|x| / 127, round half to even), dots of the codes centred on 2^(bits-1) with it in float64, then
 # scales * d, and the mins and the centre's shift through the block sums of x itself. INTERLEAVE=16 writes the
-# codes as export/ort.py's _interleave16 does; HALF=1 then passes the scales and mins as half floats (every case's are
+# codes as cpu_layout.interleave16 does; HALF=1 then passes the scales and mins as half floats (every case's are
 # rounded to half first, as GGUF stores them).
 PROBE = QLINEAR_PROBE + r'''
-from llgraph.export.ort import _interleave16
+from llgraph.export.cpu_layout import interleave16
 worst, far = 0.0, 0.0
 interleave, half = int(os.environ["INTERLEAVE"]), os.environ["HALF"] == "1"
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
@@ -53,7 +53,7 @@ for bits, B, zp, with_mins, with_bias, M in cases:
     attrs = {"interleave": 16, "rows": N} if interleave else {}
     given = {"codes": codes, "scales": scales, "mins": mins}
     if interleave:
-        given = {k: v if v is None else _interleave16(v) for k, v in given.items()}
+        given = {k: v if v is None else interleave16(v) for k, v in given.items()}
     if half:
         given = {k: v if v is None or k == "codes" else v.astype(np.float16) for k, v in given.items()}
     given["bias"] = bias

@@ -58,12 +58,12 @@ isa = ctypes.CDLL(lib).llgraph_cpu_isa
 isa.restype = ctypes.c_char_p
 '''
 
-# One QLinear node per case and layout (the blocks as stored, and interleaved 16 rows at a time as export/ort.py's
-# _interleave16 writes them), run by ONNX Runtime on the library, against numpy's float64 of its definition
+# One QLinear node per case and layout (the blocks as stored, and interleaved 16 rows at a time as
+# cpu_layout.interleave16 writes them), run by ONNX Runtime on the library, against numpy's float64 of its definition
 # w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]. Run in a fresh process per instruction
 # set: the library picks it when it loads.
 PROBE = QLINEAR_PROBE + r'''
-from llgraph.export.ort import _interleave16
+from llgraph.export.cpu_layout import interleave16
 worst = {"stored": 0.0, "interleaved": 0.0, "interleaved, half": 0.0}
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
          (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
@@ -79,7 +79,7 @@ for bits, B, zp, with_mins, with_bias, M in cases:
     for layout in worst:
         attrs = {}
         if layout == "interleaved":
-            given = {k: v if v is None or k == "bias" else _interleave16(v)
+            given = {k: v if v is None or k == "bias" else interleave16(v)
                      for k, v in given.items()}
         if layout == "interleaved, half":
             given = {k: v.astype(np.float16) if k in ("scales", "mins") and v is not None else v
@@ -89,7 +89,7 @@ for bits, B, zp, with_mins, with_bias, M in cases:
         got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, **attrs)
         worst[layout] = max(worst[layout], float(np.abs(got - want).max() / np.abs(want).max()))
 # activation=swiglu: one node on [gate; up] (21 outputs: the last group partial), silu(gate) * up
-from llgraph.export.ort import _glu_groups, _glu_groups_half
+from llgraph.export.cpu_layout import glu_groups, glu_groups_half
 worst["swiglu"] = 0.0
 for bits, B, zp, M in [(4, 32, 0, 1), (8, 32, 128, 3), (4, 16, 8, 5)]:
     I, nb = 21, 4
@@ -99,8 +99,8 @@ for bits, B, zp, M in [(4, 32, 0, 1), (8, 32, 128, 3), (4, 16, 8, 5)]:
     w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + mins[..., None]
     y = x.reshape(M, -1).astype(np.float64) @ w.reshape(2 * I, -1).T
     want = y[:, :I] / (1 + np.exp(-y[:, :I])) * y[:, I:]
-    for per_block in (_glu_groups(), _glu_groups_half):
-        given = {"codes": _glu_groups()(codes),
+    for per_block in (glu_groups(), glu_groups_half):
+        given = {"codes": glu_groups()(codes),
                  "scales": per_block(scales),
                  "mins": per_block(mins)}
         got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, interleave=16, rows=I, activation=1)
@@ -116,9 +116,9 @@ for bits, B, zp, M in [(4, 32, 0, 1), (8, 32, 128, 3), (4, 64, 8, 6)]:
     x64 = x.astype(np.float64)
     xn = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * norm
     want = xn @ w.reshape(N, -1).T + bias + residual
-    given = {"codes": _interleave16(codes),
-             "scales": _interleave16(scales),
-             "mins": _interleave16(mins), "bias": bias, "residual": residual, "norm": norm}
+    given = {"codes": interleave16(codes),
+             "scales": interleave16(scales),
+             "mins": interleave16(mins), "bias": bias, "residual": residual, "norm": norm}
     got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, interleave=16, rows=N, epsilon=1e-5)
     worst["norm, residual"] = max(worst["norm, residual"], float(np.abs(got - want).max() / np.abs(want).max()))
 print(isa().decode(), *worst.values())

@@ -27,7 +27,7 @@ from llgraph.weight_request import Weights
 PROBE = QLINEAR_PROBE + r'''
 import gguf
 from gguf.quants import dequantize
-from llgraph.export.ort import _interleaver
+from llgraph.export.cpu_layout import interleaver
 from llgraph.quant import _from_k_blocks
 sys.path.insert(0, sys.argv[2])
 from reference import random_k_blocks
@@ -37,7 +37,7 @@ N, K = 37, 512
 for kind in ("Q4_K", "Q5_K", "Q6_K"):
     raw = random_k_blocks((N, K), gguf.GGMLQuantizationType[kind], seed=3)
     w = dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(N, K).astype(np.float64)
-    codes = _interleaver(kind)(raw.reshape(N, K // 256, -1))
+    codes = interleaver(kind)(raw.reshape(N, K // 256, -1))
     _, S, mins = _from_k_blocks(raw.reshape(N, K // 256, -1), kind)  # w = S (q - c) + O per sub-block
     centre = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32}[kind]
     offsets = np.zeros((N, K)) if mins is None else np.repeat(S.astype(np.float64) * centre + mins, 32, axis=1)

@@ -1,0 +1,81 @@
+"""The byte layouts llgraph's CPU kernels read (plugins/cpu/): each a function from a weight's stored array to the
+array the export writes, applied by the Emitter as a weight's `compute` (its name ends the initializer's).
+Only reordering, padding and lossless narrowing: the same numbers, placed so one SIMD load feeds 16 output rows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def glu_groups(interleave=None):
+    """-> a layout: a packed [gate; up] tensor (rows first) interleaved by `interleave` (default interleave16) with
+    its row groups alternating: 16 gate rows, the same 16 rows of up, ... (each half padded to whole groups), so one
+    group pair makes 16 outputs."""
+    interleave = interleave or interleave16
+
+    def grouped(t: np.ndarray) -> np.ndarray:
+        gate, up = (pad16(h).reshape(-1, 16, *h.shape[1:]) for h in np.split(t, 2))
+        return interleave(np.stack([gate, up], 1).reshape(-1, *t.shape[1:]))
+    grouped.__name__ = f"glu_{interleave.__name__}"
+    return grouped
+
+
+def pad16(t: np.ndarray) -> np.ndarray:
+    """Rows padded with zeros to a multiple of 16."""
+    return np.concatenate([t, np.zeros((-t.shape[0] % 16, *t.shape[1:]), t.dtype)])
+
+
+def glu_groups_half(t: np.ndarray) -> np.ndarray:
+    return halved(glu_groups()(t))
+
+
+def halved(t: np.ndarray) -> np.ndarray:
+    half = t.astype(np.float16)
+    return half if np.array_equal(half.astype(t.dtype), t) else t
+
+
+def interleave16_half(t: np.ndarray) -> np.ndarray:
+    """Scales or mins interleaved, as half floats where that is lossless (a GGUF's are half floats widened): a
+    block's bytes drop from 24 to 20 (Q4_1), and the kernels widen them back exactly."""
+    return halved(interleave16(t))
+
+
+# Each piece of a row's GGUF super-block as (byte offset, bytes, unit), in the order plugins/cpu/superblocks.inc
+# reads a group's: d, dmin, the packed 6-bit scales and mins, (Q5_K's high bits), the nibbles; Q6_K: d, its int8
+# scales, then per half n and quarter-half hh the low nibbles of streams 0/2 and 1/3 and their high bit pairs.
+# Interleaved `unit` bytes of each of 16 rows at a time.
+SUPERBLOCK_FIELDS = {
+    "Q4_K": ((0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 128, 4)),
+    "Q5_K": ((0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 32, 4), (48, 128, 4)),
+    "Q6_K": ((208, 2, 2), (192, 16, 1),
+             *((off, 16, 4) for n in (0, 1) for hh in (0, 1)
+               for off in (64 * n + 16 * hh, 64 * n + 32 + 16 * hh, 128 + 32 * n + 16 * hh))),
+}
+
+
+def interleaver(fmt: str):
+    """The interleaved layout of a format's codes: interleave16 for the blocked form, else its super-blocks'."""
+    if fmt == "blocks":
+        return interleave16
+
+    def interleave_superblocks(t: np.ndarray) -> np.ndarray:
+        """Super-blocks [N, nsb, bytes] -> [ceil(N/16), nsb, 16 * bytes]: per group of 16 rows and super-block, each
+        field of the 16 rows side by side, `unit` bytes at a time (SUPERBLOCK_FIELDS); the same bytes, reordered."""
+        t = pad16(t)
+        groups, nsb = t.shape[0] // 16, t.shape[1]
+        t = t.reshape(groups, 16, nsb, -1)
+        fields = [t[..., off:off + n].reshape(groups, 16, nsb, n // unit, unit).transpose(0, 2, 3, 1, 4)
+                  .reshape(groups, nsb, 16 * n) for off, n, unit in SUPERBLOCK_FIELDS[fmt]]
+        return np.concatenate(fields, axis=-1)
+    interleave_superblocks.__name__ = f"interleave16_{fmt}"
+    return interleave_superblocks
+
+
+def interleave16(t: np.ndarray) -> np.ndarray:
+    """Codes [N, nb, bytes] -> [ceil(N/16), nb, 16 * bytes] (each block's bytes 4 at a time, row by row of 16);
+    scales or mins [N, nb] -> [ceil(N/16), nb, 16]. Rows past N are zeros (the kernel writes only N)."""
+    t = pad16(t)
+    groups = t.shape[0] // 16
+    if t.ndim == 3:
+        return t.reshape(groups, 16, t.shape[1], -1, 4).transpose(0, 2, 3, 1, 4).reshape(groups, t.shape[1], -1)
+    return np.ascontiguousarray(t.reshape(groups, 16, -1).transpose(0, 2, 1))
