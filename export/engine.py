@@ -26,7 +26,7 @@ from llgraph.errors import LlgraphError
 from llgraph.export_folder import ENGINE_FILE, ENGINE_META, TIMING_CACHE, Manifest
 from llgraph.ir import DTYPE_BYTES
 from llgraph.outdir import write_atomic
-from llgraph.plugins.qdp import TensorRTMissing, register_plugins
+from llgraph.plugins.tensorrt.qdp import TensorRTMissing, register_plugins
 
 PREFILL, DECODE = 0, 1
 ALIGN = 256  # TensorRT's setTensorAddress takes 256-byte aligned addresses only

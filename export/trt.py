@@ -1,7 +1,7 @@
 """Target `trt`: ONNX for TensorRT with llgraph plugins, that ONNX Runtime runs too.
 
 RMSNorm, Rotary, GroupedAttention and SwiGLU become plugin nodes: `op_type` is the plugin name, the attributes are
-exactly the plugin's fields (plugins/spec.py, read from the op schemas) plus `plugin_namespace="llgraph"` and
+exactly the plugin's fields (plugins/tensorrt/spec.py, read from the op schemas) plus `plugin_namespace="llgraph"` and
 `plugin_version`. Each such op type also has a model-local ONNX function (domain `llgraph`) whose body is its
 reference decomposition in standard opset-24 ops, written against the node's attributes (`ref_attr_name`), never
 against one node's values. ONNX Runtime runs the bodies; TensorRT's parser (10.15+) gives a node that carries
@@ -21,7 +21,7 @@ from onnx import AttributeProto, FunctionProto, TensorProto, helper
 import llgraph.export.onnx as std
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
-from llgraph.plugins import spec
+from llgraph.plugins.tensorrt import spec
 
 INT, FLOAT = AttributeProto.INT, AttributeProto.FLOAT
 

@@ -16,7 +16,7 @@ from llgraph.errors import ExportError
 DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 BITS = ("int4", "int8")
-# How ONNX Runtime runs QLinear: llgraph's CPU kernels (plugins/cpu.py) where they build, else its own ops ("auto",
+# How ONNX Runtime runs QLinear: llgraph's CPU kernels (plugins/cpu/) where they build, else its own ops ("auto",
 # resolved by export.resolve_kernels before anything is keyed on it), or either one by name
 KERNELS = ("auto", "standard", "llgraph")
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # ONNX Runtime MatMulNBits': 0 exact (fp32) ... 4 int8 activations

@@ -21,7 +21,7 @@ from llgraph.executor import TORCH_IMPLS  # noqa: E402
 from llgraph.ir import Node  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
-from llgraph.plugins import kernels  # noqa: E402
+from llgraph.plugins.tensorrt import triton_kernels as kernels  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2}
 DTYPES = list(TOL)
@@ -102,8 +102,8 @@ def test_grouped_attention(dtype, batch, seq, heads, kv_heads, head_dim, max_seq
 
 
 AOT = """
-from llgraph.plugins import spec
-from llgraph.plugins.aot import PTX_FLOOR, assemble, compile_op
+from llgraph.plugins.tensorrt import spec
+from llgraph.plugins.tensorrt.aot import PTX_FLOOR, assemble, compile_op
 attn = dict(num_heads=32, num_kv_heads=4, scale=0.125, causal=True, window=0, softcap=0.0)
 cases = [("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=4096)),
          ("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=128)), ("SwiGLU", dict(gate=(1, 7, 14336)), {}),
@@ -141,7 +141,7 @@ def test_aot_compiles_to_ptx_that_ptxas_assembles():
 def test_ptx_for_tensorrt_drops_only_unread_parameters():
     """fit_for_tensorrt on a hand-written entry: the trailing scratch pointers go when the body never names them,
     and a body that reads one is refused (TensorRT would launch it without that argument)."""
-    from llgraph.plugins.aot import fit_for_tensorrt
+    from llgraph.plugins.tensorrt.aot import fit_for_tensorrt
 
     ptx = (".version 9.4\n.target sm_90a\n.address_size 64\n.visible .entry k(\n\t.param .u64 k_param_0,\n"
            "\t.param .u32 k_param_1,\n\t.param .u64 k_param_2,\n\t.param .u64 k_param_3\n)\n{\n"

@@ -26,8 +26,8 @@ def test_the_scan_sees_a_planted_circle_and_an_upward_import():
     assert circles(planted) == [["llgraph.config", "llgraph.weights"]]
     assert upward(planted) == [("llgraph.weights", runner)]
     assert [floor(m) for m in ("llgraph.runtime.cli.args", "llgraph.export_folder", "llgraph.export.ort",
-                               "llgraph.plugins.qdp", "llgraph.runtime.engine.step", "llgraph.runtime.backends.trt",
-                               "llgraph.runtime.serve.app", "llgraph.__main__")] == \
+                               "llgraph.plugins.tensorrt.qdp", "llgraph.runtime.engine.step",
+                               "llgraph.runtime.backends.trt", "llgraph.runtime.serve.app", "llgraph.__main__")] == \
         ["cli", "core", "export", "plugins", "engine", "backends", "apps", "cli"]
     assert {"llgraph.runtime.engine.step", "llgraph.runtime.cli"} <= set(modules())  # the rooms are scanned
 

@@ -15,7 +15,7 @@ from llgraph.checkpoint import random_weights
 from llgraph.export import get_target
 from llgraph.export.lower import export
 from llgraph.passes import model_graph
-from llgraph.plugins import spec
+from llgraph.plugins.tensorrt import spec
 
 ONNX_TYPES = {"int": onnx.AttributeProto.INT, "bool": onnx.AttributeProto.INT, "float": onnx.AttributeProto.FLOAT}
 
@@ -26,7 +26,7 @@ import trt_standin
 trtp = trt_standin.load()
 import tensorrt as trt
 from tensorrt.plugin._lib import QDP_REGISTRY
-from llgraph.plugins.qdp import register_plugins
+from llgraph.plugins.tensorrt.qdp import register_plugins
 register_plugins(trtp)
 out = {}
 for pid, d in QDP_REGISTRY.items():

@@ -162,7 +162,7 @@ def test_parser_hands_every_plugin_node_to_its_creator(tmp_path):
     with exactly its schema fields (names, values, types). Run in a subprocess (tests/trt_plugin_probe.py)."""
     from llgraph.export import export_model
     from llgraph.passes import model_graph
-    from llgraph.plugins import spec
+    from llgraph.plugins.tensorrt import spec
 
     cfg_name = "tiny"
     folder = export_model(cfg_name, out=tmp_path / "trt", target="trt", max_seq_len=64)

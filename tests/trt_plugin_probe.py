@@ -16,7 +16,7 @@ import sys
 import onnx
 
 from llgraph.export.engine import load_tensorrt
-from llgraph.plugins import spec
+from llgraph.plugins.tensorrt import spec
 
 trt = load_tensorrt("rtx").module
 folder, max_seq = sys.argv[1], int(sys.argv[2])

@@ -27,7 +27,7 @@ from llgraph.outdir import user_cache
 
 DOMAIN = "llgraph"
 LIBRARY = "libllgraph_ort.so"
-SOURCE = Path(__file__).parent / "cpu" / "llgraph_ort.cc"
+SOURCE = Path(__file__).parent / "llgraph_ort.cc"
 SOURCES = sorted([*SOURCE.parent.glob("*.cc"), *SOURCE.parent.glob("*.inc")])  # what the build key covers
 HEADERS_PACKAGE = "libonnxruntime-dev"  # Debian 13 (trixie): ONNX Runtime 1.21's headers
 HEADERS_SUITE = "deb http://deb.debian.org/debian trixie main"

@@ -20,7 +20,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from llgraph.plugins import kernels, spec
+from llgraph.plugins.tensorrt import spec
+from llgraph.plugins.tensorrt import triton_kernels as kernels
 
 POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
 FIXED_POINTERS = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64"}  # the same in every model dtype

@@ -1,8 +1,8 @@
 """TensorRT plugin registrations (`tensorrt.plugin`, QDP) for RMSNorm, Rotary, GroupedAttention and SwiGLU.
 
 Nothing here is written per op twice: each plugin's signature (its input tensors, then its fields with their types)
-is generated from the op schema through plugins/spec.py, its kernels and launches come from plugins/kernels.py
-(`plan`), and its AOT code from plugins/aot.py. Each plugin gets:
+is generated from the op schema through spec.py, its kernels and launches come from triton_kernels.py
+(`plan`), and its AOT code from aot.py. Each plugin gets:
 - `register`: output descriptions (GroupedAttention's present_key/present_value alias past_key/past_value: the
   cache is updated in place);
 - `impl` (JIT): runs the Triton kernel from Python on TensorRT's stream;
@@ -20,7 +20,7 @@ import inspect
 import typing
 
 from llgraph.errors import LlgraphError
-from llgraph.plugins import spec
+from llgraph.plugins.tensorrt import spec
 
 TYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 FIXED_TYPES = {"cos": "FP32", "sin": "FP32", "positions": "INT64"}  # the same in every model dtype
@@ -79,7 +79,7 @@ def _register(trtp, op: str) -> None:
     def impl(args):
         import torch
 
-        from llgraph.plugins import kernels
+        from llgraph.plugins.tensorrt import triton_kernels as kernels
 
         with torch.cuda.stream(torch.cuda.ExternalStream(args["stream"])):
             kernels.launch(op, {n: _as_torch(args[n]) for n in names}, [_as_torch(t) for t in args["outputs"]],
@@ -106,7 +106,7 @@ def _aot(trtp, op: str, descs: dict, attrs: dict):
     import tensorrt as trt
     import torch
 
-    from llgraph.plugins.aot import compile_op
+    from llgraph.plugins.tensorrt.aot import compile_op
 
     dtype = {trt.float32: "float32", trt.float16: "float16", trt.bfloat16: "bfloat16"}[descs[spec.inputs(op)[0]].dtype]
     major, minor = torch.cuda.get_device_capability()

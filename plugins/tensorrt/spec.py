@@ -1,5 +1,5 @@
 """What a TensorRT plugin is, read from the op schemas (llgraph/ops.py): one definition serves the `trt` export
-(node attributes) and the QDP registrations (plugins/qdp.py), so the two cannot drift apart.
+(node attributes) and the QDP registrations (plugins/tensorrt/qdp.py), so the two cannot drift apart.
 
 A plugin is named after its op (`llgraph::RMSNorm`); its inputs are the op's inputs and its fields are exactly the
 op's attributes, in schema order, with the schema's Python types. ONNX has no bool attribute, so a bool field travels

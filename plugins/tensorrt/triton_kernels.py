@@ -1,6 +1,6 @@
 """Triton kernels for the ops that become TensorRT plugins, and the one launch plan both ways of running them share.
 No tensorrt import here: the kernels are testable alone, under TRITON_INTERPRET=1 on CPU tensors, and compile ahead
-of time to PTX (plugins/aot.py).
+of time to PTX (plugins/tensorrt/aot.py).
 
 Semantics are the op schemas' (llgraph/ops.py) as the PyTorch executor implements them; layouts are contiguous:
 activations [batch, seq, features] with heads packed in the features, RoPE cos/sin [batch, seq, rotary_dim / 2]

@@ -98,7 +98,7 @@ def entries(root: Path) -> list[Entry]:
 
 def clean(root: Path, names: list[str] | None = None) -> tuple[list[Entry], int]:
     """Remove the named entries (all when `names` is empty) and, with all, the hash memo and llgraph's kernel builds
-    (plugins/cpu.py). Only what llgraph wrote is ever removed. Returns the entries removed and the bytes freed."""
+    (plugins/cpu/). Only what llgraph wrote is ever removed. Returns the entries removed and the bytes freed."""
     known = {e.name: e for e in entries(root)}
     missing = [n for n in names or () if n not in known]
     if missing:

@@ -31,7 +31,7 @@ from llgraph.export.engine import (
     trt_logger,
 )
 from llgraph.export_folder import ENGINE_META, Manifest
-from llgraph.plugins.qdp import register_plugins
+from llgraph.plugins.tensorrt.qdp import register_plugins
 from llgraph.runtime.backends import BackendSpec, RunOptions
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.runner import Runner

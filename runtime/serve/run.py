@@ -83,7 +83,7 @@ def serve_on_ray(options: ServeOptions, replicas: int, host: str = "127.0.0.1", 
     except ImportError as e:
         from llgraph.errors import MissingExtra
 
-        raise MissingExtra("llgraph serve --ray", "'ray[serve]'", "serve", e) from None
+        raise MissingExtra("llgraph serve --ray", "'ray[serve]'", "ray", e) from None
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
     ray_serve.start(http_options={"host": host, "port": port})
     def build_app():  # a builder (a function, not an app): Ray Serve calls it on each replica
