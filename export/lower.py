@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,7 @@ from onnx import TensorProto, helper
 
 from llgraph import __version__
 from llgraph.config import LlamaConfig
+from llgraph.errors import LlgraphError
 from llgraph.export_folder import DATA_FILE, MANIFEST, MODEL_FILE, Manifest
 from llgraph.ir import DTYPE_BYTES, Graph, Node
 from llgraph.outdir import PARTIAL_MARK, staged_folder
@@ -33,6 +35,7 @@ ONNX_DTYPES = {"float64": TensorProto.DOUBLE, "float32": TensorProto.FLOAT, "flo
                "uint8": TensorProto.UINT8, "int8": TensorProto.INT8, "bool": TensorProto.BOOL}
 ALIGN = 4096  # page-aligned offsets let ONNX Runtime memory-map large initializers
 CHUNK_BYTES = 64 << 20  # tensors are made contiguous and written this much at a time
+SPARE_BYTES = 256 << 20  # what an export leaves free beyond its weights (the graph, the manifest, the file system)
 
 Lowering = Callable[["Emitter", Node], None]
 
@@ -45,7 +48,7 @@ class Target:
     plan: Callable[["Emitter"], None] = lambda emitter: None
     bf16: bool = True  # its runtimes run bfloat16 weights
     accuracy_level: bool = False  # it takes ONNX Runtime's MatMulNBits accuracy level
-    kernels: bool = False  # its QLinear can run on llgraph's CPU kernels (plugins/cpu.py)
+    kernels: bool = False  # its QLinear can run on llgraph's CPU kernels (plugins/cpu/__init__.py)
     passes: tuple = ()  # graph passes of this target only, applied before lowering (llgraph/passes.py)
     # the target's own files beside the model (the ort target's genai_config.json): (folder, manifest) -> None
     extras: Callable[[Path, "Manifest"], None] = lambda folder, manifest: None
@@ -206,6 +209,9 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
         raise NotImplementedError(f"target '{target.name}' cannot lower {missing}")
     check_weights(graph, source)
     total = sum(int(np.prod(p.value.shape)) * DTYPE_BYTES[p.value.dtype] for p in graph.params.values())
+    check_free_space(out_dir, total)
+    if progress:
+        print(f"export {target.name}: about {total / 1e9:.2f} GB of weights into {out_dir.parent}", file=sys.stderr)
     with open(out_dir / DATA_FILE, "wb") as data, \
             tqdm(total=total, unit="B", unit_scale=True, desc=f"export {target.name}", disable=not progress) as bar:
         em = Emitter(graph, source, data, on_weight=bar.update, max_positions=max_positions, options=options or {})
@@ -214,7 +220,18 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
             if node.name in em.absorbed:
                 continue
             em.fused.get(node.name, target.lowerings[node.op])(em, node)
+        bar.total = bar.n  # the estimate counted each param at its nominal width; stored blocks can be narrower
+        bar.refresh()
     onnx.save(to_model(em, target, metadata), out_dir / MODEL_FILE)
+
+
+def check_free_space(out_dir: Path, need: int) -> None:
+    """Refuse up front, in one line, an export the disk cannot hold (rather than an ENOSPC halfway through)."""
+    free = shutil.disk_usage(out_dir).free
+    if need + SPARE_BYTES > free:
+        raise LlgraphError(f"the export needs about {need / 1e9:.2f} GB and {out_dir.parent} has {free / 1e9:.2f} GB "
+                           f"free: free some space, or write it elsewhere with -o DIR (--cache-dir or "
+                           f"$LLGRAPH_CACHE_DIR for the cache)")
 
 
 def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, *, max_positions: int,

@@ -211,7 +211,11 @@ def from_fields(cls, data: dict, prefix: str = ""):
     if unknown:
         hint = ", ".join(prefix + k for k in unknown)
         raise ConfigError(f"unknown config key(s) {hint}; known keys are {', '.join(sorted(known))}")
-    try:
-        return cls(**data)
-    except TypeError as e:  # a required field is missing
-        raise ConfigError(f"{prefix}{e}".replace("__init__() ", "")) from None
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [prefix + k for k in required if k not in data]
+    if missing:
+        where = f"config section {prefix.rstrip('.')}" if prefix else "the config"
+        raise ConfigError(f"{where} lacks required key(s) {', '.join(missing)} (an HF config.json, a preset name such "
+                          f"as 'tiny' or '8b', or a JSON object with them, like llgraph/configs/*.json)")
+    return cls(**data)

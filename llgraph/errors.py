@@ -15,5 +15,9 @@ class MissingExtra(LlgraphError):
     (llgraph itself is installed from its clone, so `pip install 'llgraph[extra]'` would not find it)."""
 
     def __init__(self, what: str, packages: str, extra: str, error: ImportError):
-        super().__init__(f"{what} needs {packages} ({error.name or error}): pip install {packages} (or pip install "
-                         f"-e '.[{extra}]' in llgraph's clone)")
+        how = f"pip install {packages}"
+        if packages == "torch":  # an unpinned torch is a CUDA build of several GB
+            how = "pip install torch --index-url https://download.pytorch.org/whl/cpu (a CPU build; plain `pip " \
+                  "install torch` takes a CUDA one of several GB)"
+        super().__init__(f"{what} needs {packages} ({error.name or error}): {how}, or in llgraph's clone pip install "
+                         f"--config-settings editable_mode=strict -e '.[{extra}]'")

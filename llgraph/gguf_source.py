@@ -63,7 +63,14 @@ def gguf_reader(path: str | Path):
     """gguf's reader of a GGUF file, parsed once per process for the config, the weights and the tokenizer alike
     (parsing SmolLM2's 49k-token vocabulary takes seconds; it was parsed four times per export)."""
     st = os.stat(path)
-    return _gguf_reader(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+    try:
+        return _gguf_reader(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        raise
+    except Exception as e:  # gguf's reader fails on a bad file with whatever numpy or struct raised
+        why = "it is empty" if st.st_size == 0 else f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        raise WeightError(f"{path} is not a readable GGUF file ({why}; {st.st_size:,} bytes): it is truncated, "
+                          "damaged or not a GGUF; download it again, or check the path") from None
 
 
 class GGUFSource(WeightSource):
@@ -78,8 +85,8 @@ class GGUFSource(WeightSource):
         self.path, self._recent = Path(path), {}
         try:
             self._reader = gguf_reader(self.path)
-        except (OSError, ValueError) as e:
-            raise WeightError(f"cannot read GGUF {self.path}: {e}") from None
+        except OSError as e:
+            raise WeightError(f"cannot read GGUF {self.path}: {e.strerror or e}") from None
         arch = self._reader.fields.get("general.architecture")
         self.arch = arch.contents() if arch is not None else "llama"
         stored = stored_rope_layout(self.arch)

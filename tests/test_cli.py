@@ -172,3 +172,68 @@ def test_serve_on_a_busy_port_says_so_before_loading():
         r = llgraph("serve", "smollm2", "--port", str(port))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
     assert "loading" not in r.stdout, r.stdout
+
+
+def test_a_bad_gguf_is_one_line_exit_2_and_leaves_no_cache_entry(tmp_path):
+    """Text, empty, truncated (inside the header and inside the tensors), a tensor claiming a huge dimension, and a
+    config claiming one: each one line naming the file and the fix, exit 2, nothing in the cache."""
+    import struct
+
+    from reference import tiny, write_gguf
+
+    from llgraph.checkpoint import random_weights
+
+    good = tmp_path / "good.gguf"
+    cfg = tiny(hidden_size=64, intermediate_size=128, head_dim=16)
+    write_gguf(good, cfg, random_weights(cfg, seed=1), lambda i, name, x: __import__("gguf").GGMLQuantizationType.F32)
+    data = good.read_bytes()
+
+    def patched(key: bytes, offset: int, fmt: str, value: int) -> bytes:
+        b = bytearray(data)
+        struct.pack_into(fmt, b, b.index(key) + len(key) + offset, value)
+        return bytes(b)
+
+    bad = {"text.gguf": b"not a model at all\n", "empty.gguf": b"", "header.gguf": data[:200],
+           "tensors.gguf": data[:len(data) // 2],
+           "huge-tensor.gguf": patched(b"token_embd.weight", 4, "<Q", 1 << 40),  # its first dimension
+           "huge-config.gguf": patched(b"llama.embedding_length", 4, "<I", 1 << 31)}  # the value after its type
+    cache = tmp_path / "cache"
+    for name, content in bad.items():
+        (tmp_path / name).write_bytes(content)
+        r = llgraph("generate", str(tmp_path / name), "--tokens", "1,2", "--max-new-tokens", "2",
+                    "--cache-dir", str(cache))
+        errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+        print(name, errors)
+        assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, (name, r.stderr)
+        assert name in errors[0] and ("not a readable GGUF" in errors[0] or "does not fit" in errors[0]), errors
+        assert not [p for p in cache.glob("*") if p.is_dir() and p.name not in ("kernels", "ort-headers")], name
+
+
+def test_an_export_the_disk_cannot_hold_is_refused_up_front(tmp_path, monkeypatch):
+    """8B in fp32 is 32 GB: on a disk with 10 GB free, one line naming both sizes and the fix, nothing written."""
+    import collections
+    import shutil
+
+    import pytest
+
+    from llgraph.errors import LlgraphError
+    from llgraph.export import export_model
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100 << 30, 90 << 30, 10 << 30))
+    with pytest.raises(LlgraphError) as e:
+        export_model("8b.json", out=tmp_path / "out")
+    print(e.value)
+    assert "needs about 32.12 GB" in str(e.value) and "10.74 GB free" in str(e.value) and "-o DIR" in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_errors_name_the_flag_and_the_missing_keys(tmp_path):
+    """`--top-p 2` names the flag the user typed, not the field; an empty config names the keys it lacks."""
+    r = llgraph("generate", "smollm2", "--prompt", "hi", "--top-p", "2", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("llgraph: error: --top-p ") and "top_p" not in r.stderr, r.stderr
+    (tmp_path / "empty.json").write_text("{}")
+    r = llgraph("inspect", "--config", str(tmp_path / "empty.json"))
+    print(r.stderr)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "lacks required key(s) vocab_size" in r.stderr
+    assert "LlamaConfig" not in r.stderr

@@ -69,6 +69,21 @@ def test_generate_cli_streams_a_chat_answer():
                         r"speculative: \d+ of \d+ drafted tokens accepted", r.stderr.strip().splitlines()[-1]), r.stderr
 
 
+def test_a_chat_model_answers_a_plain_prompt_through_its_template():
+    """Issue 38, item 8: without --chat, `generate smollm2 --prompt "Write a haiku about rivers."` printed an empty
+    line (the instruct model, given raw text, ended at once). A text prompt to a model with a chat template goes
+    through it, as llama.cpp's CLI does; --raw asks for plain completion; --raw with --chat is one line."""
+    base = [sys.executable, "-m", "llgraph", "generate", "smollm2", "--prompt", "Write a haiku about rivers.",
+            "--max-new-tokens", "24", "--threads", "1"]
+    r = subprocess.run(base, capture_output=True, text=True)
+    raw = subprocess.run(base + ["--raw"], capture_output=True, text=True)
+    both = subprocess.run(base + ["--raw", "--chat"], capture_output=True, text=True)
+    print(repr(r.stdout), repr(raw.stdout), both.stderr)
+    assert r.returncode == 0 and len(r.stdout.strip()) > 10, r.stderr
+    assert raw.returncode == 0 and raw.stdout != r.stdout
+    assert both.returncode == 2 and "--raw" in both.stderr and len(both.stderr.strip().splitlines()) == 1
+
+
 def test_chat_takes_a_conversation(smollm2_export):
     """Runner.chat, generate and stream take [{"role", "content"}, ...] through the model's chat template: the
     same tokens as generate on the rendered template (the template itself == transformers', above)."""

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from llgraph.errors import LlgraphError
+
 
 class Timed:
     """pp and tg of a model behind `forward(ids, positions)` (one step on the cache `allocate()` empties), as
@@ -193,7 +195,7 @@ class LlamaBench:
                 cmd += ["-d", str(a.depth)]
             r = subprocess.run(cmd + self.flags, capture_output=True, text=True)
             if r.returncode != 0:
-                raise SystemExit(f"{self.path} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+                raise LlgraphError(f"{self.path} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
             want = (a.p, 0) if test == "pp" else (0, a.n)  # the row of this test (some versions add others)
             row = next(x for x in json.loads(r.stdout) if (x["n_prompt"], x["n_gen"]) == want)
             times[test] = count / row["avg_ts"]
@@ -240,11 +242,11 @@ def main(argv=None) -> None:
         elif peer.startswith("llama-bench="):
             gguf = Path(resolve(args.model))
             if gguf.suffix != ".gguf":
-                raise SystemExit("--peer llama-bench needs MODEL to be a GGUF file (the one both engines run)")
+                raise LlgraphError("--peer llama-bench needs MODEL to be a GGUF file (the one both engines run)")
             path, *flags = peer.split("=", 1)[1].split()
             engines.append(llama_bench_engine(args, path, gguf, flags))
         else:
-            raise SystemExit(f"--peer {peer}: use llama-bench=PATH or transformers")
+            raise LlgraphError(f"--peer {peer}: use llama-bench=PATH or transformers")
     best = [{"pp": float("inf"), "tg": float("inf")} for _ in engines]
     for _ in range(args.repeats):  # the engines in turn, so the machine's drifting speed hits each alike
         for b, (engine, *_) in zip(best, engines):

@@ -116,6 +116,18 @@ def share_threads_for_a_draft(args) -> None:
         share_threads_with_a_draft(args.backend, args.threads)
 
 
+def check_sampling_flags(args) -> None:
+    """The sampling flags checked before anything loads, the error naming the flag (`--top-p`), not the field."""
+    from llgraph.errors import LlgraphError
+    from llgraph.runtime.engine.sampling import RequestError, Sampling
+
+    try:
+        Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)
+    except RequestError as e:
+        field, _, rest = str(e).partition(" ")
+        raise LlgraphError(f"--{field.replace('_', '-')} {rest}") from None
+
+
 def sampling_of(args, runner) -> dict:
     """The sampling flags (add_sampling_flags) as Runner.generate/stream keywords for `runner`; --speculative
     draft=MODEL opens the draft model (on the same backend, with the same cache length)."""
@@ -210,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", help="the prompt text; - reads it from stdin")
     g.add_argument("--prompt-file", help="the prompt text, from this file")
     g.add_argument("--tokens", help="the prompt as comma-separated token ids (e.g. for a random-weight export)")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template (the default "
+                   "for a text prompt to a model that has one, as llama.cpp's CLI does)")
+    g.add_argument("--raw", action="store_true", help="plain completion: the prompt as it is, no chat template")
     g.add_argument("--system", help="a system message before the prompt (implies --chat)")
     g.add_argument("--stats", action="store_true", help="after the answer, one line on stderr: the prompt's tokens "
                    "and prefill speed, the generated tokens and decode speed")
@@ -284,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "'llgraph' registered: llgraph lm-eval --model llgraph --model_args model=smollm2 --tasks T")
     h.add_argument("harness_args", nargs=argparse.REMAINDER, help="lm_eval's arguments (see llgraph lm-eval --help)")
     h.set_defaults(func="lm_eval")
+    r = sub.add_parser("bench", add_help=False, help="prompt and generation speed as llama-bench measures them, peers "
+                       "in the same run: llgraph bench MODEL [-p 512] [-n 128] [--peer 'llama-bench=PATH [FLAGS]']")
+    r.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's arguments (see llgraph bench --help)")
+    r.set_defaults(func="bench")
     c = sub.add_parser("cache", help="list or clean the checkpoints `generate` exported for ONNX Runtime")
     c.add_argument("action", choices=("list", "clean"), help="list: entries with size and source; clean: remove")
     c.add_argument("names", nargs="*", help="for clean: the entries to remove (default: all)")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from llgraph.checkpoint import load_config
-from llgraph.errors import LlgraphError
+from llgraph.errors import LlgraphError, MissingExtra
 from llgraph.outdir import Terminated, signals_raise
 from llgraph.runtime.cli.args import build_parser, sampling_of, share_threads_for_a_draft, weights_of
 from llgraph.weight_request import Weights
@@ -125,10 +125,9 @@ def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:
 
 
 def cmd_generate(args) -> None:
-    from llgraph.runtime.engine.sampling import Sampling
+    from llgraph.runtime.cli.args import check_sampling_flags
 
-    # every flag is checked before anything is loaded or exported
-    Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)
+    check_sampling_flags(args)  # every flag is checked before anything is loaded or exported
     if args.max_new_tokens < 1:
         raise LlgraphError(f"--max-new-tokens ({args.max_new_tokens}) must be at least 1")
     if args.max_seq_len is not None and args.max_seq_len < 2:
@@ -141,12 +140,18 @@ def cmd_generate(args) -> None:
     chat = args.chat or args.system is not None
     if chat and args.tokens is not None:
         raise LlgraphError("--chat and --system wrap a text prompt; drop them with --tokens")
+    if chat and args.raw:
+        raise LlgraphError("--raw is plain completion, --chat and --system use the chat template; pass one")
     prompt = parse_tokens(args.tokens) if args.tokens is not None else read_prompt(args.prompt, args.prompt_file)
     from llgraph.runtime.backends import open_runner
 
     share_threads_for_a_draft(args)
     runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
                          args.threads)
+    # a chat model answers a text prompt through its template unless asked for plain completion (an instruct model
+    # given raw text often ends at once: an empty answer)
+    chat = chat or (not args.raw and args.tokens is None and runner.tokenizer is not None
+                    and bool(runner.tokenizer.chat_template))
     if chat:
         if runner.tokenizer is None:
             raise LlgraphError("--chat needs a tokenizer; this model has none")
@@ -224,6 +229,13 @@ def cmd_lm_eval(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from llgraph.runtime.bench.speed import main as bench_main
+
+    bench_main(args.bench_args)
+    return 0
+
+
 def _diff_cache_length(args) -> int:
     """Both sides' cache length: --max-seq-len, else the engine's fixed one (the caches are compared whole), else
     256."""
@@ -265,7 +277,14 @@ def cmd_diff(args) -> int:
     opened = open_model(model, model if is_checkpoint else None, Weights(dequantize=True))
     cfg, source, graph = opened.config, opened.source, opened.graph
     dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
-    makers = diff_sides((args.a, args.b))  # every backend's sides: torch, ort, onnx, trt
+    try:
+        makers = diff_sides((args.a, args.b))  # every backend's sides: torch, ort, onnx, trt
+    except MissingExtra as e:
+        if args.a != "torch":
+            raise
+        raise LlgraphError(f"llgraph diff compares against the PyTorch executor (--a torch, its default reference), "
+                           f"which needs torch: {str(e).split(': ', 1)[-1]}; or compare ONNX Runtime's two targets "
+                           "without it: --a ort --b onnx") from None
 
     def sides(name: str, dtype: str):
         return makers[name](SideRequest(cfg, source, dtype, args.max_seq_len, args.engine, args.tensorrt))
@@ -328,13 +347,15 @@ def cmd_chat(args) -> int:
 
 COMMANDS = {"inspect": cmd_inspect, "export": cmd_export, "build": cmd_build, "generate": cmd_generate,
             "chat": cmd_chat, "diff": cmd_diff, "eval": cmd_eval, "serve": cmd_serve, "lm_eval": cmd_lm_eval,
-            "cache": cmd_cache}
+            "bench": cmd_bench, "cache": cmd_cache}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # the harness's own parser reads the rest, --help included
         args = argparse.Namespace(command="lm-eval", func="lm_eval", harness_args=argv[1:])
+    elif argv[:1] == ["bench"]:  # so is the benchmark's
+        args = argparse.Namespace(command="bench", func="bench", bench_args=argv[1:])
     else:
         args = build_parser().parse_args(argv)
     args.func = COMMANDS[args.func]  # the parser names the command; its function is here
