@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 from llgraph import __version__
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
-from llgraph.export_folder import DATA_FILE, MANIFEST, MODEL_FILE, Manifest
+from llgraph.export_folder import DATA_FILE, MANIFEST, MODEL_FILE, Manifest, integrity_record
 from llgraph.ir import DTYPE_BYTES, Graph, Node
 from llgraph.outdir import PARTIAL_MARK, staged_folder
 from llgraph.passes import run_passes
@@ -256,7 +256,8 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
                             inputs=tuple(v.name for v in graph.inputs), outputs=tuple(v.name for v in graph.outputs))
         target.extras(tmp, manifest)
         files = tuple(sorted({p.name for p in tmp.iterdir()} - {PARTIAL_MARK} | {MANIFEST}))
-        dataclasses.replace(manifest, files=files).write(tmp)
+        sizes, hashes = integrity_record(tmp, set(files) - {MANIFEST})
+        dataclasses.replace(manifest, files=files, sizes=sizes, sha256=hashes).write(tmp)
     return out
 
 

@@ -9,6 +9,7 @@ runners, `llgraph build`, the export cache and `--force`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 ENGINE_FILE, ENGINE_META, TIMING_CACHE = "model.engine", "engine.json", "timing.cache"
 BUILD_FILES = (ENGINE_FILE, ENGINE_META, TIMING_CACHE)  # what `llgraph build` adds to an export folder
 # what an export wrote before manifests listed their files
+HASH_ON_OPEN = 64 << 20  # files up to this size are hashed each time a folder is opened; larger ones by `cache verify`
 LEGACY_FILES = (MODEL_FILE, DATA_FILE, MANIFEST, "genai_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "generation_config.json", "chat_template.jinja")
 
@@ -43,6 +45,8 @@ class Manifest:
     options: dict = field(default_factory=dict)  # the target's options (accuracy_level)
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    sizes: dict = field(default_factory=dict)  # the integrity record: file -> bytes, as export wrote them
+    sha256: dict = field(default_factory=dict)  # file -> sha256 (checked on open below HASH_ON_OPEN, else by verify)
     model: str = MODEL_FILE
     data: str = DATA_FILE
     llgraph_version: str = __version__
@@ -97,3 +101,31 @@ def llgraph_files(folder: Path) -> set[str] | None:
     """Names llgraph wrote into `folder`, or None if it is not an llgraph export folder."""
     manifest = Manifest.find(folder)
     return None if manifest is None else manifest.written_files(folder)
+
+
+def integrity_record(folder: Path, names) -> tuple[dict, dict]:
+    """Sizes and sha256 of the files `names` in `folder`, for the manifest (export writes it last)."""
+    sizes, hashes = {}, {}
+    for name in sorted(names):
+        h = hashlib.sha256()
+        with open(Path(folder) / name, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        sizes[name], hashes[name] = (Path(folder) / name).stat().st_size, h.hexdigest()
+    return sizes, hashes
+
+
+def damage(folder: Path, manifest: Manifest, hashes: bool = False) -> str | None:
+    """What differs from the integrity record, in a few words, or None: every size; the hashes of small files (all
+    with `hashes`). A folder exported before the record existed has nothing to check."""
+    for name, size in manifest.sizes.items():
+        path = Path(folder) / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} is {path.stat().st_size:,} bytes where export wrote {size:,}"
+    for name, digest in manifest.sha256.items():
+        small = manifest.sizes.get(name, 0) <= HASH_ON_OPEN
+        if (hashes or small) and integrity_record(folder, [name])[1][name] != digest:
+            return f"{name} is not the file export wrote (its sha256 differs)"
+    return None

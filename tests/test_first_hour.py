@@ -127,8 +127,8 @@ def test_cache_list_clean_env_and_flag(tiny_ckpt, tmp_path):
 # -- flags checked before anything loads -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
-    (["--top-p", "2"], "top_p (2.0) must be in (0, 1]"),
-    (["--temperature", "-1"], "temperature (-1.0) must be >= 0"),
+    (["--top-p", "2"], "--top-p (2.0) must be in (0, 1]"),
+    (["--temperature", "-1"], "--temperature (-1.0) must be >= 0"),
     (["--max-new-tokens", "-5"], "--max-new-tokens (-5) must be at least 1"),
     (["--max-seq-len", "-7"], "--max-seq-len (-7) must be at least 2"),
     (["--max-seq-len", "0"], "--max-seq-len (0) must be at least 2"),

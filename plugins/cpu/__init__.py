@@ -32,6 +32,8 @@ SOURCES = sorted([*SOURCE.parent.glob("*.cc"), *SOURCE.parent.glob("*.inc")])  #
 HEADERS_PACKAGE = "libonnxruntime-dev"  # Debian 13 (trixie): ONNX Runtime 1.21's headers
 HEADERS_SUITE = "deb http://deb.debian.org/debian trixie main"
 BUILDS, HEADERS = "kernels", "ort-headers"  # under the user cache: one folder per build key, the fetched headers
+CHECKSUM = ".sha256"  # beside the built library: its sha256, checked before each use (a damaged one is rebuilt)
+SCRATCH = "tmp-fetch-"  # the headers' scratch folders: tmp-fetch-PID-…, removed by the next fetch once PID is dead
 ISA_ENV = "LLGRAPH_CPU_ISA"  # avx512vnni | avx512 | avx2 | scalar: the widest instruction set the kernels may use
 
 _why_not: str | None = None
@@ -72,12 +74,46 @@ def isa(path: Path) -> str:
 
 
 def built_here(root: Path) -> list[Path]:
-    """What this module wrote under cache root `root`: each build's folder (holding the library alone) and the
-    fetched headers; `llgraph cache clean` removes them with the exports. Anything else there is left alone."""
-    builds = [d for d in sorted((root / BUILDS).glob("*")) if d.is_dir() and (d / LIBRARY).exists()
-              and {p.name for p in d.iterdir()} <= {LIBRARY}]
-    headers = root / HEADERS / "x" / "usr" / "include" / "onnxruntime" / "onnxruntime_cxx_api.h"
-    return builds + ([root / HEADERS / "x"] if headers.exists() else [])
+    """What this module wrote under cache root `root`: each build's folder (named by its key, holding the library,
+    its checksum and partial builds only), the fetched headers and any scratch folder a killed fetch left;
+    `llgraph cache clean` removes them with the exports. Anything else there is left alone."""
+    def ours(name: str) -> bool:
+        return name in (LIBRARY, LIBRARY + CHECKSUM) or name.endswith(".partial")
+    builds = [d for d in sorted((root / BUILDS).glob("*")) if d.is_dir() and len(d.name) == 16
+              and all(c in "0123456789abcdef" for c in d.name) and all(ours(p.name) for p in d.iterdir())]
+    headers = [d for d in sorted((root / HEADERS).glob("*"))
+               if d.is_dir() and (d.name == "x" or d.name.startswith(SCRATCH))]
+    return builds + headers
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(out: Path) -> bool:
+    """The built library is the one the build wrote (its checksum beside it) and loads."""
+    record = out.with_name(LIBRARY + CHECKSUM)
+    try:
+        if record.read_text().strip() != _sha256(out):
+            return False
+        isa(out)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def _remove_stale(folder: Path, pattern: str) -> None:
+    """Partial builds or scratch folders (named with their writer's PID) whose writer is dead: a killed run's."""
+    for p in folder.glob(pattern):
+        try:
+            pid = int(p.name.split(".")[1] if p.name.startswith(".") else p.name.split("-")[2])
+            os.kill(pid, 0)
+            continue  # its writer is alive
+        except ProcessLookupError:
+            pass
+        except (ValueError, IndexError, PermissionError):
+            continue
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 def _built(progress: bool, build: bool = True) -> Path:
@@ -93,15 +129,18 @@ def _built(progress: bool, build: bool = True) -> Path:
         key.update(path.read_bytes())
     key.update(_version(compiler).encode() + (headers / "onnxruntime_c_api.h").read_bytes())
     out = user_cache() / BUILDS / key.hexdigest()[:16] / LIBRARY
-    if out.exists():
+    damaged = out.exists() and not _intact(out)
+    if out.exists() and not damaged:
         return out
     if not build:
         raise KernelsUnavailable("they build on first use: `llgraph export ... --kernels llgraph`")
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out.parent, ".*.partial")
     if progress:
-        print(f"building llgraph's CPU kernels (once, into {out.parent}) ...", file=sys.stderr, flush=True)
-    with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".partial", delete=False) as tmp:
-        partial = Path(tmp.name)
+        unrecorded = not out.with_name(LIBRARY + CHECKSUM).exists()  # built before libraries had checksums
+        why = "once" if not damaged or unrecorded else "again: the library there is damaged"
+        print(f"building llgraph's CPU kernels ({why}, into {out.parent}) ...", file=sys.stderr, flush=True)
+    partial = out.parent / f".{os.getpid()}.{os.urandom(4).hex()}.partial"
     cmd = [compiler, "-std=c++17", "-O3", "-fPIC", "-shared", "-fvisibility=hidden", f"-I{headers}",
            f"-I{SOURCE.parent}", str(SOURCE), "-o", str(partial)]
     try:
@@ -110,7 +149,8 @@ def _built(progress: bool, build: bool = True) -> Path:
             first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:200])
             raise KernelsUnavailable(f"building llgraph's CPU kernels failed ({first}); report it, or use "
                                      "--kernels standard")
-        partial.replace(out)
+        out.with_name(LIBRARY + CHECKSUM).write_text(_sha256(partial) + "\n")
+        partial.replace(out)  # the checksum first: a library without its record is rebuilt, never trusted
     finally:
         partial.unlink(missing_ok=True)
     return out
@@ -152,7 +192,8 @@ def fetch_headers(progress: bool = True, root: Path | None = None) -> Path:
         print(f"fetching ONNX Runtime's C++ headers ({HEADERS_PACKAGE}, Debian) into {root} ...", file=sys.stderr,
               flush=True)
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root) as scratch:
+    _remove_stale(root, f"{SCRATCH}*")
+    with tempfile.TemporaryDirectory(dir=root, prefix=f"{SCRATCH}{os.getpid()}-") as scratch:
         s = Path(scratch)
         (s / "lists" / "partial").mkdir(parents=True)
         (s / "cache" / "archives" / "partial").mkdir(parents=True)

@@ -6,7 +6,10 @@
 
 An entry is keyed on the checkpoint's *content* (sha256 of its files), llgraph's version, the target and the dtype:
 a reinstalled wheel or a copied checkpoint reuses the entry; a changed file or a new llgraph makes a new one.
-`llgraph cache list` shows each entry's size and source; `llgraph cache clean` removes entries.
+`llgraph cache list` shows each entry's size and source, and the kernel builds; `llgraph cache verify` hashes every
+file against the entry's integrity record; `llgraph cache clean` removes entries (all: the cache is left empty).
+An entry that is damaged (no manifest, a file of the wrong size or, for small files, content) is exported again by
+the next `generate` that needs it (`heal`).
 """
 
 from __future__ import annotations
@@ -14,17 +17,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from llgraph import __version__
 from llgraph.errors import LlgraphError
-from llgraph.export_folder import MANIFEST, Manifest
-from llgraph.outdir import user_cache
+from llgraph.export_folder import MANIFEST, Manifest, damage
+from llgraph.outdir import remove_stale, user_cache
 from llgraph.plugins import cpu
 
 HASHES = "hashes.json"
+ENTRY_NAME = re.compile(r"-(ort|onnx|trt)-[A-Za-z0-9_.-]+-[0-9a-f]{16}$")  # entry_for's: STEM-TARGET-MODE-KEY
 _CHECKPOINT_SUFFIXES = {".json", ".safetensors", ".gguf", ".jinja", ".model", ".txt"}
 
 
@@ -75,11 +80,25 @@ def entry_for(checkpoint: Path, root: Path, target: str = "ort", dtype: str = "f
     return existing[0] if existing else root / f"{checkpoint.stem}{suffix}"
 
 
+def heal(folder: Path) -> str | None:
+    """None when cache entry `folder` is whole; else why it must be exported (a damaged entry is removed first:
+    everything in an entry is llgraph's, and an export renames its folder in only once it is complete)."""
+    if not folder.exists():
+        return "once"
+    manifest = Manifest.find(folder)
+    why = "its manifest.json is missing or unreadable" if manifest is None else damage(folder, manifest)
+    if why is None:
+        return None
+    shutil.rmtree(folder)
+    return f"again: the entry was damaged, {why}"
+
+
 @dataclass
 class Entry:
     path: Path
     bytes: int
-    source: str
+    source: str  # the checkpoint it was exported from; for a damaged entry, what is wrong
+    manifest: Manifest | None = None
 
     @property
     def name(self) -> str:
@@ -87,33 +106,56 @@ class Entry:
 
 
 def entries(root: Path) -> list[Entry]:
+    """The exports in the cache, and folders named like one that hold no readable manifest (damaged: shown by
+    `cache list`, removed by `cache clean`)."""
     found = []
     for p in sorted(root.iterdir()) if root.is_dir() else []:
-        manifest = Manifest.find(p) if p.is_dir() else None
-        if manifest is not None:
-            size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-            found.append(Entry(p, size, manifest.weights))
+        if not p.is_dir():
+            continue
+        manifest = Manifest.find(p)
+        if manifest is None and not ENTRY_NAME.search(p.name):
+            continue
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        found.append(Entry(p, size, manifest.weights if manifest else "damaged: no readable manifest.json", manifest))
     return found
+
+
+def kernel_builds(root: Path) -> tuple[int, int]:
+    """llgraph's CPU kernel builds and fetched headers in the cache: (folders, bytes)."""
+    folders = cpu.built_here(root)
+    return len(folders), sum(f.stat().st_size for d in folders for f in d.rglob("*") if f.is_file())
+
+
+def verify(root: Path, names: list[str] | None = None) -> list[tuple[Entry, str | None]]:
+    """Each entry (the named ones, else all) against its integrity record, every file hashed: (entry, damage)."""
+    chosen = _chosen(root, names)
+    return [(e, "no readable manifest.json" if e.manifest is None else damage(e.path, e.manifest, hashes=True))
+            for e in chosen]
+
+
+def _chosen(root: Path, names: list[str] | None) -> list[Entry]:
+    known = {e.name: e for e in entries(root)}
+    missing = [n for n in names or () if n not in known]
+    if missing:
+        raise LlgraphError(f"no cache entry {', '.join(missing)} in {root}; `llgraph cache list` shows them")
+    return [known[n] for n in names] if names else list(known.values())
 
 
 def clean(root: Path, names: list[str] | None = None) -> tuple[list[Entry], int]:
     """Remove the named entries (all when `names` is empty) and, with all, the hash memo and llgraph's kernel builds
     (plugins/cpu/). Only what llgraph wrote is ever removed. Returns the entries removed and the bytes freed."""
-    known = {e.name: e for e in entries(root)}
-    missing = [n for n in names or () if n not in known]
-    if missing:
-        raise LlgraphError(f"no cache entry {', '.join(missing)} in {root}; `llgraph cache list` shows them")
-    chosen = [known[n] for n in names] if names else list(known.values())
+    chosen = _chosen(root, names)
     for e in chosen:
         shutil.rmtree(e.path)
     freed = sum(e.bytes for e in chosen)
-    if not names:  # all: the hash memo, and llgraph's CPU kernel builds and the headers fetched for them
+    if not names:  # all: the hash memo, killed runs' folders, llgraph's CPU kernel builds and their headers
+        for p in [*root.glob(".*.partial-*"), *root.glob(".*.old-*")]:
+            remove_stale(root / p.name[1:].rsplit(".", 1)[0])
         if (root / HASHES).exists():
             (root / HASHES).unlink()
+        freed += kernel_builds(root)[1]
         for folder in cpu.built_here(root):
-            freed += sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
             shutil.rmtree(folder)
-            for parent in (folder.parent, folder.parent.parent):  # kernels/, ort-headers/ once empty
-                if parent != root and parent.is_dir() and not any(parent.iterdir()):
-                    parent.rmdir()
+            if folder.parent != root and folder.parent.is_dir() and not any(folder.parent.iterdir()):
+                folder.parent.rmdir()  # kernels/, ort-headers/ once empty
     return chosen, freed

@@ -20,7 +20,7 @@ import numpy as np
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
-from llgraph.export_folder import MODEL_FILE, Manifest
+from llgraph.export_folder import MODEL_FILE, Manifest, damage
 from llgraph.ir import Graph, value_order
 from llgraph.passes import KEEP_INPUT, model_graph
 from llgraph.plugins import cpu
@@ -59,6 +59,10 @@ class OrtBackend(Backend):
 
         self.folder = folder = Path(folder)
         manifest = Manifest.read(folder)
+        damaged = damage(folder, manifest)
+        if damaged:
+            raise LlgraphError(f"{folder} is damaged ({damaged}): export it again (llgraph export ... --force -o "
+                               f"{folder}); a cache entry: `llgraph cache clean {folder.name}`, then run again")
         self.config, self.dtype = manifest.config, manifest.dtype
         if self.dtype == "bfloat16":
             raise LlgraphError(f"{folder} is a bf16 export and ONNX Runtime's CPU kernels have no bf16 MatMul; "
@@ -208,13 +212,14 @@ def _open(path: Path, options: RunOptions) -> ORTRunner:
         return ORTRunner(path, options.max_seq_len, options.threads)
     from llgraph.checkpoint import load_config
     from llgraph.export import export_model, resolve_kernels
-    from llgraph.runtime.backends.cache import cache_dir, entry_for
+    from llgraph.runtime.backends.cache import cache_dir, entry_for, heal
 
     load_config(path)  # a folder or file that is no checkpoint fails here, before "exporting ..." is said
     weights = resolve_kernels(options.weights, "ort", path)  # its kernels are part of the cache key
     folder = entry_for(path, cache_dir(options.cache_dir), "ort", weights.mode)
-    if Manifest.find(folder) is None:
-        print(f"exporting {path.name} for ONNX Runtime into {folder} (once; `llgraph cache list` shows it)",
+    why = heal(folder)
+    if why is not None:
+        print(f"exporting {path.name} for ONNX Runtime into {folder} ({why}; `llgraph cache list` shows it)",
               file=sys.stderr)
         export_model(path, checkpoint=path, out=folder, target="ort", weights=weights, force=True, progress=True)
     return ORTRunner(folder, options.max_seq_len, options.threads)

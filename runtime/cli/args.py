@@ -264,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_runner_flags(v, "the backend scored (default ort)", "KV-cache length (default min(2048, the model's range))")
     v.add_argument("--task", required=True, choices=("mc", "perplexity"), help="mc: JSONL items with context, "
                    "choices, answer; perplexity: a text file")
-    v.add_argument("--data", required=True, help="the items (.jsonl) or the text (.txt)")
+    v.add_argument("--data", help="the items (.jsonl) or the text (.txt); default: llgraph's own (20 everyday "
+                   "knowledge items for mc, the opening of A Tale of Two Cities for perplexity)")
     v.add_argument("--compare", choices=tuple(BACKENDS), help="score the same data on this backend too and "
                    "print the per-item differences")
     v.add_argument("--context", type=int, help="perplexity: tokens per window (default: the cache length)")
@@ -302,9 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "in the same run: llgraph bench MODEL [-p 512] [-n 128] [--peer 'llama-bench=PATH [FLAGS]']")
     r.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's arguments (see llgraph bench --help)")
     r.set_defaults(func="bench")
-    c = sub.add_parser("cache", help="list or clean the checkpoints `generate` exported for ONNX Runtime")
-    c.add_argument("action", choices=("list", "clean"), help="list: entries with size and source; clean: remove")
-    c.add_argument("names", nargs="*", help="for clean: the entries to remove (default: all)")
+    c = sub.add_parser("cache", help="list, verify or clean the checkpoints `generate` exported for ONNX Runtime")
+    c.add_argument("action", choices=("list", "verify", "clean"), help="list: entries with size and source; verify: "
+                   "every file against the entry's integrity record; clean: remove")
+    c.add_argument("names", nargs="*", help="for verify and clean: the entries (default: all)")
     c.add_argument("--cache-dir", help=CACHE_HELP)
     c.set_defaults(func="cache")
     return p

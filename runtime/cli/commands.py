@@ -90,14 +90,26 @@ def cmd_serve(args) -> int:
 
 
 def cmd_cache(args) -> None:
-    from llgraph.runtime.backends.cache import cache_dir, clean, entries
+    from llgraph.runtime.backends.cache import cache_dir, clean, entries, kernel_builds, verify
 
     root = cache_dir(args.cache_dir)
     if args.action == "list":
         found = entries(root)
-        print(f"{root}: {len(found)} entries, {sum(e.bytes for e in found) / 2**20:,.0f} MiB")
+        builds, size = kernel_builds(root)
+        print(f"{root}: {len(found)} entries, {sum(e.bytes for e in found) / 2**20:,.0f} MiB; CPU kernel builds and "
+              f"headers: {builds} folders, {size / 2**20:,.1f} MiB")
         for e in found:
             print(f"  {e.name:<56}{e.bytes / 2**20:>9,.0f} MiB  {e.source}")
+        return
+    if args.action == "verify":
+        results = verify(root, args.names)
+        for e, why in results:
+            print(f"  {e.name:<56}{'ok' if why is None else 'DAMAGED: ' + why}")
+        bad = [e.name for e, why in results if why is not None]
+        if bad:
+            raise LlgraphError(f"{len(bad)} damaged cache entr{'y' if len(bad) == 1 else 'ies'}: `llgraph cache "
+                               f"clean {' '.join(bad)}` removes them (the next generate exports them again)")
+        print(f"{len(results)} entries verified in {root}")
         return
     removed, freed = clean(root, args.names)
     print(f"removed {len(removed)} entries from {root}, freed {freed / 2**20:,.0f} MiB")
@@ -203,7 +215,10 @@ def cmd_eval(args) -> int:
 
     if args.batch_size < 1:
         raise LlgraphError(f"--batch-size ({args.batch_size}) must be at least 1")
-    data = evaluate.load_mc(args.data) if args.task == "mc" else evaluate.load_text(args.data)  # before loading
+    from llgraph.bundled import MC_BASICS, PASSAGE
+
+    path = args.data or (MC_BASICS if args.task == "mc" else PASSAGE)
+    data = evaluate.load_mc(path) if args.task == "mc" else evaluate.load_text(path)  # before loading
     backends = [args.backend] + ([args.compare] if args.compare else [])
     results = {}
     for backend in backends:

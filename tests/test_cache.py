@@ -1,0 +1,141 @@
+"""A damaged cache heals (issue 38, items 2-5): an entry without its manifest, a truncated or altered file, a
+corrupt shared kernel library, what killed runs leave behind; `cache verify` hashes every file, `cache clean` leaves
+the cache empty of everything llgraph wrote, and a damaged user export folder is one line naming the fix."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from reference import tiny, write_hf_checkpoint
+
+from llgraph.checkpoint import random_weights
+from llgraph.errors import LlgraphError
+from llgraph.export import export_model
+from llgraph.export_folder import DATA_FILE, MANIFEST, MODEL_FILE, Manifest
+from llgraph.outdir import PARTIAL_MARK
+from llgraph.plugins import cpu
+from llgraph.runtime.backends.cache import entries
+from llgraph.weight_request import Weights
+
+
+def llgraph(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "llgraph", *args], capture_output=True, text=True,
+                          env=None if env is None else {**os.environ, **env})
+
+
+def generate(ckpt, cache):
+    r = llgraph("generate", str(ckpt), "--tokens", "1,2,3", "--max-new-tokens", "4", "--kernels", "standard",
+                "--cache-dir", str(cache))
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", ""])
+    p.wait()
+    return p.pid
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_hf_checkpoint(tmp_path_factory.mktemp("ckpt"), tiny(), random_weights(tiny(), seed=3, std=0.25))
+
+
+@pytest.mark.parametrize("harm", ["no manifest", "truncated data", "truncated model", "altered data"])
+def test_a_damaged_entry_is_exported_again_with_the_same_answer(ckpt, tmp_path, harm):
+    cache = tmp_path / "cache"
+    first = generate(ckpt, cache).stdout
+    [entry] = entries(cache)
+    folder = entry.path
+    if harm == "no manifest":
+        (folder / MANIFEST).unlink()
+        listed = llgraph("cache", "list", "--cache-dir", str(cache)).stdout
+        assert folder.name in listed and "damaged: no readable manifest.json" in listed, listed
+    elif harm.startswith("truncated"):
+        path = folder / (DATA_FILE if harm == "truncated data" else MODEL_FILE)
+        path.write_bytes(path.read_bytes()[:100])
+    else:  # the same size, other bytes
+        data = bytearray((folder / DATA_FILE).read_bytes())
+        data[4096:4104] = b"\xff" * 8
+        (folder / DATA_FILE).write_bytes(bytes(data))
+        r = llgraph("cache", "verify", "--cache-dir", str(cache))
+        print(r.stdout, r.stderr)
+        assert r.returncode == 2 and "DAMAGED: model.onnx.data is not the file export wrote" in r.stdout
+        assert f"llgraph cache clean {folder.name}" in r.stderr
+    r = generate(ckpt, cache)
+    print(harm, "->", [line for line in r.stderr.splitlines() if "exporting" in line])
+    assert "again: the entry was damaged" in r.stderr and r.stdout == first
+    assert llgraph("cache", "verify", "--cache-dir", str(cache)).returncode == 0
+
+
+def test_a_damaged_export_folder_is_one_line_naming_the_fix(tmp_path):
+    folder = export_model("tiny", out=tmp_path / "mine", weights=Weights(kernels="standard"))
+    assert Manifest.read(folder).sizes[DATA_FILE] == (folder / DATA_FILE).stat().st_size
+    (folder / DATA_FILE).write_bytes((folder / DATA_FILE).read_bytes()[:-10])
+    r = llgraph("generate", str(folder), "--tokens", "1,2", "--max-new-tokens", "2")
+    errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+    print(errors)
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr
+    assert "is damaged (model.onnx.data is" in errors[0] and "--force -o" in errors[0] and "cache clean" in errors[0]
+
+
+def test_cache_clean_leaves_nothing_llgraph_wrote_and_list_counts_kernels(tmp_path):
+    """What killed runs leave (a partial kernel build, a header fetch's scratch folder, a staged export) goes with
+    `cache clean`; `cache list` counts the kernel builds and headers."""
+    cache, pid = tmp_path / "cache", dead_pid()
+    build = cache / cpu.BUILDS / "0123456789abcdef"
+    build.mkdir(parents=True)
+    (build / cpu.LIBRARY).write_bytes(b"\0" * 4096)
+    (build / f".{pid}.abcd.partial").write_bytes(b"\0" * 100)
+    scratch = cache / cpu.HEADERS / f"{cpu.SCRATCH}{pid}-xyz"
+    (scratch / "lists").mkdir(parents=True)
+    (cache / cpu.HEADERS / "x" / "usr").mkdir(parents=True)
+    staged = cache / f".model-ort-float32-stored-0123456789abcdef.partial-{pid}"
+    staged.mkdir()
+    (staged / PARTIAL_MARK).touch()
+    r = llgraph("cache", "list", "--cache-dir", str(cache))
+    assert r.returncode == 0 and "CPU kernel builds and headers: 3 folders" in r.stdout, r.stdout
+    r = llgraph("cache", "clean", "--cache-dir", str(cache))
+    left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+    print(r.stdout.strip(), left)
+    assert r.returncode == 0 and left == []
+
+
+def test_a_corrupt_shared_kernel_library_is_rebuilt(tmp_path, monkeypatch):
+    """Every new entry copies the shared library: a damaged one is found by its checksum and built again."""
+    built = cpu.library(progress=False)
+    if built is None:
+        pytest.skip(f"llgraph's CPU kernels cannot be built here: {cpu.why_not()}")
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(cpu._headers(progress=False)))
+    monkeypatch.setenv("LLGRAPH_CACHE_DIR", str(tmp_path))
+    copy = tmp_path / cpu.BUILDS / built.parent.name
+    shutil.copytree(built.parent, copy)
+    assert cpu.library(progress=False) == copy / cpu.LIBRARY  # the copy is whole: used as it is
+    damaged = copy / "damaged"  # a new file renamed over the library: this process has the old one mapped
+    damaged.write_bytes((copy / cpu.LIBRARY).read_bytes()[:50_000])
+    damaged.replace(copy / cpu.LIBRARY)
+    path = cpu.library(progress=False)
+    assert path == copy / cpu.LIBRARY and cpu._intact(path)
+    assert path.read_bytes() != built.read_bytes()[:50_000] and cpu.isa(path)
+    print("rebuilt", path, path.stat().st_size, "bytes")
+
+
+def test_an_export_the_record_does_not_match_is_refused_by_verify_even_when_large(ckpt, tmp_path, monkeypatch):
+    """Files above HASH_ON_OPEN are only sized when opened; `cache verify` hashes them all."""
+    import llgraph.export_folder as ef
+    from llgraph.runtime.backends.cache import verify
+
+    cache = tmp_path / "cache"
+    generate(ckpt, cache)
+    [entry] = entries(cache)
+    data = bytearray((entry.path / DATA_FILE).read_bytes())
+    data[-1] ^= 1
+    (entry.path / DATA_FILE).write_bytes(bytes(data))
+    monkeypatch.setattr(ef, "HASH_ON_OPEN", 0)
+    assert ef.damage(entry.path, entry.manifest) is None  # sizes only
+    [(_, why)] = verify(cache)
+    assert why == "model.onnx.data is not the file export wrote (its sha256 differs)"
+    with pytest.raises(LlgraphError, match="no cache entry nope"):
+        verify(cache, ["nope"])
