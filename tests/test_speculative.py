@@ -45,7 +45,7 @@ def test_greedy_speculative_equals_plain_on_smollm2_with_penalty_and_stop(serve_
     from llgraph.runtime import ORTRunner
 
     runner = ORTRunner(serve_export, max_seq_len=256)
-    text = open(__file__.rsplit("/", 1)[0] + "/data/tale-of-two-cities.txt").read()[:600]
+    text = __import__("llgraph.bundled").bundled.PASSAGE.read_text()[:600]
     prompts = [[{"role": "user", "content": "Repeat this passage exactly:\n\n" + text}], "The capital of France is",
                [{"role": "user", "content": "Write a haiku about the sea."}]]
     for kwargs in ({}, {"repetition_penalty": 1.3}, {"stop": ["\n\n"]}):

@@ -12,9 +12,9 @@ the best of --repeats rounds.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-PASSAGE = Path(__file__).resolve().parents[1] / "tests" / "data" / "tale-of-two-cities.txt"
+from llgraph.bundled import PASSAGE
+
 QUESTIONS = ["Who is the story about?", "Where does it take place?", "What year is it?", "Summarize the mood.",
              "Name one contrast in the passage.", "What is compared to the spring of hope?", "Who reigned in England?",
              "Give the passage a title."]
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     from llgraph.runtime.bench.common import runner_from_args
 
     args, runner = runner_from_args(__doc__, argv)
-    text = PASSAGE.read_text() if PASSAGE.exists() else "It was the best of times, it was the worst of times. " * 60
+    text = PASSAGE.read_text()
     words, n = (text.split() * 4), 100  # the 160-word passage, repeated
     while True:  # the passage's first words, as many as make a ~400-token system prompt
         system = "Answer questions about this passage in one sentence.\n\n" + " ".join(words[:n])

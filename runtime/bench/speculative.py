@@ -11,9 +11,8 @@ step of S positions (what verifying S - 1 drafted tokens costs), after a 300-tok
 
 from __future__ import annotations
 
-from pathlib import Path
+from llgraph.bundled import PASSAGE
 
-PASSAGE = Path(__file__).resolve().parents[1] / "tests" / "data" / "tale-of-two-cities.txt"
 TASKS = {
     "quote a passage": "Repeat this passage exactly, word for word:\n\n{passage}",
     "open chat": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -32,7 +31,7 @@ def main(argv=None) -> None:
 
         modes["draft"] = runner
         runner = open_runner(args.model, "ort", 1024, threads=args.threads, weights=Weights(dequantize=True))
-    passage = PASSAGE.read_text()[:1200] if PASSAGE.exists() else "It was the best of times. " * 40
+    passage = PASSAGE.read_text()[:1200]
     prompts = {task: [{"role": "user", "content": text.format(passage=passage)}] for task, text in TASKS.items()}
 
     def run(task: str, mode: str):

@@ -142,9 +142,20 @@ class Runner:
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole, ctx = self.encode(context + continuation), self.encode(context) if context else []
-        if not ctx:
-            raise RequestError("the context is empty; give at least one token of context")
+        if not ctx:  # as lm-eval: the continuation is predicted from the beginning-of-text token (else end-of-text)
+            return [self._start_token()], self.encode(continuation)
         return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else self.encode(continuation)
+
+    def _start_token(self) -> int:
+        tok = self.tokenizer
+        for name in ("bos_token", "eos_token"):
+            found = tok.token_id(getattr(tok, name)) if tok is not None and getattr(tok, name, None) else None
+            if found is not None:
+                return found
+        if self.eos_token_ids:
+            return min(self.eos_token_ids)
+        raise RequestError("the context is empty and this model names no beginning- or end-of-text token to start "
+                           "from; give at least one token of context")
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _speculation(self, mode):

@@ -56,8 +56,8 @@ def load_mc(path: str | Path) -> list[MCItem]:
             raise DataError(f"{where}: an item is a JSON object with context, choices and answer")
         context = d.get("context", d.get("question"))
         choices, answer = d.get("choices"), d.get("answer")
-        if not isinstance(context, str) or not context:
-            raise DataError(f"{where}: 'context' (or 'question') must be a non-empty string")
+        if not isinstance(context, str):  # empty is allowed: the choices are scored from the start token (lm-eval)
+            raise DataError(f"{where}: 'context' (or 'question') must be a string")
         if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
             raise DataError(f"{where}: 'choices' must be a list of at least two non-empty strings")
         if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(choices):
