@@ -121,6 +121,30 @@ def test_a_20_mb_body_is_a_fast_413_and_nobody_waits(server, solo, chunked):
     assert after - before <= 100
 
 
+def test_a_7_mb_tokenize_stalls_nobody(server, serve_export):
+    """Issue 38, item 13: a 7 MB /tokenize body held /health for 0.8-1.8 s (the ids' JSON answer was built on the
+    event loop). /health is polled while it runs; the answer is checked against the tokenizer itself."""
+    from llgraph.runtime import ORTRunner
+
+    text = "the quick brown fox jumps over the lazy dog. " * 155_000  # 7 MB
+    health = []
+    with ThreadPoolExecutor(1) as pool:
+        start = time.monotonic()
+        big = pool.submit(httpx.post, f"{server.url}/tokenize", json={"model": "m", "prompt": text}, timeout=120)
+        while not big.done():
+            t = time.monotonic()
+            assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+            health.append(time.monotonic() - t)
+        r = big.result()
+        seconds = time.monotonic() - start
+    assert r.status_code == 200, r.text
+    count = r.json()["count"]
+    print(f"7 MB /tokenize: {count:,} tokens in {seconds:.2f} s; /health polled {len(health)} times, at most "
+          f"{max(health):.3f} s")
+    assert count == len(ORTRunner(serve_export).tokenizer.encode(text)) == len(r.json()["tokens"])
+    assert max(health) <= 0.5
+
+
 def test_a_long_text_under_the_limit_is_refused_without_tokenizing_it(server):
     """A 6 MB prompt passes the size limit but cannot fit 256 tokens whatever it tokenizes to: a 400 at once."""
     start = time.monotonic()
