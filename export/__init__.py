@@ -26,7 +26,7 @@ def get_target(name: str) -> Target:
     return TARGET
 
 
-def export_model(config, checkpoint=None, out="out", target: str = "ort", weights: Weights = Weights(),
+def export_model(config, checkpoint=None, out="out", *, target: str = "ort", weights: Weights = Weights(),
                  max_seq_len: int | None = None, force: bool = False, progress: bool = False, seed: int = 0) -> Path:
     """Config (+ checkpoint, else seeded random weights) -> an ONNX folder: model.onnx, model.onnx.data,
     manifest.json, and the checkpoint's tokenizer files. `weights` (llgraph.weight_request.Weights) says how:

@@ -240,7 +240,7 @@ def configure(config, trt: TensorRT, dtype: str, plugins: str):
     return config
 
 
-def build_engine(folder, engine: str | Path | None = None, max_batch: int = 8, max_seq_len: int | None = None,
+def build_engine(folder, engine: str | Path | None = None, *, max_batch: int = 8, max_seq_len: int | None = None,
                  opt_prefill: int = 128, plugins: str | None = None, tensorrt: str = "auto",
                  progress: bool = True) -> Path:
     """Build `folder/model.engine` (or `engine`) from a `trt` export with TensorRT or TensorRT-RTX; written under a

@@ -105,7 +105,7 @@ def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, see
     if p.is_dir() or p.suffix == ".safetensors":
         from llgraph.source_views import FusedSplitSource, NormOffsetSource
 
-        source = SafetensorsSource(p)
+        source: WeightSource = SafetensorsSource(p)
         if cfg is not None and any(FusedSplitSource.FUSED.fullmatch(n) for n in source.names()):
             source = FusedSplitSource(source, cfg)
         if cfg is not None and cfg.norm_weight_offset:
@@ -152,6 +152,7 @@ def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int 
     checkpoint = checkpoint_path(checkpoint)
     cfg = load_config(resolve(config) if config is not None else checkpoint)
     plain = model_graph(cfg, weights.dtype) if checkpoint is None else None  # random weights draw its shapes
+    source: WeightSource
     if checkpoint is None:
         source = random_weights(cfg, seed, graph=plain)
     else:

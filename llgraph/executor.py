@@ -241,7 +241,8 @@ def _cache_span(positions: torch.Tensor) -> int:
     layer (every layer gets the same positions tensor): on a GPU each read waits for the queued kernels."""
     span = getattr(positions, "_llgraph_span", None)  # kept on the tensor: it lives as long as the step's feeds
     if span is None:
-        span = positions._llgraph_span = int(positions.max()) + 1
+        span = int(positions.max()) + 1
+        setattr(positions, "_llgraph_span", span)
     return span
 
 

@@ -82,7 +82,8 @@ class GGUFSource(WeightSource):
     """
 
     def __init__(self, path: str | Path, rope_layout: str | None = None):
-        self.path, self._recent = Path(path), {}
+        self.path = Path(path)
+        self._recent: dict = {}
         try:
             self._reader = gguf_reader(self.path)
         except OSError as e:

@@ -109,7 +109,7 @@ class Graph:
             if include_constants or not p.is_constant:
                 size = 1
                 for d in p.value.shape:
-                    size *= d
+                    size *= int(d)  # a param's dims are numbers, never symbolic
                 total += size
         return total
 
@@ -166,7 +166,7 @@ def infer(node: Node, values: Mapping[str, Value]) -> list[Value]:
         required = [not n.endswith("?") for n in schema.inputs]
         if not sum(required) <= len(node.inputs) <= len(schema.inputs):
             raise IRError(f"takes {len(schema.inputs)} inputs {schema.inputs}, got {len(node.inputs)}")
-        ins = []
+        ins: list[Value | None] = []
         for i, name in enumerate(node.inputs):
             if name is None:
                 if required[i]:

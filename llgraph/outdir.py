@@ -110,7 +110,7 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale(out: Path) -> list[Path]:
     """Remove `.OUT.partial-PID` / `.OUT.old-PID` siblings left by killed llgraph runs (marked, PID not alive)."""
-    removed = []
+    removed: list[Path] = []
     parent = out.resolve().parent
     if not parent.is_dir():
         return removed

@@ -8,9 +8,12 @@ so every IR value stays traceable. The groups are found from the graph's structu
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from llgraph.ir import Graph, Node, Param, Value, infer, verify
+
+if TYPE_CHECKING:
+    from llgraph.quant import QuantFormat
 
 Pass = Callable[[Graph], Graph]
 
@@ -67,7 +70,7 @@ def pack_linears(graph: Graph, groups: Sequence[Sequence[Node | None]], label: s
         for slot in slots:
             members = [graph.params[n.inputs[slot]] for n in group]
             name = _packed_name([m.name for m in members], label)
-            shape = (sum(m.value.shape[0] for m in members),) + members[0].value.shape[1:]
+            shape = (sum(int(m.value.shape[0]) for m in members),) + members[0].value.shape[1:]
             value = Value(name, members[0].value.dtype, shape)
             params[name] = Param(value, tuple(part for m in members for part in m.parts))
             values[name] = value
@@ -99,10 +102,10 @@ def _packed_name(names: list[str], label: str) -> str:
     parts = [n.split(".") for n in names]
     prefix = os.path.commonprefix(parts)
     suffix = os.path.commonprefix([p[len(prefix):][::-1] for p in parts])[::-1]
-    return ".".join(prefix + [label] + suffix)
+    return ".".join([*prefix, label, *suffix])
 
 
-def quantize_linears(format_of: Callable[[str], object]) -> Pass:
+def quantize_linears(format_of: Callable[[str], QuantFormat | None]) -> Pass:
     """Linear -> QLinear and Embedding -> QEmbedding where every checkpoint tensor of the weight has the same
     blocked format (`format_of(name)` -> llgraph.quant.QuantFormat or None). The weight param becomes three lazy
     params — codes, scales and (for formats with them) mins — over the same checkpoint tensors; a table tied to the
@@ -117,8 +120,8 @@ def quantize_linears(format_of: Callable[[str], object]) -> Pass:
                 nodes.append(node)
                 continue
             (fmt,) = formats
-            out, n_in = w.value.shape
-            pieces = {"codes": ("uint8", fmt.codes_shape(out, n_in))}
+            out, n_in = (int(d) for d in w.value.shape)
+            pieces: dict[str, tuple[str, tuple[int, ...]]] = {"codes": ("uint8", fmt.codes_shape(out, n_in))}
             if not fmt.superblocks:  # super-blocks hold their own scales and mins
                 pieces["scales"] = (w.value.dtype, (out, n_in // fmt.block_size))
             if fmt.has_mins:
@@ -179,7 +182,7 @@ def keep_last_positions(graph: Graph) -> Graph:
 DEFAULT_PASSES: tuple[Pass, ...] = (pack_qkv, pack_gate_up)
 
 
-def model_graph(cfg, dtype: str = "float32", quant: Callable[[str], object] | None = None) -> Graph:
+def model_graph(cfg, dtype: str = "float32", quant: Callable[[str], QuantFormat | None] | None = None) -> Graph:
     """The graph every backend runs: the builder's graph for `cfg` after DEFAULT_PASSES, and with `quant` (a
     source's `quant_format`) its quantized Linears as QLinear."""
     from llgraph.builder import build_graph

@@ -119,6 +119,7 @@ class FusedSplitSource(WeightSource):
             if m is None:
                 self._names.append(name)
                 continue
+            sizes: tuple[tuple[str, int], ...]
             if m[2] == "self_attn.qkv_proj":
                 sizes = (("self_attn.q_proj", cfg.q_size), ("self_attn.k_proj", cfg.kv_size),
                          ("self_attn.v_proj", cfg.kv_size))

@@ -205,7 +205,7 @@ class RandomSource(WeightSource):
 
 def param_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:
     """The checkpoint tensors a graph reads: HF name -> shape."""
-    return {part.name: part.shape for p in graph.params.values() for part in p.parts}
+    return {part.name: tuple(int(d) for d in part.shape) for p in graph.params.values() for part in p.parts}
 
 
 def check_weights(graph: Graph, source: WeightSource) -> None:

@@ -258,7 +258,8 @@ def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
     standard = Weights(kernels="standard")
     # each level its own entry; the default (by format: level 4 for K-quant super-blocks, 0 else) one of its own
     assert len({standard.mode, standard.replace(accuracy_level=4).mode, standard.replace(accuracy_level=0).mode}) == 3
-    open_runner("smollm2", "ort", 64, str(tmp_path), weights=standard.replace(accuracy_level=4))
+    open_runner("smollm2", "ort", max_seq_len=64, cache_dir=str(tmp_path),
+                weights=standard.replace(accuracy_level=4))
     (model,) = tmp_path.glob("*/model.onnx")
     levels = {a.i for n in onnx.load(str(model), load_external_data=False).graph.node if n.op_type == "MatMulNBits"
               for a in n.attribute if a.name == "accuracy_level"}

@@ -158,7 +158,7 @@ def test_a_draft_model_gives_plain_greedy_output(serve_export, tiny_runners):
     from llgraph.runtime.backends import open_runner
     from llgraph.weight_request import Weights
 
-    target = open_runner("smollm2", "ort", 256, weights=Weights(dequantize=True))
+    target = open_runner("smollm2", "ort", max_seq_len=256, weights=Weights(dequantize=True))
     draft = ORTRunner(serve_export, max_seq_len=256)
     prompts = [[{"role": "user", "content": "Write a haiku about the sea."}], "The capital of France is"]
     stats = {}

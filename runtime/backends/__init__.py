@@ -99,7 +99,7 @@ def diff_sides(wanted=()) -> dict[str, Callable[[SideRequest], Callable]]:
     return sides
 
 
-def open_runner(model: str, name: str, max_seq_len: int | None = None, cache_dir: str | None = None,
+def open_runner(model: str, name: str = "ort", *, max_seq_len: int | None = None, cache_dir: str | None = None,
                 tensorrt: str = "auto", weights: Weights = Weights(), threads: int | None = None):
     """MODEL is an export folder (has manifest.json) or a checkpoint (or 'smollm2'); the backend opens it. A
     checkpoint for the ort backend is exported once into the cache (keyed on the checkpoint's content and
@@ -132,12 +132,13 @@ def share_threads_with_a_draft(name: str, threads: int | None) -> None:
         spec.share_threads(threads)
 
 
-def open_draft(model: str, runner, name: str, cache_dir: str | None = None, tensorrt: str = "auto",
+def open_draft(model: str, runner, name: str, *, cache_dir: str | None = None, tensorrt: str = "auto",
                threads: int | None = None):
     """A draft model for `runner` (speculative decoding): on the same backend with the same cache length, refused in
     one line (RequestError) unless it shares the runner's vocabulary."""
     from llgraph.runtime.engine.speculative import check_draft
 
-    draft = open_runner(model, name, runner.backend.max_seq_len, cache_dir, tensorrt, threads=threads)
+    draft = open_runner(model, name, max_seq_len=runner.backend.max_seq_len, cache_dir=cache_dir, tensorrt=tensorrt,
+                        threads=threads)
     check_draft(runner, draft)
     return draft

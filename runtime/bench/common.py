@@ -24,4 +24,4 @@ def runner_from_args(doc: str, argv=None, new_tokens: int | None = None, max_seq
         from llgraph.runtime.backends import share_threads_with_a_draft
 
         share_threads_with_a_draft("ort", args.threads)
-    return args, open_runner(args.model, "ort", max_seq_len, threads=args.threads)
+    return args, open_runner(args.model, "ort", max_seq_len=max_seq_len, threads=args.threads)

@@ -30,7 +30,8 @@ def main(argv=None) -> None:
         from llgraph.weight_request import Weights
 
         modes["draft"] = runner
-        runner = open_runner(args.model, "ort", 1024, threads=args.threads, weights=Weights(dequantize=True))
+        runner = open_runner(args.model, "ort", max_seq_len=1024, threads=args.threads,
+                             weights=Weights(dequantize=True))
     passage = PASSAGE.read_text()[:1200]
     prompts = {task: [{"role": "user", "content": text.format(passage=passage)}] for task, text in TASKS.items()}
 

@@ -114,7 +114,8 @@ def llgraph_engine(args) -> tuple[Timed, int | None, str, dict]:
                                        b.config.tie_word_embeddings)
         allocate = lambda: b.allocate(1, zeroed=True)  # noqa: E731
     else:
-        runner = open_runner(args.model, args.backend, max(args.p, args.depth + args.n) + 1, threads=args.threads)
+        runner = open_runner(args.model, args.backend, max_seq_len=max(args.p, args.depth + args.n) + 1,
+                             threads=args.threads)
         b, sync = runner.backend, (lambda: None)
         weight_bytes = onnx_bytes_per_token(Path(b.folder)) if hasattr(b, "folder") else None
         allocate = lambda: b.allocate(1)  # noqa: E731

@@ -116,6 +116,15 @@ def share_threads_for_a_draft(args) -> None:
         share_threads_with_a_draft(args.backend, args.threads)
 
 
+def runner_of(args, backend: str | None = None):
+    """The runner the model flags name (MODEL, --backend or `backend`, --max-seq-len, --cache-dir, --tensorrt, the
+    weight flags, --threads)."""
+    from llgraph.runtime.backends import open_runner
+
+    return open_runner(args.model, backend or args.backend, max_seq_len=args.max_seq_len, cache_dir=args.cache_dir,
+                       tensorrt=args.tensorrt, weights=weights_of(args), threads=args.threads)
+
+
 def check_sampling_flags(args) -> None:
     """The sampling flags checked before anything loads, the error naming the flag (`--top-p`), not the field."""
     from llgraph.errors import LlgraphError
@@ -135,8 +144,8 @@ def sampling_of(args, runner) -> dict:
     if speculative.startswith("draft="):  # checked before anything is generated
         from llgraph.runtime.backends import open_draft
 
-        speculative = open_draft(speculative[len("draft="):], runner, args.backend, args.cache_dir, args.tensorrt,
-                                 args.threads)
+        speculative = open_draft(speculative[len("draft="):], runner, args.backend, cache_dir=args.cache_dir,
+                                 tensorrt=args.tensorrt, threads=args.threads)
     return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 repetition_penalty=args.repetition_penalty, seed=args.seed, speculative=speculative,
                 draft_max=args.draft_max)

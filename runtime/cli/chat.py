@@ -10,15 +10,13 @@ HELP = "(/reset forgets the conversation, /system TEXT sets the system message, 
 
 
 def cmd_chat(args) -> int:
-    from llgraph.runtime.backends import open_runner
-    from llgraph.runtime.cli.args import check_sampling_flags, sampling_of, share_threads_for_a_draft, weights_of
+    from llgraph.runtime.cli.args import check_sampling_flags, runner_of, sampling_of, share_threads_for_a_draft
     from llgraph.runtime.engine.chat import Conversation
     from llgraph.runtime.engine.sampling import RequestError
 
     check_sampling_flags(args)  # before loading
     share_threads_for_a_draft(args)
-    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
-                         args.threads)
+    runner = runner_of(args)
     chat = Conversation(runner, args.system, args.max_new_tokens, **sampling_of(args, runner))
     print(f"chatting with {args.model} {HELP}", file=sys.stderr)
     while True:

@@ -10,7 +10,7 @@ from pathlib import Path
 from llgraph.checkpoint import load_config
 from llgraph.errors import LlgraphError, MissingExtra
 from llgraph.outdir import Terminated, signals_raise
-from llgraph.runtime.cli.args import build_parser, sampling_of, share_threads_for_a_draft, weights_of
+from llgraph.runtime.cli.args import build_parser, runner_of, sampling_of, share_threads_for_a_draft, weights_of
 from llgraph.weight_request import Weights
 
 USER_ERRORS = (LlgraphError, FileNotFoundError, PermissionError)
@@ -59,8 +59,9 @@ def cmd_export(args) -> None:
     if args.checkpoint is None:
         load_config(args.config)  # a bad config is the one line said, before the notice below
         print(f"no --checkpoint: exporting seeded random weights (seed {args.seed})", file=sys.stderr)
-    out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, args.target, weights_of(args),
-                       args.max_seq_len, args.force, progress=True, seed=args.seed)
+    out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, target=args.target,
+                       weights=weights_of(args), max_seq_len=args.max_seq_len, force=args.force, progress=True,
+                       seed=args.seed)
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
 
 
@@ -79,13 +80,15 @@ def cmd_serve(args) -> int:
 
     weights = check_weights(args.backend, weights_of(args))
     draft = args.speculative[len("draft="):] if args.speculative.startswith("draft=") else None
-    options = ServeOptions(args.model, args.backend, args.name, args.slots, args.max_queue, args.max_seq_len,
-                           args.timeout, args.cache_dir, args.tensorrt, weights, args.max_request_bytes, args.threads,
-                           "draft" if draft else args.speculative, args.draft_max, draft)
+    options = ServeOptions(model=args.model, backend=args.backend, name=args.name, slots=args.slots,
+                           max_queue=args.max_queue, max_seq_len=args.max_seq_len, timeout=args.timeout,
+                           cache_dir=args.cache_dir, tensorrt=args.tensorrt, weights=weights,
+                           max_request_bytes=args.max_request_bytes, threads=args.threads,
+                           speculative="draft" if draft else args.speculative, draft_max=args.draft_max, draft=draft)
     if args.ray:
-        serve_on_ray(options, args.replicas, args.host, args.port, args.ray_address)
+        serve_on_ray(options, args.replicas, host=args.host, port=args.port, address=args.ray_address)
     else:
-        serve(options, args.host, args.port, args.grace)
+        serve(options, host=args.host, port=args.port, grace=args.grace)
     return 0
 
 
@@ -119,8 +122,8 @@ def cmd_build(args) -> None:
     from llgraph.export.engine import build_engine
     from llgraph.export_folder import ENGINE_META
 
-    engine = build_engine(args.folder, args.output, args.max_batch, args.max_seq_len, args.opt_prefill, args.plugins,
-                          args.tensorrt)
+    engine = build_engine(args.folder, args.output, max_batch=args.max_batch, max_seq_len=args.max_seq_len,
+                          opt_prefill=args.opt_prefill, plugins=args.plugins, tensorrt=args.tensorrt)
     meta = json.loads((Path(args.folder) / ENGINE_META).read_text())
     print(f"wrote {engine} ({engine.stat().st_size / 2**20:.1f} MiB, {meta['flavor']} {meta['tensorrt']}, "
           f"plugins {meta['plugins']}, built in {meta['build_seconds']:.1f} s; runs on {meta['runs_on']})")
@@ -155,11 +158,9 @@ def cmd_generate(args) -> None:
     if chat and args.raw:
         raise LlgraphError("--raw is plain completion, --chat and --system use the chat template; pass one")
     prompt = parse_tokens(args.tokens) if args.tokens is not None else read_prompt(args.prompt, args.prompt_file)
-    from llgraph.runtime.backends import open_runner
 
     share_threads_for_a_draft(args)
-    runner = open_runner(args.model, args.backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
-                         args.threads)
+    runner = runner_of(args)
     # a chat model answers a text prompt through its template unless asked for plain completion (an instruct model
     # given raw text often ends at once: an empty answer)
     chat = chat or (not args.raw and args.tokens is None and runner.tokenizer is not None
@@ -210,7 +211,6 @@ def format_stats(s: dict) -> str:
 
 
 def cmd_eval(args) -> int:
-    from llgraph.runtime.backends import open_runner
     from llgraph.runtime.eval import evaluate
 
     if args.batch_size < 1:
@@ -222,8 +222,7 @@ def cmd_eval(args) -> int:
     backends = [args.backend] + ([args.compare] if args.compare else [])
     results = {}
     for backend in backends:
-        runner = open_runner(args.model, backend, args.max_seq_len, args.cache_dir, args.tensorrt, weights_of(args),
-                             args.threads)
+        runner = runner_of(args, backend)
         if args.task == "mc":
             results[backend] = evaluate.evaluate_mc(runner, data, args.batch_size, progress=True)
         else:

@@ -18,7 +18,8 @@ class Conversation:
         if runner.tokenizer is None or not runner.tokenizer.chat_template:
             raise RequestError("chat needs a model with a tokenizer and a chat template")
         self.runner, self.max_new_tokens, self.sampling = runner, max_new_tokens, sampling
-        self.system, self.turns = system, []
+        self.system = system
+        self.turns: list[dict] = []
         self.dropped = 0  # turns forgotten so far to keep the conversation within the cache
 
     def reset(self, system: str | None = None, keep_system: bool = True) -> None:

@@ -75,8 +75,9 @@ def filter_logits(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     if top_p < 1.0:
         probs = _softmax(logits)
         keep = np.zeros(logits.shape, np.bool_)
+        rows = keep.reshape(-1, logits.shape[-1])  # a view: rows of the mask
         for row, p in enumerate(probs.reshape(-1, probs.shape[-1])):
-            keep.reshape(-1, keep.shape[-1])[row, _nucleus(p, top_p)] = True
+            rows[row, _nucleus(p, top_p)] = True
         logits = np.where(keep, logits, -np.inf).astype(logits.dtype)
     return logits
 

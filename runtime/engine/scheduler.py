@@ -37,6 +37,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.prefix import CachedRows
@@ -70,7 +71,7 @@ class Event:
 class _Request(Row):
     """A submitted request: its row (the engine's) and what the scheduler keeps of it."""
     slot: int = -1  # its cache row, once admitted
-    deliver: object = None  # callable(Event)
+    deliver: Callable[[Event], object] = lambda event: None  # set by submit
     deadline: float | None = None
     id: int = 0
     cancelled: bool = False
@@ -127,7 +128,9 @@ class Scheduler:
         self._active: dict[int, _Request] = {}  # slot -> request
         self._cond = threading.Condition()
         self._ids = itertools.count(1)
-        self._stopping, self._stop_deadline, self._thread = False, None, None
+        self._stopping = False
+        self._stop_deadline: float | None = None
+        self._thread: threading.Thread | None = None
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the last steps, for tokens/s
         self._rows = CachedRows(self.backend, slots, reuse_prefixes)  # prefix reuse: what each slot's row holds
         if draft is not None:
@@ -176,6 +179,8 @@ class Scheduler:
             self.runner.check_room(len(ids), max_new_tokens)
         eos = self.runner.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         matcher = grammar.matcher(self.runner.tokenizer, self.backend.vocab_size, eos) if grammar else None
+        events: queue.Queue | asyncio.Queue
+        deliver: Callable[[Event], object]
         if loop is None:
             events = queue.Queue()
             deliver = events.put

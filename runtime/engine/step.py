@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.prefix import MIN_REUSE, shared_prefix
 from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.score import TokenLogprob, token_logprobs
-from llgraph.runtime.engine.speculative import MAX_DRAFT, verify_logits
+from llgraph.runtime.engine.speculative import MAX_DRAFT, Drafter, ModelDrafter, verify_logits
 
 
 class Metrics:
@@ -65,7 +65,7 @@ class Row:
     position: int = 0
     seen: np.ndarray | None = None  # [1, V] the tokens already in the sequence (the repetition penalty's)
     generator: np.random.Generator | None = None
-    drafter: speculative.Drafter | speculative.ModelDrafter | None = None
+    drafter: Drafter | ModelDrafter | None = None
     prompt_scores: list[TokenLogprob] | None = None
     first_token_at: float | None = None
     taken: list[int] = field(default_factory=list)  # the tokens its last step emitted
@@ -164,7 +164,7 @@ class Engine:
             if not r.finished:  # its drafting may have failed
                 self._own(r, self._take, r, logits[slot], drafts[slot])
 
-    def _take(self, r: Row, logits: np.ndarray, draft: list[int] = ()) -> list[int]:
+    def _take(self, r: Row, logits: np.ndarray, draft: Sequence[int] = ()) -> list[int]:
         """logits [len(draft) + 1, V] of the row's last token and its draft -> the tokens it emits (the accepted
         drafts and one more), each pushed to its decoding and emitted; its position moves past them."""
         tokens = r.taken = speculative.accept(logits, list(draft), r.sampling, r.seen, r.generator, r.matcher)

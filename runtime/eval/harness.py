@@ -65,8 +65,8 @@ class LlgraphLM(TemplateLM):
                           _flag(symmetric), _flag(dequantize),
                           None if accuracy_level in (None, "") else int(accuracy_level), lm_head or None,
                           str(kernels))
-        self.runner = open_runner(str(model), backend, int(max_seq_len) if max_seq_len else None, cache_dir,
-                                  tensorrt, weights)
+        self.runner = open_runner(str(model), backend, max_seq_len=int(max_seq_len) if max_seq_len else None,
+                                  cache_dir=cache_dir, tensorrt=tensorrt, weights=weights)
         if self.runner.tokenizer is None:
             raise LlgraphError(f"{model} has no tokenizer; lm-eval tasks are texts, so give a model with one")
         self.tok = self.runner.tokenizer

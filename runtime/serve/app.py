@@ -39,7 +39,7 @@ from llgraph.runtime.serve.request import ApiError, chat_prompt, flag, read_json
 from llgraph.weight_request import Weights
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServeOptions:
     """Everything a server (or each Ray replica) needs to load its runner and scheduler."""
     model: str
@@ -133,10 +133,12 @@ def load_runners(options: ServeOptions) -> tuple:
 
     if options.draft is not None:
         share_threads_with_a_draft(options.backend, options.threads)
-    runner = open_runner(options.model, options.backend, options.max_seq_len, options.cache_dir, options.tensorrt,
-                         options.weights, options.threads)
-    draft = None if options.draft is None else open_draft(options.draft, runner, options.backend, options.cache_dir,
-                                                          options.tensorrt, options.threads)
+    runner = open_runner(options.model, options.backend, max_seq_len=options.max_seq_len,
+                         cache_dir=options.cache_dir, tensorrt=options.tensorrt, weights=options.weights,
+                         threads=options.threads)
+    draft = None if options.draft is None else open_draft(options.draft, runner, options.backend,
+                                                          cache_dir=options.cache_dir, tensorrt=options.tensorrt,
+                                                          threads=options.threads)
     return runner, draft
 
 

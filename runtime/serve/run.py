@@ -29,7 +29,7 @@ def _check_port(host: str, port: int) -> None:
                                "what holds it") from None
 
 
-def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grace: float = 10.0) -> None:
+def serve(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, grace: float = 10.0) -> None:
     """One process: uvicorn on host:port. SIGTERM/SIGINT: stop admitting (503), give running requests `grace`
     seconds, cancel the rest, return (exit 0)."""
     import uvicorn
@@ -73,7 +73,7 @@ def serve(options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, grac
     print("llgraph serve: stopped", flush=True)
 
 
-def serve_on_ray(options: ServeOptions, replicas: int, host: str = "127.0.0.1", port: int = 8000,
+def serve_on_ray(options: ServeOptions, replicas: int, *, host: str = "127.0.0.1", port: int = 8000,
                  address: str | None = None) -> None:
     """The same app as a Ray Serve deployment of `replicas` replicas (each loads its own runner), on a local Ray
     (default) or the cluster at `address` ("auto" joins the one `ray start` made here). Blocks until interrupted."""

@@ -1,0 +1,18 @@
+"""The core (llgraph/*.py) and the engine (runtime/engine/) type-check clean with mypy ([tool.mypy] in
+pyproject.toml names the files and the settings)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_core_and_the_engine_type_check():
+    pytest.importorskip("mypy", reason="the type check needs mypy (the test extra has it)")
+    r = subprocess.run([sys.executable, "-m", "mypy"], capture_output=True, text=True, cwd=REPO)
+    print(r.stdout[-3000:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Success: no issues found" in r.stdout
