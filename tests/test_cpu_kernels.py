@@ -3,6 +3,8 @@ archive, compiled with g++), each instruction-set path equal to a float64 refere
 GGUF block type exported on them equal to the executor on the dequantized blocks, SmolLM2's greedy tokens equal to
 transformers', and one-line errors where they cannot be had."""
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from test_smollm2 import gguf_path, greedy_against, hf, hf_greedy, prompt  # noq
 
 from llgraph.checkpoint import load_config
 from llgraph.export import export_model
+from llgraph.export_folder import MANIFEST, Manifest, integrity_record
 from llgraph.gguf_source import GGUFSource
 from llgraph.plugins import cpu
 from llgraph.weight_request import Weights
@@ -207,6 +210,12 @@ def test_a_folder_missing_its_kernels_is_one_line(library, tmp_path):
     (folder / cpu.LIBRARY).unlink()
     r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-new-tokens", "2")
     lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "libllgraph_ort.so is missing" in lines[0], r.stderr
+    # a folder exported before integrity records: the kernels' own check says it
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({k: v for k, v in manifest.items() if k not in ("sizes", "sha256")}))
+    r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-new-tokens", "2")
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "--kernels standard" in lines[0], r.stderr
 
 
@@ -219,6 +228,9 @@ def test_a_library_for_a_newer_onnxruntime_is_one_line(library, tmp_path):
     subprocess.run([os.environ.get("CXX") or "g++", "-std=c++17", "-O0", "-fPIC", "-shared", "-fvisibility=hidden",
                     "-DLLGRAPH_ORT_API=999", f"-I{headers}", f"-I{cpu.SOURCE.parent}", str(cpu.SOURCE), "-o",
                     str(folder / cpu.LIBRARY)], check=True, capture_output=True)
+    manifest = Manifest.read(folder)  # as an export built against those headers would have recorded it
+    sizes, hashes = integrity_record(folder, [cpu.LIBRARY])
+    dataclasses.replace(manifest, sizes={**manifest.sizes, **sizes}, sha256={**manifest.sha256, **hashes}).write(folder)
     r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-new-tokens", "2")
     ours = [line for line in r.stderr.splitlines() if "llgraph" in line]
     print(r.stderr)

@@ -71,7 +71,7 @@ def test_unreadable_files_get_one_line_errors(tmp_path):
     with pytest.raises(WeightError, match="not a valid safetensors file"):
         open_checkpoint(bad)
     (tmp_path / "bad.gguf").write_bytes(b"GGUF-not-really")
-    with pytest.raises(WeightError, match="cannot read GGUF"):
+    with pytest.raises(WeightError, match="is not a readable GGUF file"):
         open_checkpoint(tmp_path / "bad.gguf")
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(WeightError, match="neither a folder, a .safetensors nor a .gguf"):

@@ -76,6 +76,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(model: str, backend: str, *, name: str, slots: int, max_seq_len: int):
+    """`llgraph serve MODEL` on a free port, once it listens -> (process, port); (None, None) if it exited first."""
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "llgraph", "serve", model, "--backend", backend, "--name", name,
+                               "--slots", str(slots), "--port", str(port), "--max-seq-len", str(max_seq_len),
+                               "--max-queue", "256"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ready = threading.Event()
+
+    def watch():
+        for line in server.stdout:
+            if "listening at" in line:
+                print(line.strip(), file=sys.stderr)
+                ready.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    while not ready.wait(0.5):
+        if server.poll() is not None:
+            print(f"the server exited ({server.returncode}) before it was ready", file=sys.stderr)
+            return None, None
+    return server, port
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", default="smollm2", help="what `llgraph serve` serves (default smollm2)")
@@ -87,25 +109,11 @@ def main(argv=None) -> int:
     p.add_argument("--max-seq-len", type=int, default=512)
     args = p.parse_args(argv)
 
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "llgraph", "serve", args.model, "--backend", args.backend,
-                               "--name", "bench", "--slots", str(args.slots), "--port", str(port),
-                               "--max-seq-len", str(args.max_seq_len), "--max-queue", "256"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ready = threading.Event()
-
-    def watch():
-        for line in server.stdout:
-            if "listening at" in line:
-                print(line.strip(), file=sys.stderr)
-                ready.set()
-
-    threading.Thread(target=watch, daemon=True).start()
+    server, port = start_server(args.model, args.backend, name="bench", slots=args.slots,
+                                max_seq_len=args.max_seq_len)
+    if server is None:
+        return 1
     try:
-        while not ready.wait(0.5):
-            if server.poll() is not None:
-                print(f"the server exited ({server.returncode}) before it was ready", file=sys.stderr)
-                return 1
         _stream(port, "Hello", 4)  # warm up
         rows = [_row(port, c, args.rounds, args.max_tokens) for c in args.concurrency]
     finally:

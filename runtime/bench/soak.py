@@ -1,0 +1,110 @@
+"""A memory soak of `llgraph serve`: thousands of mixed requests from concurrent clients, the server's resident
+memory sampled as they go, to show whether it levels off.
+
+    python -m llgraph.runtime.bench.soak [MODEL] [--requests 3000] [--clients 8] [--every 250]
+
+The mix, in turn: greedy and sampled completions (whole and streamed), chat, n=2 with a seed, logprobs with echo,
+a JSON-schema response_format, stop strings, /tokenize, requests refused with a 400, and streams the client drops
+halfway. Each sample is VmRSS of the server process (Linux /proc) after that many requests; the last line compares
+the second half's growth with the first's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import itertools
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from llgraph.runtime.bench.serve import PROMPTS, start_server
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+def _mix(i: int) -> tuple[str, dict, bool]:
+    """Request i of the mix: (path, body, drop the stream halfway)."""
+    prompt = PROMPTS[i % len(PROMPTS)]
+    kind = i % 10
+    base = {"model": "soak", "max_tokens": 8 + i % 24}
+    if kind == 0:
+        return "/v1/completions", {**base, "prompt": prompt, "temperature": 0}, False
+    if kind == 1:
+        return "/v1/completions", {**base, "prompt": prompt, "temperature": 0.8, "seed": i, "stream": True}, False
+    if kind == 2:
+        return "/v1/chat/completions", {**base, "messages": [{"role": "user", "content": prompt}]}, False
+    if kind == 3:
+        return "/v1/completions", {**base, "prompt": prompt, "n": 2, "temperature": 1.0, "seed": -i}, False
+    if kind == 4:
+        return "/v1/completions", {**base, "prompt": prompt, "logprobs": 3, "echo": True, "temperature": 0}, False
+    if kind == 5:
+        return "/v1/chat/completions", {**base, "max_tokens": 40, "messages": [{"role": "user", "content":
+                                        "Give a person as JSON."}], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}}, False
+    if kind == 6:
+        return "/v1/completions", {**base, "prompt": prompt, "stop": [".", "\n"], "temperature": 0}, False
+    if kind == 7:
+        return "/tokenize", {"model": "soak", "prompt": prompt * (1 + i % 50)}, False
+    if kind == 8:
+        return "/v1/completions", {**base, "prompt": prompt, "max_tokens": -1}, False  # a 400
+    return "/v1/completions", {**base, "prompt": prompt, "max_tokens": 64, "stream": True}, True
+
+
+def _send(port: int, i: int) -> int:
+    path, body, drop = _mix(i)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if drop:
+        response.fp.readline()  # the first event, then the client goes away
+    else:
+        response.read()
+    conn.close()
+    return response.status
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", nargs="?", default="smollm2")
+    p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--every", type=int, default=250, help="requests between RSS samples")
+    args = p.parse_args(argv)
+    server, port = start_server(args.model, "ort", name="soak", slots=8, max_seq_len=512)
+    if server is None:
+        return 1
+    samples, statuses, counter = [(0, rss_mb(server.pid))], {}, itertools.count()
+    start = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(args.clients) as pool:
+            for chunk in range(0, args.requests, args.every):
+                for status in pool.map(lambda _: _send(port, next(counter)), range(min(args.every,
+                                                                                     args.requests - chunk))):
+                    statuses[status] = statuses.get(status, 0) + 1
+                samples.append((chunk + args.every, rss_mb(server.pid)))
+                print(f"{samples[-1][0]:>6} requests  RSS {samples[-1][1]:7.0f} MB  "
+                      f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    finally:
+        server.terminate()
+        server.wait(60)
+    half = len(samples) // 2
+    first, second = samples[half][1] - samples[1][1], samples[-1][1] - samples[half][1]
+    print(f"llgraph serve {args.model}: {sum(statuses.values())} mixed requests from {args.clients} clients "
+          f"(HTTP statuses {dict(sorted(statuses.items()))}) in {time.perf_counter() - start:.0f} s")
+    print("requests  " + "  ".join(f"{n:>6}" for n, _ in samples))
+    print("RSS MB    " + "  ".join(f"{m:>6.0f}" for _, m in samples))
+    print(f"growth after the first {samples[1][0]} requests: {first:+.0f} MB over the next "
+          f"{samples[half][0] - samples[1][0]}, {second:+.0f} MB over the last {samples[-1][0] - samples[half][0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
