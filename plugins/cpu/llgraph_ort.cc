@@ -1,5 +1,5 @@
 // llgraph's ONNX Runtime CPU kernels: custom ops of domain "llgraph", loaded with
-// SessionOptions.register_custom_ops_library. plugins/cpu.py builds this file once per machine, with -O3: the
+// SessionOptions.register_custom_ops_library. plugins/cpu/__init__.py builds this file once per machine, with -O3: the
 // tiles' accumulator arrays must be unrolled into registers, which -O2 leaves on the stack (half the speed).
 //
 // QLinear: y = x @ w^T + bias, w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b], the codes
@@ -16,13 +16,14 @@
 // Layouts: the blocks as stored, or interleaved 16 rows at a time (interleave=16, what the ort export writes:
 // qlinear_groups.inc exact, qlinear_int8.inc level 4), whose scales and mins may be half floats; on it,
 // activation=swiglu computes silu(gate) * up of a packed [gate; up] projection, and QEmbedding gathers a (tied)
-// table's rows from the same bytes. GroupedAttention (attention.inc): the layer's attention, rotary inside.
+// table's rows from the same bytes (qembedding.inc). GroupedAttention (attention.inc, attention_simd.inc): the layer's
+// attention, rotary inside. Exact kernels on blocks: qlinear_blocks.inc; GGUF's K-quant super-blocks: superblocks.inc.
 //
 // Instruction sets: AVX-512 VNNI (level 4), AVX-512F, AVX2+FMA and a portable scalar loop, each compiled inside its
 // own target region (no build flag tied to the building CPU) and chosen when the library loads from the CPU's
-// features; the environment variable LLGRAPH_CPU_ISA=avx512vnni|avx512|avx2|scalar caps the choice (tests run every
-// path). Output rows are split over ONNX Runtime's own intra-op thread pool (KernelContext::ParallelFor), so session
-// threads are obeyed.
+// features (isa.inc), job by job through one table (dispatch.inc); the environment variable
+// LLGRAPH_CPU_ISA=avx512vnni|avx512|avx2|scalar caps the choice (tests run every path). Output rows are split over
+// ONNX Runtime's own intra-op thread pool (KernelContext::ParallelFor), so session threads are obeyed.
 
 #define ORT_API_MANUAL_INIT
 #include "onnxruntime_cxx_api.h"
@@ -41,27 +42,7 @@
 
 namespace {
 
-enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
-const char* kIsaNames[] = {"scalar", "avx2", "avx512", "avx512vnni"};
-
-Isa DetectIsa() {
-  __builtin_cpu_init();
-  Isa best = kScalar;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    best = kAvx2;
-  if (__builtin_cpu_supports("avx512f")) best = kAvx512;
-  if (best == kAvx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512vnni"))
-    best = kAvx512Vnni;
-  const char* cap = std::getenv("LLGRAPH_CPU_ISA");
-  if (cap != nullptr) {
-    for (int i = 0; i < 4; ++i)
-      if (std::strcmp(cap, kIsaNames[i]) == 0) best = std::min(best, static_cast<Isa>(i));
-  }
-  return best;
-}
-
-const Isa g_isa = DetectIsa();
+#include "isa.inc"
 
 // at most about this many work items a node (a large node's row groups taken several at a time): each item is a
 // claim on ONNX Runtime's shared counter, and the lm head's 3,072 one-group items cost more in claims than the
@@ -100,287 +81,21 @@ float HalfToFloat(uint16_t h) {
   return (h & 0x8000) ? -v : v;
 }
 
-// block `at`'s scale and min, whichever precision they are stored in
-float ScaleAt(const Problem& p, int64_t at) { return p.hscales ? HalfToFloat(p.hscales[at]) : p.scales[at]; }
-float MinAt(const Problem& p, int64_t at) {
-  return p.hmins ? HalfToFloat(p.hmins[at]) : p.mins ? p.mins[at] : 0.f;
-}
-bool HasMins(const Problem& p) { return p.mins || p.hmins; }
+#include "qlinear_blocks.inc"
 
-// what the centred dots leave out of block `at` (o * nb + b), times the block sum of x: mins + scales * (c - zp)
-float Offset(const Problem& p, int64_t at) {
-  return MinAt(p, at) + ScaleAt(p, at) * static_cast<float>(p.centre - p.zero_point);
-}
-
-// sum_b (mins - scales * zp) * xsum: the zero point and the mins, through the block sums of x
-float OffsetsScalar(const Problem& p, int64_t o, int64_t m) {
-  const float* s = p.scales + o * p.nb;
-  const float* mn = p.mins ? p.mins + o * p.nb : nullptr;
-  const float* xs = p.xsum + m * p.nb;
-  const float zp = static_cast<float>(p.zero_point);
-  float off = 0.f;
-  for (int64_t b = 0; b < p.nb; ++b) off += ((mn ? mn[b] : 0.f) - s[b] * zp) * xs[b];
-  return off;
-}
-
-// -- scalar ---------------------------------------------------------------------------------------------------------
-
-void RowsScalar(const Problem& p, int64_t o0, int64_t o1) {
-  const int64_t bytes = p.B * p.bits / 8, half = p.B / 2;
-  for (int64_t o = o0; o < o1; ++o) {
-    for (int64_t m = 0; m < p.M; ++m) {
-      const uint8_t* c = p.codes + o * p.nb * bytes;
-      const float* x = p.x + m * p.K;
-      float acc = 0.f;
-      for (int64_t b = 0; b < p.nb; ++b, c += bytes, x += p.B) {
-        float dot = 0.f;
-        if (p.bits == 4) {
-          for (int64_t k = 0; k < half; ++k) dot += x[k] * (c[k] & 15) + x[half + k] * (c[k] >> 4);
-        } else {
-          for (int64_t j = 0; j < p.B; ++j) dot += x[j] * c[j];
-        }
-        acc += p.scales[o * p.nb + b] * dot;
-      }
-      p.y[m * p.N + o] = acc + OffsetsScalar(p, o, m) + (p.bias ? p.bias[o] : 0.f);
-    }
-  }
-}
-
-// the interleaved layout: weight j of row `l` (of 16) in a block's 16 * B * bits / 8 bytes (byte j * bits / 8 of the
-// row's block, dealt out 4 bytes at a time; bit (j * bits) % 8 of it)
-int InterleavedCode(const uint8_t* block, int64_t l, int64_t j, int64_t bits) {
-  const int64_t k = j * bits / 8;
-  return (block[(k / 4) * 64 + l * 4 + k % 4] >> ((j * bits) % 8)) & ((1 << bits) - 1);
-}
-
-// the interleaved layout in exact mode (qlinear_groups.inc's arithmetic), rows [16 * g0, 16 * g1), lane by lane
-void GroupsExactScalar(const Problem& p, int64_t g0, int64_t g1) {
-  const int64_t bytes = p.B * p.bits / 8;
-  for (int64_t g = g0; g < g1; ++g) {
-    for (int64_t l = 0; l < 16 && g * 16 + l < p.N; ++l) {
-      for (int64_t m = 0; m < p.M; ++m) {
-        float acc = 0.f;
-        for (int64_t b = 0; b < p.nb; ++b) {
-          const uint8_t* c = p.codes + (g * p.nb + b) * 16 * bytes;
-          const float* x = p.x + m * p.K + b * p.B;
-          float dot = 0.f;
-          for (int64_t j = 0; j < p.B; ++j)
-            dot += static_cast<float>(InterleavedCode(c, l, j, p.bits) - p.centre) * x[j];
-          const int64_t at = (g * p.nb + b) * 16 + l;
-          acc += ScaleAt(p, at) * dot;
-          acc += Offset(p, at) * p.xsum[m * p.nb + b];
-        }
-        p.y[m * p.N + g * 16 + l] = acc + (p.bias ? p.bias[g * 16 + l] : 0.f);
-      }
-    }
-  }
-}
-
-}  // namespace
-
-// -- AVX-512F: 16 lanes (4-bit blocks of 32 or more, 8-bit blocks of 16 or more) -----------------------------------
-
-#pragma GCC push_options
-#pragma GCC target("avx512f")
-namespace avx512 {
-struct V {
-  using R = __m512;
-  static constexpr int L = 16;
-  static R zero() { return _mm512_setzero_ps(); }
-  static R set1(float v) { return _mm512_set1_ps(v); }
-  static R load(const float* x) { return _mm512_loadu_ps(x); }
-  static void store(float* y, R v) { _mm512_storeu_ps(y, v); }
-  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
-  static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
-  static void codes4(const uint8_t* c, R& lo, R& hi) {
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
-    lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
-    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-  }
-  static R codes8(const uint8_t* c) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
-  }
-  static float sum(R r) { return _mm512_reduce_add_ps(r); }
-  // the interleaved layout's (qlinear_groups.inc): a 16-entry table of the centred 4-bit codes, read by vpermps
-  // (which looks only at each lane's low 4 bits, so a shift alone selects the nibble)
-  using I = __m512i;
-  static R add(R a, R b) { return _mm512_add_ps(a, b); }
-  static I loadi(const uint8_t* c) { return _mm512_loadu_si512(c); }
-  static R nibbles(int64_t centre) {
-    return _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_ps(static_cast<float>(centre)));
-  }
-  static R nibble(I v, int k, R table) { return _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * k), table); }
-  static R loadh(const uint16_t* h) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h))); }
-  static R byte(I v, int j, int64_t centre) {
-    const I b = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), _mm512_set1_epi32(255));
-    return _mm512_cvtepi32_ps(_mm512_sub_epi32(b, _mm512_set1_epi32(static_cast<int32_t>(centre))));
-  }
-};
-// e^x, 16 lanes, x <= 0 (a softmax's shifted scores): 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2], p Cephes' expf
-// polynomial (relative error ~1e-7, float32's own); below -87 it is 0
-__m512 Exp(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
-
-// out[r] = silu(gate[r]) * up[r] for 16 rows: silu(g) = g / (1 + e^-g), computed as g * (g < 0 ? e : 1) / (1 + e)
-// with e = e^-|g| <= 1 (no overflow either way)
-void Swiglu16(const float* gate, const float* up, float* out) {
-  const __m512 g = _mm512_loadu_ps(gate), one = _mm512_set1_ps(1.f);
-  const __m512 e = Exp(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-  const __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ), one, e);
-  _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_div_ps(_mm512_mul_ps(g, num), _mm512_add_ps(one, e)),
-                                      _mm512_loadu_ps(up)));
-}
-
-#include "qlinear_tile.inc"
-#include "qlinear_groups.inc"
-}  // namespace avx512
-#pragma GCC pop_options
-
-// -- AVX2 + FMA: 8 lanes ----------------------------------------------------------------------------------------------
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace avx2 {
-struct V {
-  using R = __m256;
-  static constexpr int L = 8;
-  static R zero() { return _mm256_setzero_ps(); }
-  static R set1(float v) { return _mm256_set1_ps(v); }
-  static R load(const float* x) { return _mm256_loadu_ps(x); }
-  static void store(float* y, R v) { _mm256_storeu_ps(y, v); }
-  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
-  static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
-  static void codes4(const uint8_t* c, R& lo, R& hi) {
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
-    lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
-    hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-  }
-  static R codes8(const uint8_t* c) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))));
-  }
-  static float sum(R r) {
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
-    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
-  }
-  // the interleaved layout's (qlinear_groups.inc): "table" is the centre, subtracted after the conversion
-  using I = __m256i;
-  static R add(R a, R b) { return _mm256_add_ps(a, b); }
-  static I loadi(const uint8_t* c) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)); }
-  static R nibbles(int64_t centre) { return _mm256_set1_ps(static_cast<float>(centre)); }
-  static R loadh(const uint16_t* h) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))); }
-  static R nibble(I v, int k, R centre) {
-    return _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4 * k), _mm256_set1_epi32(15))),
-                         centre);
-  }
-  static R byte(I v, int j, int64_t centre) {
-    const I b = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), _mm256_set1_epi32(255));
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(static_cast<int32_t>(centre))));
-  }
-};
-// e^x, 8 lanes, x <= 0: avx512::Exp's polynomial, 2^n built in the exponent bits (n >= -126 after the clamp)
-__m256 Exp(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-// avx512::Swiglu16's arithmetic, 8 rows
-void Swiglu8(const float* gate, const float* up, float* out) {
-  const __m256 g = _mm256_loadu_ps(gate), one = _mm256_set1_ps(1.f);
-  const __m256 e = Exp(_mm256_andnot_ps(_mm256_set1_ps(-0.f), g) * _mm256_set1_ps(-1.f));
-  const __m256 num = _mm256_blendv_ps(one, e, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ));
-  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_div_ps(_mm256_mul_ps(g, num), _mm256_add_ps(one, e)),
-                                      _mm256_loadu_ps(up)));
-}
-
-#include "qlinear_tile.inc"
-#include "qlinear_groups.inc"
-}  // namespace avx2
-#pragma GCC pop_options
 
 namespace {
 
 #include "qlinear_int8.inc"
 #include "superblocks.inc"
 
-// groups [g0, g1) of the interleaved layout, on the chosen instruction set
-void InterleavedGroups(const Problem& p, int64_t g0, int64_t g1) {
-  if (p.sb != 0) {
-    SuperGroups(p, g0, g1);
-  } else if (p.int8b != nullptr) {
-    if (p.isa == kAvx512Vnni) {
-      vnni::Groups(p, *p.int8b, g0, g1);
-    } else if (p.isa >= kAvx2 && p.bits == 4) {
-      avx2i8::Groups(p, *p.int8b, g0, g1);
-    } else {
-      GroupsInt8Scalar(p, *p.int8b, g0, g1);
-    }
-  } else if (p.isa >= kAvx512) {
-    avx512::GroupsExact<8>(p, g0, g1);
-  } else if (p.isa == kAvx2) {
-    avx2::GroupsExact<2>(p, g0, g1);
-  } else {
-    GroupsExactScalar(p, g0, g1);
-  }
-}
+}  // namespace
 
-// one chunk of output rows, on the chosen instruction set: the interleaved layout a group of 16 at a time (with
-// activation=swiglu, the gate group and the up group of 16 outputs, then silu(gate) * up from the scratch rows)
-void Chunk(void* data, size_t index) {
-  const Problem& p = *static_cast<const Problem*>(data);
-  const int64_t o0 = static_cast<int64_t>(index) * p.chunk, o1 = std::min(p.N, o0 + p.chunk);
-  const int64_t g = static_cast<int64_t>(index);
-  if (p.glu != nullptr) {
-    InterleavedGroups(p, 2 * g, 2 * g + 2);
-    const int64_t rows = std::min<int64_t>(16, p.glu_rows - 16 * g);
-    for (int64_t m = 0; m < p.M; ++m) {
-      const float* gate = p.y + m * p.N + 32 * g;
-      float* out = p.glu + m * p.glu_rows + 16 * g;
-      if (p.isa >= kAvx512 && rows == 16) {
-        avx512::Swiglu16(gate, gate + 16, out);
-      } else if (p.isa >= kAvx2 && rows == 16) {
-        avx2::Swiglu8(gate, gate + 16, out);
-        avx2::Swiglu8(gate + 8, gate + 24, out + 8);
-      } else {
-        for (int64_t r = 0; r < rows; ++r) out[r] = gate[r] / (1.f + std::exp(-gate[r])) * gate[16 + r];
-      }
-    }
-  } else if (p.sb != 0 || p.int8b != nullptr || p.groups) {
-    InterleavedGroups(p, o0 / 16, (o1 + 15) / 16);
-  } else if (p.int8 != nullptr) {
-    if (p.isa == kAvx512Vnni) {
-      vnni::Rows(p, *p.int8, o0, o1);
-    } else {
-      RowsInt8Scalar(p, *p.int8, o0, o1);
-    }
-  } else if (p.isa >= kAvx512) {
-    avx512::Rows(p, o0, o1);
-  } else if (p.isa == kAvx2) {
-    avx2::Rows(p, o0, o1);
-  } else {
-    RowsScalar(p, o0, o1);
-  }
-}
+#include "attention_simd.inc"
+
+namespace {
+
+#include "dispatch.inc"
 
 // the blocked format's attributes (llgraph/ops.py QUANT_ATTRS), which QLinear and QEmbedding share
 struct BlockFormat {
@@ -414,8 +129,6 @@ struct QLinearKernel : BlockFormat {
     if (sb_ == 0 && ((bits_ != 4 && bits_ != 8) || block_ < 16 || (block_ & (block_ - 1)) != 0))
       ORT_CXX_API_THROW("llgraph QLinear: bits must be 4 or 8 and block_size a power of 2 >= 16",
                         ORT_INVALID_ARGUMENT);
-    // the widest path whose lanes divide this block's segments; narrower blocks take the next one down
-    isa_ = g_isa;
     interleave_ = OptionalAttribute(info, "interleave", 0);
     if (interleave_ != 0 && interleave_ != 16)
       ORT_CXX_API_THROW("llgraph QLinear: interleave must be 0 or 16", ORT_INVALID_ARGUMENT);
@@ -433,8 +146,6 @@ struct QLinearKernel : BlockFormat {
     if (sb_ != 0 && interleave_ != 16)
       ORT_CXX_API_THROW("llgraph QLinear: super-blocks are read interleaved (interleave=16)", ORT_INVALID_ARGUMENT);
     int8_ = level == 4 && (interleave_ != 0 || Int8Fits(bits_, block_));
-    if (!int8_ && isa_ == kAvx512Vnni) isa_ = kAvx512;
-    if (!interleave_ && isa_ == kAvx512 && (bits_ == 4 ? block_ % 32 : block_ % 16) != 0) isa_ = kAvx2;
   }
 
   void Compute(OrtKernelContext* context) {
@@ -492,10 +203,10 @@ struct QLinearKernel : BlockFormat {
     Problem p{nullptr, nullptr, codes.GetTensorData<uint8_t>(), half || sb_ ? nullptr : scales.GetTensorData<float>(),
               Half(mins) ? nullptr : Optional(ctx, 3), half ? scales.GetTensorData<uint16_t>() : nullptr,
               Half(mins) ? mins.GetTensorData<uint16_t>() : nullptr, Optional(ctx, 4), out, M, K, N, nb, block_,
-              bits_, zero_point_, 16, isa_, nullptr, nullptr, centre_, interleave_ != 0 && !int8_, glu, rows_};
+              bits_, zero_point_, 16, g_isa, nullptr, nullptr, centre_, interleave_ != 0 && !int8_, glu, rows_};
     p.sb = sb_;
     if (sb_ != 0 && int8_) {
-      QuantizeK(in, M, K, isa_, int8k_);
+      QuantizeK(in, M, K, Pick(&Kernels::quantize, g_isa, int64_t{32}), int8k_);
       p.int8k = &int8k_;
     } else if (sb_ != 0) {  // exact: x as given, its sums per 32
       Sums(in, M * K / 32, 32);
@@ -506,7 +217,7 @@ struct QLinearKernel : BlockFormat {
       p.x = in;
       p.xsum = sums_.data();
     } else if (interleave_) {
-      QuantizeBlocks(in, M, K, block_, bits_, centre_, isa_, int8b_);
+      QuantizeBlocks(in, M, K, block_, bits_, centre_, Pick(&Kernels::quantize, g_isa, block_), int8b_);
       p.int8b = &int8b_;
     } else if (int8_) {
       QuantizeX(in, M, K, block_, bits_, centre_, int8x_);
@@ -581,7 +292,6 @@ struct QLinearKernel : BlockFormat {
     return static_cast<const OrtValue*>(v) != nullptr ? v.GetTensorData<float>() : nullptr;
   }
 
-  Isa isa_;
   int64_t interleave_, rows_, centre_, glu_;
   float eps_;
   bool int8_;
