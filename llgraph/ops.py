@@ -1,7 +1,7 @@
 """The closed op set. ONE schema per op: inputs (a trailing '?' marks optional), outputs, typed attributes, and the
 shape/dtype rule. Every backend registers an implementation per op against these names (the torch executor's
-TORCH_IMPLS, each ONNX target's lowerings; tests/test_ir.py lists ops x backends and fails on a hole), and the
-TensorRT plugin fields are read from `attrs` here.
+TORCH_IMPLS, each ONNX target's lowerings; tests/core/test_ir.py lists ops x backends and fails on a hole), and
+the TensorRT plugin fields are read from `attrs` here.
 
 Layouts: activations are [batch, seq, features]; heads stay packed in the feature axis ([B, S, H*D]) the way ONNX
 Runtime's GroupQueryAttention and ONNX's RotaryEmbedding/Attention take them. Linear weights are [out, in].

@@ -1,5 +1,17 @@
+"""The suite's shared fixtures. Tests live in rooms that mirror the code (core, plugins, export, engine, backends,
+serve, eval, cli); the helpers they share sit here beside this file (reference.py: independent references;
+serving.py: a server in a subprocess; imports.py: the layering scan), and every room is importable from every other
+(a room's test may reuse another's helpers, e.g. test_export.compare_steps)."""
+
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TESTS)] + sorted(str(room) for room in TESTS.iterdir() if room.is_dir() and room.name != "data"
+                                     and not room.name.startswith((".", "_")))
 
 
 def max_diff(a, b) -> float:

@@ -48,7 +48,8 @@ print(json.dumps(out))
 def registered():
     if importlib.util.find_spec("tensorrt_bindings") is None:
         pytest.skip("tensorrt-cu13-bindings (TensorRT's QDP Python sources) is not installed: pip install '.[test]'")
-    r = subprocess.run([sys.executable, "-c", REGISTER, str(Path(__file__).parent)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", REGISTER, str(Path(__file__).resolve().parents[1])], capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -166,7 +166,7 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     assert [(n.domain, n.op_type) for n in tables] == [(cpu.DOMAIN, "QEmbedding")]  # the table in the head's layout
     assert "MatMulNBits" not in [n.op_type for n in graph.node]
     # the blocks interleaved (all but a tied head's); their scales half floats, as GGUF stores them; the K-quants'
-    # super-blocks hold their own (no scales input: tests/test_cpu_superblocks.py)
+    # super-blocks hold their own (no scales input: tests/plugins/test_cpu_superblocks.py)
     layers = [n for n in ours if any(a.name == "interleave" for a in n.attribute)]
     assert len(layers) >= 4 * cfg.num_layers
     scale_types = {i.data_type for i in graph.initializer if i.name in {n.input[2] for n in layers if len(n.input) > 2}}

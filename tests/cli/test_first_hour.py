@@ -20,7 +20,7 @@ from llgraph.runtime.backends.cache import content_key, entries
 from llgraph.runtime.cli.args import build_parser
 from llgraph.weight_request import Weights
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def llgraph(*args, cwd=None, env=None):

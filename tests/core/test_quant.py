@@ -156,7 +156,7 @@ def test_rtn_by_rows_is_rtn_of_the_whole(monkeypatch):
 @pytest.mark.parametrize("target", TARGETS)
 def test_smollm2_int4_from_its_q4_1_gguf(target, smollm2_export, smollm2_truth, report):
     """The bundled Q4_1 GGUF exported as it is stored: == the float64 executor on the dequantized weights (itself
-    == transformers loading the same GGUF, tests/test_smollm2.py); prefill + 8 decode steps. Tolerance 1e-4 as for
+    == transformers loading the same GGUF, tests/core/test_smollm2.py); prefill + 8 decode steps. Tolerance 1e-4 as for
     the float exports: ort runs on llgraph's CPU kernels (the default; 7.2e-5 measured). On MatMulNBits
     (`--kernels standard`) the mins term is summed apart from x*q*s, another rounding order: 2.4e-4 measured there."""
     from llgraph.bundled import bundled_model

@@ -35,7 +35,7 @@ RUNNABLE = [f for f in FLAVORS if FLAVORS[f] and torch.cuda.is_available() and (
 HAVE_TRT = bool(RUNNABLE)
 needs_trt = pytest.mark.skipif(not HAVE_TRT, reason="running an engine needs an NVIDIA GPU with TensorRT 10.15+/11, "
                                "or TensorRT-RTX on an Ampere/Ada/Blackwell GPU; the CPU machines this project is "
-                               "tested on have none (tests/test_trt_build.py builds engines there)")
+                               "tested on have none (tests/export/test_trt_build.py builds engines there)")
 
 
 def export_folder(cfg, target, path, dtype="float32"):

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("lm_eval", reason="the lm-eval adapter needs lm-evaluation-harness (pip install 'llgraph[eval]')")
 
-TASKS = Path(__file__).parent / "data" / "lm_eval"
+TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_eval"
 MAX_LEN = 64  # both models: the 170-token text takes three windows
 
 

@@ -1,7 +1,7 @@
 """TensorRT itself, on the CPU-only machines this project is tested on: TensorRT-RTX's ONNX parser and builder
 (ahead-of-time, no GPU) parse and build SmolLM2's `trt` exports (fp16, bf16, fp32) and its `onnx` export (fp16).
 What is asserted is what TensorRT reports: the layers its parser made, the network's I/O, the profiles it holds.
-A change that breaks the parse or the build fails here. Running an engine needs a GPU (tests/test_trt.py)."""
+A change that breaks the parse or the build fails here. Running an engine needs a GPU (tests/backends/test_trt.py)."""
 
 import json
 import platform
@@ -166,7 +166,7 @@ def test_parser_hands_every_plugin_node_to_its_creator(tmp_path):
 
     cfg_name = "tiny"
     folder = export_model(cfg_name, out=tmp_path / "trt", target="trt", max_seq_len=64)
-    probe = Path(__file__).with_name("trt_plugin_probe.py")
+    probe = Path(__file__).resolve().parents[1] / "trt_plugin_probe.py"
     r = subprocess.run([sys.executable, str(probe), str(folder), "64"], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -206,7 +206,7 @@ def test_a_native_build_ignores_registered_plugin_creators(tmp_path):
     from llgraph.export import export_model
 
     folder = export_model("tiny", out=tmp_path / "trt", target="trt", max_seq_len=64)
-    probe = Path(__file__).with_name("trt_plugin_probe.py")
+    probe = Path(__file__).resolve().parents[1] / "trt_plugin_probe.py"
     r = subprocess.run([sys.executable, str(probe), str(folder), "64", "--none"], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

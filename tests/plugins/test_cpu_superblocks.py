@@ -80,7 +80,7 @@ print(isa().decode(), " ".join(f"{k}={v}" for k, v in worst.items()))
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
 def test_every_superblock_path_equals_float64(library, isa, report):  # noqa: F811
     """Q4_K, Q5_K, Q6_K at the exact level (fp32) and at level 4 (int8 x), 1 to 8 input rows, with a bias."""
-    tests = os.path.dirname(__file__)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where reference.py is
     r = subprocess.run([sys.executable, "-c", PROBE, str(library), tests], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa})
     assert r.returncode == 0, r.stderr

@@ -144,7 +144,7 @@ def test_existing_output_needs_force(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    for force in (False, True):  # a folder llgraph did not write is never replaced (tests/test_outputs.py)
+    for force in (False, True):  # a folder llgraph did not write is never replaced (tests/export/test_outputs.py)
         with pytest.raises(OutputError, match="exists and is not empty"):
             export_model("tiny", out=out, force=force)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
