@@ -1,7 +1,7 @@
 """A memory soak of `llgraph serve`: thousands of mixed requests from concurrent clients, the server's resident
 memory sampled as they go, to show whether it levels off.
 
-    python -m llgraph.runtime.bench.soak [MODEL] [--requests 3000] [--clients 8] [--every 250]
+    python -m llgraph.runtime.bench.soak [MODEL] [--backend ort|torch] [--requests 3000] [--clients 8] [--every 250]
 
 The mix, in turn: greedy and sampled completions (whole and streamed), chat, n=2 with a seed, logprobs with echo,
 a JSON-schema response_format, stop strings, /tokenize, requests refused with a 400, and streams the client drops
@@ -74,11 +74,12 @@ def rss_mb(pid: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", default="smollm2")
+    p.add_argument("--backend", default="ort", choices=("ort", "torch"))
     p.add_argument("--requests", type=int, default=3000)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--every", type=int, default=250, help="requests between RSS samples")
     args = p.parse_args(argv)
-    server, port = start_server(args.model, "ort", name="soak", slots=8, max_seq_len=512)
+    server, port = start_server(args.model, args.backend, name="soak", slots=8, max_seq_len=512)
     if server is None:
         return 1
     samples, statuses, counter = [(0, rss_mb(server.pid))], {}, itertools.count()
@@ -97,8 +98,9 @@ def main(argv=None) -> int:
         server.wait(60)
     half = len(samples) // 2
     first, second = samples[half][1] - samples[1][1], samples[-1][1] - samples[half][1]
-    print(f"llgraph serve {args.model}: {sum(statuses.values())} mixed requests from {args.clients} clients "
-          f"(HTTP statuses {dict(sorted(statuses.items()))}) in {time.perf_counter() - start:.0f} s")
+    print(f"llgraph serve {args.model} --backend {args.backend}: {sum(statuses.values())} mixed requests from "
+          f"{args.clients} clients (HTTP statuses {dict(sorted(statuses.items()))}) in "
+          f"{time.perf_counter() - start:.0f} s")
     print("requests  " + "  ".join(f"{n:>6}" for n, _ in samples))
     print("RSS MB    " + "  ".join(f"{m:>6.0f}" for _, m in samples))
     print(f"growth after the first {samples[1][0]} requests: {first:+.0f} MB over the next "

@@ -149,3 +149,14 @@ def test_chat_holds_a_conversation_in_a_terminal():
     os.close(main)
     print(seen.decode(errors="replace"))
     assert "Paris" in replies[0] and "Rome" in replies[1] and "reset" in replies[2] and replies[3].strip() != "> "
+
+
+def test_chat_from_a_pipe_ends_each_answer_and_the_output_with_a_newline():
+    """Issue 38, item 12: `echo ... | llgraph chat smollm2` — each answer on its own line, the last line ended."""
+    r = subprocess.run([sys.executable, "-m", "llgraph", "chat", "smollm2", "--max-new-tokens", "8"],
+                       input="Say hi.\nAnd bye.\n", capture_output=True, text=True, timeout=300)
+    print(repr(r.stdout))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("\n") and r.stdout.count("> ") == 3  # a prompt before each line and before EOF
+    answers = [a for a in r.stdout.split("> ")[1:3]]
+    assert all(a.strip() and a.endswith("\n") for a in answers), answers
