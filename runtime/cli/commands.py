@@ -66,6 +66,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_serve(args) -> int:
+    from llgraph.runtime.serve.access import api_key
     from llgraph.runtime.serve.app import ServeOptions
     from llgraph.runtime.serve.run import serve, serve_on_ray
 
@@ -84,7 +85,8 @@ def cmd_serve(args) -> int:
                            max_queue=args.max_queue, max_seq_len=args.max_seq_len, timeout=args.timeout,
                            cache_dir=args.cache_dir, tensorrt=args.tensorrt, weights=weights,
                            max_request_bytes=args.max_request_bytes, threads=args.threads,
-                           speculative="draft" if draft else args.speculative, draft_max=args.draft_max, draft=draft)
+                           speculative="draft" if draft else args.speculative, draft_max=args.draft_max, draft=draft,
+                           api_key=api_key(args.api_key))
     if args.ray:
         serve_on_ray(options, args.replicas, host=args.host, port=args.port, address=args.ray_address)
     else:

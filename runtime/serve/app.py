@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 try:
-    from fastapi import FastAPI, Request
+    from fastapi import Depends, FastAPI, Request
     from fastapi.responses import PlainTextResponse, Response
     from starlette.exceptions import HTTPException
 except ImportError as e:
@@ -34,6 +34,7 @@ except ImportError as e:
 
 from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 from llgraph.runtime.engine.speculative import MAX_DRAFT
+from llgraph.runtime.serve.access import check_key
 from llgraph.runtime.serve.completions import answer, parse
 from llgraph.runtime.serve.request import ApiError, chat_prompt, flag, read_json
 from llgraph.weight_request import Weights
@@ -58,6 +59,7 @@ class ServeOptions:
     # "speculative" overrides it
     draft_max: int = MAX_DRAFT  # requests' default most drafted tokens a step; "speculative.n_max" overrides it
     draft: str | None = None  # the draft model (a MODEL as for `model`), opened beside it: requests may ask "draft"
+    api_key: str | None = None  # every /v1/* route wants `Authorization: Bearer api_key` (access.py); None: open
 
     @property
     def served_name(self) -> str:
@@ -127,6 +129,7 @@ def ids_json(ids: list[int], step: int = 50_000) -> str:
     """A JSON array of ints, built a slice at a time so other threads (the event loop) run in between."""
     return "[" + ",".join(",".join(map(str, ids[i:i + step])) for i in range(0, len(ids), step)) + "]"
 
+
 def load_runners(options: ServeOptions) -> tuple:
     """(the runner, its draft model's runner or None); a draft of another vocabulary is one line (RequestError)."""
     from llgraph.runtime.backends import open_draft, open_runner, share_threads_with_a_draft
@@ -159,6 +162,10 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
 
     app = FastAPI(title="llgraph", lifespan=lifespan)
 
+    async def authorized(request: Request):  # the /v1/* routes' dependency: the API key, before the body is read
+        check_key(request.headers.get("authorization"), options.api_key)
+    v1 = [Depends(authorized)]
+
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
         return e.response()
@@ -180,16 +187,16 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
 
         return PlainTextResponse(generate_latest(state["metrics"].registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models():
         return {"object": "list", "data": [{"id": options.served_name, "object": "model",
                                             "created": state["created"], "owned_by": "llgraph"}]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request):
         return await _serve(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request):
         return await _serve(request, chat=True)
 

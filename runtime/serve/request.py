@@ -156,6 +156,9 @@ def chat_prompt(body: dict, runner) -> str:
 async def read_json(request: Request, limit: int) -> dict:
     """The body as a JSON object, read no further than `limit` bytes (413 past it: a huge body costs neither
     memory nor anyone else's time)."""
+    from llgraph.runtime.serve.access import check_json
+
+    check_json(request.headers.get("content-type"))
     too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} bytes "
                             "(llgraph serve --max-request-bytes)", code="request_too_large")
     declared = request.headers.get("content-length", "")

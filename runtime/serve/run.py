@@ -5,9 +5,11 @@ shuts Serve and its local Ray down."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 from llgraph.runtime.engine.sampling import RequestError
+from llgraph.runtime.serve.access import warning
 from llgraph.runtime.serve.app import ServeOptions, create_app, load_runners
 
 
@@ -35,6 +37,8 @@ def serve(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, g
     import uvicorn
 
     _check_port(host, port)  # before the model loads: a busy port is one line, not a load then uvicorn's exit 3
+    if warning(host, options.api_key):
+        print(warning(host, options.api_key), file=sys.stderr, flush=True)
     print(f"llgraph serve: loading {options.model} ({options.backend})", flush=True)
     runner, draft = load_runners(options)  # a bad model or flag is one line, before anything listens
     if options.backend == "trt" and options.slots > getattr(runner.backend, "max_batch", options.slots):
@@ -84,6 +88,8 @@ def serve_on_ray(options: ServeOptions, replicas: int, *, host: str = "127.0.0.1
         from llgraph.errors import MissingExtra
 
         raise MissingExtra("llgraph serve --ray", "'ray[serve]'", "ray", e) from None
+    if warning(host, options.api_key):
+        print(warning(host, options.api_key), file=sys.stderr, flush=True)
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
     ray_serve.start(http_options={"host": host, "port": port})
     def build_app():  # a builder (a function, not an app): Ray Serve calls it on each replica
