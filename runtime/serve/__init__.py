@@ -7,7 +7,8 @@
 Rooms: `app.py` builds the FastAPI app and its routes (/v1/models, /v1/completions, /v1/chat/completions,
 /tokenize, /detokenize, /tokenizer_info, /health, /metrics), `completions.py` answers completions and chat (whole
 or as server-sent events in OpenAI's chunk format), `request.py` parses and checks each field, `access.py` decides
-who may drive it (the API key, JSON bodies only), `run.py` listens, drains on SIGTERM, or runs Ray Serve replicas. May import the engine and the backends rooms.
+who may drive it (the API key, JSON bodies only), `run.py` listens, drains on SIGTERM, or runs Ray Serve replicas.
+May import the engine and the backends rooms.
 
 What clients send works as they expect: `prompt` as a string, strings, token ids or lists of them; `n` (choice
 i*n + j answers prompt i with sample j, seeded seed + j, so each equals a solo request with that seed); `logprobs`
