@@ -67,7 +67,7 @@ def cmd_export(args) -> None:
 
 def cmd_serve(args) -> int:
     from llgraph.runtime.serve.access import api_key
-    from llgraph.runtime.serve.app import ServeOptions
+    from llgraph.runtime.serve.app import ServeOptions  # without the serve extra: one line saying so
     from llgraph.runtime.serve.run import serve, serve_on_ray
 
     for flag, value, low in (("--slots", args.slots, 1), ("--max-queue", args.max_queue, 0),

@@ -5,8 +5,8 @@
 The key is compared in constant time (hmac.compare_digest); a missing or wrong one is a 401 in OpenAI's error shape
 (`invalid_api_key`), before the body is read. /health and /metrics stay open, for probes and scrapers. A server that
 listens beyond loopback without a key says so at startup. Whatever the key: a POST body that is not
-`application/json` is a 415 — a web page can send a `text/plain` POST to a local server without a CORS preflight,
-and must not get an answer.
+`application/json` is a 415 (request.read_json) — a web page can send a `text/plain` POST to a local server without
+a CORS preflight, and must not get an answer.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
-
-from llgraph.runtime.serve.request import ApiError
 
 KEY_ENV = "LLGRAPH_API_KEY"
 
@@ -35,17 +33,12 @@ def check_key(authorization: str | None, key: str | None) -> None:
     """A request's Authorization header against the server's key; ApiError 401 unless it is `Bearer KEY`."""
     if key is None:
         return
+    from llgraph.runtime.serve.request import ApiError  # (this module loads without the serve extra: api_key)
+
     scheme, _, given = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
         raise ApiError(401, "a valid API key is needed: send `Authorization: Bearer KEY` (llgraph serve --api-key)",
                        code="invalid_api_key")
-
-
-def check_json(content_type: str | None) -> None:
-    """A POST body must declare itself JSON (415 otherwise: no CORS-simple `text/plain` request gets an answer)."""
-    if (content_type or "").split(";")[0].strip().lower() != "application/json":
-        raise ApiError(415, f"the request body must be application/json, not {content_type or 'untyped'}",
-                       code="unsupported_media_type")
 
 
 def warning(host: str, key: str | None) -> str | None:

@@ -153,11 +153,17 @@ def chat_prompt(body: dict, runner) -> str:
         raise ApiError(400, f"the chat template failed on these messages: {e}", param="messages") from None
 
 
+def check_json(content_type: str | None) -> None:
+    """A POST body must declare itself JSON: a 415 otherwise, so that no web page's CORS-simple `text/plain` POST (sent
+    without a preflight) gets an answer from a local server."""
+    if (content_type or "").split(";")[0].strip().lower() != "application/json":
+        raise ApiError(415, f"the request body must be application/json, not {content_type or 'untyped'}",
+                       code="unsupported_media_type")
+
+
 async def read_json(request: Request, limit: int) -> dict:
     """The body as a JSON object, read no further than `limit` bytes (413 past it: a huge body costs neither
     memory nor anyone else's time)."""
-    from llgraph.runtime.serve.access import check_json
-
     check_json(request.headers.get("content-type"))
     too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} bytes "
                             "(llgraph serve --max-request-bytes)", code="request_too_large")
