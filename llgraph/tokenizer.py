@@ -91,8 +91,10 @@ class Tokenizer:
     # -- use ------------------------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # encode_batch releases the GIL while it works and encode does not (a 1M-character text held every other
-        # thread, a server's event loop included, for 0.6 s): the same pipeline, the same ids
-        return self.tk.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        # thread, a server's event loop included, for 0.6 s): the same pipeline, the same ids. Its _fast form skips
+        # the offsets: 2.4x faster on a 7 MB text, and the result's list and its freeing hold the GIL 0.1 s, not 0.6
+        encode = getattr(self.tk, "encode_batch_fast", self.tk.encode_batch)
+        return encode([text], add_special_tokens=add_special_tokens)[0].ids
 
     @functools.cached_property
     def max_token_chars(self) -> int:
