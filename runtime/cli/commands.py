@@ -238,18 +238,16 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def cmd_lm_eval(args) -> int:
-    from llgraph.runtime.eval.harness import main as harness_main
+def cmd_lm_eval(args) -> int:  # lm-evaluation-harness's own command line, llgraph registered
+    from llgraph.runtime.eval.harness import main
 
-    harness_main(args.harness_args)
-    return 0
+    return main(args.harness_args) or 0
 
 
-def cmd_bench(args) -> int:
-    from llgraph.runtime.bench.speed import main as bench_main
+def cmd_bench(args) -> int:  # runtime/bench/speed.py's command line
+    from llgraph.runtime.bench.speed import main
 
-    bench_main(args.bench_args)
-    return 0
+    return main(args.bench_args) or 0
 
 
 def _diff_cache_length(args) -> int:
