@@ -103,16 +103,19 @@ def llgraph_files(folder: Path) -> set[str] | None:
     return None if manifest is None else manifest.written_files(folder)
 
 
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read 8 MB at a time (the export cache's keys, the integrity record, the kernel library's)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def integrity_record(folder: Path, names) -> tuple[dict, dict]:
     """Sizes and sha256 of the files `names` in `folder`, for the manifest (export writes it last)."""
-    sizes, hashes = {}, {}
-    for name in sorted(names):
-        h = hashlib.sha256()
-        with open(Path(folder) / name, "rb") as f:
-            while chunk := f.read(8 << 20):
-                h.update(chunk)
-        sizes[name], hashes[name] = (Path(folder) / name).stat().st_size, h.hexdigest()
-    return sizes, hashes
+    paths = {name: Path(folder) / name for name in sorted(names)}
+    return {n: p.stat().st_size for n, p in paths.items()}, {n: file_sha256(p) for n, p in paths.items()}
 
 
 def damage(folder: Path, manifest: Manifest, hashes: bool = False) -> str | None:
@@ -126,6 +129,6 @@ def damage(folder: Path, manifest: Manifest, hashes: bool = False) -> str | None
             return f"{name} is {path.stat().st_size:,} bytes where export wrote {size:,}"
     for name, digest in manifest.sha256.items():
         small = manifest.sizes.get(name, 0) <= HASH_ON_OPEN
-        if (hashes or small) and integrity_record(folder, [name])[1][name] != digest:
+        if (hashes or small) and file_sha256(Path(folder) / name) != digest:
             return f"{name} is not the file export wrote (its sha256 differs)"
     return None

@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from llgraph.export_folder import file_sha256
 from llgraph.outdir import user_cache
 
 DOMAIN = "llgraph"
@@ -86,15 +87,11 @@ def built_here(root: Path) -> list[Path]:
     return builds + headers
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _intact(out: Path) -> bool:
     """The built library is the one the build wrote (its checksum beside it) and loads."""
     record = out.with_name(LIBRARY + CHECKSUM)
     try:
-        if record.read_text().strip() != _sha256(out):
+        if record.read_text().strip() != file_sha256(out):
             return False
         isa(out)
     except (OSError, AttributeError):
@@ -149,7 +146,7 @@ def _built(progress: bool, build: bool = True) -> Path:
             first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:200])
             raise KernelsUnavailable(f"building llgraph's CPU kernels failed ({first}); report it, or use "
                                      "--kernels standard")
-        out.with_name(LIBRARY + CHECKSUM).write_text(_sha256(partial) + "\n")
+        out.with_name(LIBRARY + CHECKSUM).write_text(file_sha256(partial) + "\n")
         partial.replace(out)  # the checksum first: a library without its record is rebuilt, never trusted
     finally:
         partial.unlink(missing_ok=True)

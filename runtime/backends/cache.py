@@ -24,7 +24,7 @@ from pathlib import Path
 
 from llgraph import __version__
 from llgraph.errors import LlgraphError
-from llgraph.export_folder import MANIFEST, Manifest, damage
+from llgraph.export_folder import BUILD_FILES, LEGACY_FILES, MANIFEST, Manifest, damage, file_sha256
 from llgraph.outdir import remove_stale, user_cache
 from llgraph.plugins import cpu
 
@@ -42,11 +42,7 @@ def _file_sha256(path: Path, memo: dict) -> str:
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     if key not in memo:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(8 << 20):
-                h.update(chunk)
-        memo[key] = h.hexdigest()
+        memo[key] = file_sha256(path)
     return memo[key]
 
 
@@ -80,12 +76,20 @@ def entry_for(checkpoint: Path, root: Path, target: str = "ort", dtype: str = "f
     return existing[0] if existing else root / f"{checkpoint.stem}{suffix}"
 
 
+def _export_files_only(folder: Path) -> bool:
+    """A folder without a manifest holds only names an export writes: a damaged entry, not a user's folder."""
+    return all(p.is_file() and p.name in {*LEGACY_FILES, *BUILD_FILES, cpu.LIBRARY} for p in folder.iterdir())
+
+
 def heal(folder: Path) -> str | None:
-    """None when cache entry `folder` is whole; else why it must be exported (a damaged entry is removed first:
-    everything in an entry is llgraph's, and an export renames its folder in only once it is complete)."""
+    """None when cache entry `folder` is whole; else why it must be exported (a damaged entry is removed first: an
+    export renames its folder in only once it is complete, so a damaged one is what a disk or a hand did to it)."""
     if not folder.exists():
         return "once"
     manifest = Manifest.find(folder)
+    if manifest is None and not _export_files_only(folder):
+        raise LlgraphError(f"{folder} has no manifest.json and holds files llgraph did not write; move it out of the "
+                           "cache and run again")
     why = "its manifest.json is missing or unreadable" if manifest is None else damage(folder, manifest)
     if why is None:
         return None
@@ -113,7 +117,7 @@ def entries(root: Path) -> list[Entry]:
         if not p.is_dir():
             continue
         manifest = Manifest.find(p)
-        if manifest is None and not ENTRY_NAME.search(p.name):
+        if manifest is None and not (ENTRY_NAME.search(p.name) and _export_files_only(p)):
             continue
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
         found.append(Entry(p, size, manifest.weights if manifest else "damaged: no readable manifest.json", manifest))

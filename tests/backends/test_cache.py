@@ -139,3 +139,20 @@ def test_an_export_the_record_does_not_match_is_refused_by_verify_even_when_larg
     assert why == "model.onnx.data is not the file export wrote (its sha256 differs)"
     with pytest.raises(LlgraphError, match="no cache entry nope"):
         verify(cache, ["nope"])
+
+
+def test_a_folder_without_a_manifest_holding_a_users_files_is_never_removed(ckpt, tmp_path):
+    """Named like the entry generate wants, but holding a file no export writes: generate refuses in one line and
+    cache clean leaves it; the user's file is still there."""
+    cache = tmp_path / "cache"
+    generate(ckpt, cache)
+    [entry] = entries(cache)
+    (entry.path / MANIFEST).unlink()
+    (entry.path / "notes.txt").write_text("mine")
+    r = llgraph("generate", str(ckpt), "--tokens", "1,2,3", "--max-new-tokens", "4", "--kernels", "standard",
+                "--cache-dir", str(cache))
+    errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+    print(errors)
+    assert r.returncode == 2 and len(errors) == 1 and "files llgraph did not write" in errors[0], r.stderr
+    assert llgraph("cache", "clean", "--cache-dir", str(cache)).returncode == 0
+    assert (entry.path / "notes.txt").read_text() == "mine"
