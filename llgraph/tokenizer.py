@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from datetime import datetime
 from pathlib import Path
 
 from llgraph.errors import LlgraphError
@@ -120,7 +121,10 @@ class Tokenizer:
             return bytes([int(piece[3:5], 16)])
         return self.tk.decode([token], skip_special_tokens=False).encode()
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """The template's text for `messages` (and `tools`, OpenAI's function objects, as transformers passes them:
+        a template that does not read `tools` ignores them)."""
         if not self.chat_template:
             raise TokenizerError("this model has no chat template; drop --chat or give a model that has one")
         import jinja2
@@ -132,10 +136,14 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)  # Llama 3.x's date line
+        # as transformers renders: JSON in the keys' own order, no HTML escapes (jinja's own tojson sorts, escapes)
+        env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
+            json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
         try:
             return env.from_string(self.chat_template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
-                eos_token=self.eos_token)
+                eos_token=self.eos_token, tools=tools)
         except jinja2.TemplateError as e:
             raise TokenizerError(f"chat template failed: {e}") from None
 

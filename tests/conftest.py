@@ -62,8 +62,9 @@ def smollm2_export(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def serve_export(smollm2_export):
-    """The SmolLM2 export the server tests serve: ort, float32, a 256-token cache."""
-    return smollm2_export("ort", max_seq_len=256)
+    """The SmolLM2 export the server tests serve: ort, float32, 512 positions (servers and runners of the tests pick
+    their cache length below it: 256 mostly, 512 for tool calling's longer prompts)."""
+    return smollm2_export("ort", max_seq_len=512)
 
 
 @pytest.fixture(scope="session", autouse=True)

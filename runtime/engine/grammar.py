@@ -55,6 +55,16 @@ class Grammar:
         return cls(spec)
 
     @classmethod
+    def lark(cls, text: str) -> "Grammar":
+        """A grammar in llguidance's Lark dialect (`%json {schema}` embeds a JSON schema; `<[id]>` is a token)."""
+        ll = _llguidance()
+        spec = ll.LLMatcher.grammar_from_lark(text)
+        error = ll.LLMatcher.validate_grammar(spec)
+        if error:
+            raise RequestError(f"the grammar is not valid: {' '.join(error.split())[:200]}")
+        return cls(spec)
+
+    @classmethod
     def json_object(cls) -> "Grammar":
         return cls.json_schema({"type": "object"})
 

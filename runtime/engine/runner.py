@@ -17,6 +17,7 @@ from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.sampling import RequestError, Sampling
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_mode
 from llgraph.runtime.engine.step import Engine, Metrics, Row
+from llgraph.runtime.engine.tools import chat_inputs
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # a conversation's roles (OpenAI's)
 
@@ -72,17 +73,24 @@ class Runner:
             raise RequestError('chat takes a list of messages: [{"role": "user", "content": "Hi"}, ...]')
         return self.generate(messages, max_new_tokens, **kwargs)
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], tools=None) -> str:
         """A conversation as the model's chat template writes it, ready for the assistant's turn (the one place a
-        conversation is checked and rendered: generate, stream, chat and the server's chat completions)."""
+        conversation is checked and rendered: generate, stream, chat and the server's chat completions). `tools`: a
+        tools.ToolSpec, the functions the model may call (rendered by the template, or in runtime/engine/tools.py's
+        fallback format); an assistant turn may carry OpenAI's `tool_calls` (its content then may be None), and a
+        "tool" turn a call's result."""
         if self.tokenizer is None or not self.tokenizer.chat_template:
             raise RequestError("this model has no chat template; give it a plain prompt instead of messages")
         for m in messages:
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and (isinstance(m.get("content"), str) or
+                                                                              m.get("content") is None and
+                                                                              m.get("role") == "assistant")):
                 raise RequestError(f"each message is {{'role': str, 'content': str}}; got {str(m)[:60]}")
             if m["role"] not in ROLES:
                 raise RequestError(f"message role {m['role']!r} is not one of {', '.join(ROLES)}")
-        return self.tokenizer.apply_chat_template(list(messages))
+        template = self.tokenizer.chat_template
+        messages, tool_list = chat_inputs(template, list(messages), tools)
+        return self.tokenizer.apply_chat_template(messages, tools=tool_list)
 
     def stream(self, prompt, max_new_tokens: int = 64, **kwargs) -> Iterator[str]:
         """New text pieces as they are decoded; pieces never split a multi-byte character, and they concatenate to

@@ -36,9 +36,11 @@ from llgraph.runtime.serve.request import (
     prompts_of,
     refuse_unsupported,
     stop_strings,
+    tools_of,
 )
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
+NO_TOOLS = None  # Ask.tools of a request that may call no tool
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Ask:
     echo: bool
     stream: bool
     usage: bool
+    tools: object = NO_TOOLS  # runtime.engine.tools.ToolSpec: functions the chat answer may call
+    template: str = ""  # the chat template (which tool-call format the answer uses)
 
 
 def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative: str = "off",
@@ -69,11 +73,12 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
     if n > slots:
         raise ApiError(400, f"'n' ({n}) exceeds this server's {slots} slots (each choice decodes in a slot of its "
                             "own); lower n or start the server with more --slots", param="n")
-    refuse_unsupported(body, n)
+    refuse_unsupported(body, n, chat)
+    tools = tools_of(body) if chat else NO_TOOLS
     if chat:
         if body.get("echo") is not None:
             raise ApiError(400, "'echo' is a /v1/completions field; chat completions do not echo", param="echo")
-        prompts = [chat_prompt(body, runner)]
+        prompts = [chat_prompt(body, runner, tools)]
         logprobs = None
         if flag(body, "logprobs"):
             logprobs = number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True)
@@ -103,6 +108,15 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
     except RequestError as e:
         raise ApiError(400, str(e)) from None
     grammar = grammar_of(body)
+    template = runner.tokenizer.chat_template if chat and runner.tokenizer else ""
+    if tools is not NO_TOOLS and tools.forced:
+        if grammar is not None:
+            raise ApiError(400, "a 'response_format' cannot go with a required or named 'tool_choice': the answer "
+                                "is the tool call", param="response_format")
+        try:
+            grammar = tools.grammar(template, runner.tokenizer)
+        except RequestError as e:
+            raise ApiError(400, str(e), param="tools") from None
     ignore_eos = flag(body, "ignore_eos")
     if grammar is not None and ignore_eos:
         raise ApiError(400, "'ignore_eos' cannot go with a response_format: a document ends with EOS",
@@ -114,7 +128,7 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
         raise ApiError(400, str(e), param="speculative") from None
     draft_max = number(body, "speculative.n_max", draft_max, 1, 1 << 10, integer=True)
     return Ask(chat, prompts, n, max_tokens, key, samplings, stop_strings(body), ignore_eos, logprobs, grammar,
-               speculative, draft_max, echo, flag(body, "stream"), include_usage(body))
+               speculative, draft_max, echo, flag(body, "stream"), include_usage(body), tools, template)
 
 
 async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
@@ -175,6 +189,7 @@ class Choice:
         self.pieces: list[str] = []
         self.scored: list = []  # (token, TokenLogprob | None)
         self.started = False
+        self.sent = 0  # with tools, streaming: the characters sent as content (what follows may be a call)
         self.offsets = None if ask.chat or ask.logprobs is None else Offsets()
 
     def prompt_text(self) -> str:
@@ -219,13 +234,40 @@ class Choice:
             out["top_logprobs"].append(top)
         return out
 
-    def whole(self) -> dict:
-        reason = FINISH[self.handle.decoding.finish_reason]
+    def calls(self) -> tuple[str | None, list]:
+        """The answer's content (unstripped) and its tool calls (runtime/engine/tools.py), once it is done."""
         text = "".join(self.pieces)
+        if self.ask.tools is NO_TOOLS:
+            return text, []
+        return self.ask.tools.parse(text, self.ask.template)
+
+    def release(self, done: bool) -> tuple[str, list]:
+        """With tools, streaming: the content not sent yet that surely is no part of a call, and the calls once
+        `done` (the content's prefix up to the first call is the text's)."""
+        whole = "".join(self.pieces)
+        calls: list = []
+        if done:
+            content, calls = self.calls()
+            safe = content or "" if calls else whole
+        else:
+            safe = whole[:self.ask.tools.held(whole, self.ask.template)]
+        text, self.sent = safe[self.sent:], max(self.sent, len(safe))
+        return text, calls
+
+    def reason(self, calls: list) -> str:
+        reason = FINISH[self.handle.decoding.finish_reason]
+        return "tool_calls" if calls and reason == "stop" else reason
+
+    def whole(self) -> dict:
         logprobs = self.logprobs(self.scored)
         if self.ask.chat:
-            return {"index": self.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                    "finish_reason": reason}
+            text, calls = self.calls()
+            message = {"role": "assistant", "content": (text or "").strip() or None if calls else text}
+            if calls:
+                message["tool_calls"] = [c.openai() for c in calls]
+            return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": self.reason(calls)}
+        reason = FINISH[self.handle.decoding.finish_reason]
+        text = "".join(self.pieces)
         return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
     def _string(self, token: int) -> str:
@@ -321,6 +363,12 @@ async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: A
             body["usage"] = None
         return f"data: {json.dumps(body)}\n\n"
 
+    def tool_calls(k: int, calls: list) -> str:
+        delta = {"tool_calls": [call.openai(i) for i, call in enumerate(calls)]}
+        body = {**meta, "object": kind, "choices": [{"index": k, "delta": delta, "logprobs": None,
+                                                     "finish_reason": None}]}
+        return f"data: {json.dumps(body)}\n\n"
+
     if ask.chat:
         for c in choices:
             yield chunk(c.index, None, None, opening=True)
@@ -329,10 +377,15 @@ async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: A
         while pending is not None:
             k, event = pending
             text, entries = choices[k].take(event)
+            calls = []
+            if ask.tools is not NO_TOOLS:  # what is, or may grow into, a tool call is held back until the end
+                text, calls = choices[k].release(event.kind == "done")
             if text or entries:
                 yield chunk(k, text, None, entries)
+            if calls:
+                yield tool_calls(k, calls)
             if event.kind == "done":
-                yield chunk(k, None, FINISH[handles[k].decoding.finish_reason])
+                yield chunk(k, None, choices[k].reason(calls))
             pending = await anext(events, None)
     except ApiError as e:
         yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.kind, 'code': e.code}})}\n\n"

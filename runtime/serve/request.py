@@ -98,8 +98,10 @@ _NEUTRAL = {
 }
 
 
-def refuse_unsupported(body: dict, n: int) -> None:
+def refuse_unsupported(body: dict, n: int, chat: bool = False) -> None:
     for key, neutral in _NEUTRAL.items():
+        if chat and key in ("tools", "tool_choice"):
+            continue  # chat completions call tools (tools_of)
         if key in body and body[key] not in neutral:
             raise ApiError(400, f"'{key}' ({str(body[key])[:60]}) is not supported by this server; drop it",
                            param=key)
@@ -107,6 +109,17 @@ def refuse_unsupported(body: dict, n: int) -> None:
     if best_of is not None and best_of != n:
         raise ApiError(400, f"'best_of' ({best_of!r}) is not supported apart from best_of == n; drop it",
                        param="best_of")
+
+
+def tools_of(body: dict):
+    """tools, tool_choice, parallel_tool_calls -> a runtime.engine.tools.ToolSpec (None: no tool may be called)."""
+    from llgraph.runtime.engine.tools import ToolSpec
+
+    try:
+        return ToolSpec.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+    except RequestError as e:
+        param = next((k for k in ("tool_choice", "parallel_tool_calls") if k in str(e)), "tools")
+        raise ApiError(400, str(e), param=param) from None
 
 
 def grammar_of(body: dict):
@@ -138,15 +151,17 @@ def _content(content) -> str | None:
     return "".join(texts)
 
 
-def chat_prompt(body: dict, runner) -> str:
-    """The messages (content as a string or OpenAI's text parts) rendered by the runner's chat template."""
+def chat_prompt(body: dict, runner, tools=None) -> str:
+    """The messages (content as a string or OpenAI's text parts; an assistant's `tool_calls`, a tool's result)
+    rendered by the runner's chat template, with `tools` (a ToolSpec) the model may call."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
-    clean = [{"role": m.get("role"), "content": _content(m.get("content"))} if isinstance(m, dict) else m
-             for m in messages]
+    clean = [{"role": m.get("role"), "content": _content(m.get("content")),
+              **{k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}}
+             if isinstance(m, dict) else m for m in messages]
     try:
-        return runner.render_chat(clean)
+        return runner.render_chat(clean, tools=tools)
     except RequestError as e:
         raise ApiError(400, str(e), param="messages") from None
     except Exception as e:
