@@ -154,9 +154,16 @@ def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int 
     plain = model_graph(cfg, weights.dtype) if checkpoint is None else None  # random weights draw its shapes
     source: WeightSource
     if checkpoint is None:
+        if weights.lora:
+            raise ExportError("--lora merges an adapter into a checkpoint's weights; pass the adapter's base model "
+                              "as the checkpoint")
         source = random_weights(cfg, seed, graph=plain)
     else:
         source = open_checkpoint(checkpoint, cfg, seed)
+        if weights.lora:
+            from llgraph.lora import LoraSource
+
+            source = LoraSource(source, list(weights.lora))
         if not (weights.quantize or weights.dequantize):
             _check_stored_formats(source)
         if not superblocks:

@@ -53,7 +53,8 @@ class Weights:
     the lm head (and an embedding table tied to it) rounded to `lm_head` too; ONNX Runtime's `accuracy_level` (the
     ort target only; None: DEFAULT_ACCURACY_LEVEL); `kernels`: ONNX Runtime's own ops for the quantized Linears
     ("standard"), llgraph's CPU kernels ("llgraph": the stored blocks at exact fp32 compute, or with int8
-    activations at accuracy level 4), or llgraph's where they can be had ("auto")."""
+    activations at accuracy level 4), or llgraph's where they can be had ("auto"); `lora`: adapters merged into a
+    float checkpoint's weights before anything rounds them (llgraph/lora.py)."""
     dtype: str = "float32"
     quantize: str | None = None
     block_size: int = 32
@@ -62,6 +63,7 @@ class Weights:
     accuracy_level: int | None = None
     lm_head: str | None = None
     kernels: str = "auto"
+    lora: tuple = ()  # llgraph.lora.Adapter's merged into the checkpoint's weights, in order (--lora DIR[:SCALE])
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
@@ -108,13 +110,26 @@ class Weights:
         """Its part of the export cache's key: every choice that changes the exported bytes."""
         level = f"-l{'auto' if self.accuracy_level is None else self.accuracy_level}"  # auto: by format
         if self.dequantize:
-            return f"{self.dtype}-dequantized"
+            return f"{self.dtype}-dequantized{self._lora_key()}"
         head = f"-head{self.lm_head}" if self.lm_head else ""
         rounding = f"-b{self.block_size}-{'sym' if self.symmetric else 'asym'}" if self.rounds else ""
         if self.kernels == "auto":
             raise ValueError("--kernels auto is resolved (export.resolve_kernels) before it keys anything")
         kernels = "" if self.kernels == "standard" else f"-k{self.kernels}"  # standard: the keys made before it
-        return f"{self.dtype}-{self.quantize or 'stored'}{head}{rounding}{level}{kernels}"
+        return f"{self.dtype}-{self.quantize or 'stored'}{head}{rounding}{level}{kernels}{self._lora_key()}"
+
+    def _lora_key(self) -> str:
+        """The adapters' part of the key: their files' content and their scales, in order ('' without any)."""
+        if not self.lora:
+            return ""
+        import hashlib
+
+        from llgraph.export_folder import file_sha256
+
+        h = hashlib.sha256()
+        for adapter in self.lora:
+            h.update(f"{adapter.scale!r}:{':'.join(file_sha256(f) for f in adapter.files())}|".encode())
+        return f"-lora{h.hexdigest()[:12]}"
 
     def replace(self, **changes) -> Weights:
         return dataclasses.replace(self, **changes)

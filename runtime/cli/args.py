@@ -47,6 +47,9 @@ def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
                    "Q4_1) in float instead of as stored")
     p.add_argument("--accuracy-level", type=int, help="ONNX Runtime's MatMulNBits accuracy_level for quantized "
                    "weights: 0 (default) = exact fp32 compute; 4 = int8 activations, 1.6x faster, approximate")
+    p.add_argument("--lora", action="append", default=[], metavar="DIR[:SCALE]", help="merge a PEFT LoRA adapter "
+                   "(adapter_config.json + adapter_model.safetensors) into a float checkpoint's weights, scaled by "
+                   "SCALE (default 1); repeat to add several")
     p.add_argument("--kernels", choices=KERNELS, default="auto", help="quantized Linears on ONNX Runtime: "
                    "llgraph's CPU kernels (the stored blocks, exact fp32 or level 4's int8; built once per machine) "
                    "where they build, else ONNX Runtime's own ops (auto, the default), or either by name")
@@ -153,8 +156,10 @@ def sampling_of(args, runner) -> dict:
 
 def weights_of(args) -> Weights:
     """The weight flags (add_weight_flags) as the one request export and the runners take."""
+    from llgraph.lora import Adapter
+
     return Weights(args.dtype, args.quantize, args.block_size, args.symmetric, args.dequantize, args.accuracy_level,
-                   args.lm_head, args.kernels)
+                   args.lm_head, args.kernels, tuple(Adapter.parse(spec) for spec in args.lora))
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,0 +1,138 @@
+"""LoRA adapters merged at export (llgraph/lora.py), held to PEFT's own `merge_and_unload` on a tiny Llama made by
+transformers: the merged model's logits, through the export on ONNX Runtime and through the torch executor; the
+scale (DIR:0.5 equals PEFT with half the alpha); rsLoRA; two adapters at once; an RTN export of the merge equal to
+the RTN export of PEFT's merged checkpoint; the cache keyed on the adapter; one-line refusals."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+peft = pytest.importorskip("peft", reason="the LoRA tests check against PEFT (pip install peft)")
+transformers = pytest.importorskip("transformers")
+
+from test_families import DIMS  # noqa: E402
+
+from llgraph.errors import LlgraphError  # noqa: E402
+from llgraph.lora import Adapter  # noqa: E402
+from llgraph.weight_request import Weights  # noqa: E402
+
+TOL = 1e-4
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+IDS = np.array([[5, 17, 42, 8, 77, 3, 60, 21]], np.int64)
+
+
+def _adapter(base, folder, seed: int, **config):
+    """A PEFT adapter with random (non-zero) A and B, saved by PEFT's save_pretrained."""
+    torch.manual_seed(seed)
+    model = peft.get_peft_model(base, peft.LoraConfig(target_modules=TARGETS, init_lora_weights=False, **config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _peft_logits(base_folder, adapters) -> np.ndarray:
+    """PEFT's merge_and_unload of `adapters` (folders, in order) on the base, then the merged model's logits."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_folder, attn_implementation="eager").float()
+    for k, folder in enumerate(adapters):
+        model = peft.PeftModel.from_pretrained(model, folder, adapter_name=f"a{k}").merge_and_unload()
+    with torch.no_grad():
+        return model(torch.from_numpy(IDS)).logits.numpy(), model
+
+
+def _ours(folder, weights, backend="ort") -> np.ndarray:
+    from llgraph.runtime import open_runner
+
+    runner = open_runner(str(folder), backend, weights=weights, max_seq_len=16)
+    runner.backend.allocate(1)
+    return np.asarray(runner.backend.forward(IDS, np.arange(IDS.shape[1])[None]), np.float32)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """transformers' LlamaForCausalLM, tiny, weights drawn with std 0.3 (decisive logits), saved by save_pretrained."""
+    folder = tmp_path_factory.mktemp("lora-base")
+    torch.manual_seed(7)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**DIMS)).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0, 0.1) if "norm" in name else p.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _fresh(base_folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(base_folder, attn_implementation="eager").float()
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_merged_logits_equal_peft_merge_and_unload(base, tmp_path, backend, report):
+    adapter = _adapter(_fresh(base), tmp_path / "a", 1, r=4, lora_alpha=8)
+    want, _ = _peft_logits(base, [adapter])
+    ours = _ours(base, Weights(lora=(Adapter.parse(str(adapter)),)), backend)
+    plain = _ours(base, Weights(), backend)
+    report(f"LoRA r=4 merged ({backend}) vs PEFT merge_and_unload", float(np.abs(ours - want).max()), TOL)
+    assert np.abs(ours - want).max() <= TOL
+    assert np.abs(plain - want).max() > 100 * TOL  # the adapter changes the logits: the test can tell
+
+
+def test_scale_rslora_and_two_adapters(base, tmp_path, report):
+    one = _adapter(_fresh(base), tmp_path / "one", 2, r=4, lora_alpha=8)
+    half = tmp_path / "half"  # the same tensors with half the alpha: PEFT's own view of scale 0.5
+    half.mkdir()
+    (half / "adapter_model.safetensors").write_bytes((one / "adapter_model.safetensors").read_bytes())
+    config = json.loads((one / "adapter_config.json").read_text())
+    (half / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 4}))
+    want, _ = _peft_logits(base, [half])
+    ours = _ours(base, Weights(lora=(Adapter.parse(f"{one}:0.5"),)))
+    report("LoRA at scale 0.5 vs PEFT with alpha / 2", float(np.abs(ours - want).max()), TOL)
+    assert np.abs(ours - want).max() <= TOL
+
+    rs = _adapter(_fresh(base), tmp_path / "rs", 3, r=8, lora_alpha=4, use_rslora=True)
+    want, _ = _peft_logits(base, [one, rs])
+    ours = _ours(base, Weights(lora=(Adapter.parse(str(one)), Adapter.parse(str(rs)))))
+    report("two adapters (one rsLoRA) vs PEFT, merged in turn", float(np.abs(ours - want).max()), TOL)
+    assert np.abs(ours - want).max() <= TOL
+
+
+def test_an_rtn_export_rounds_the_merged_weights(base, tmp_path):
+    adapter = _adapter(_fresh(base), tmp_path / "a", 4, r=4, lora_alpha=8)
+    _, merged = _peft_logits(base, [adapter])
+    merged.save_pretrained(tmp_path / "merged")
+    int8 = Weights(quantize="int8")
+    ours = _ours(base, int8.replace(lora=(Adapter.parse(str(adapter)),)))
+    theirs = _ours(tmp_path / "merged", int8)
+    print(f"int8 RTN of our merge vs of PEFT's merged checkpoint: max |diff| {np.abs(ours - theirs).max():.2e}")
+    assert np.abs(ours - theirs).max() <= TOL
+
+
+def test_refusals_are_one_line(base, tmp_path):
+    from llgraph.bundled import bundled_model
+    from llgraph.export import export_model
+
+    adapter = _adapter(_fresh(base), tmp_path / "a", 5, r=4, lora_alpha=8)
+    with pytest.raises(LlgraphError, match="no adapter_config.json"):
+        Adapter.parse(str(tmp_path))
+    with pytest.raises(LlgraphError, match="must be a number"):
+        Adapter.parse(f"{adapter}:much")
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    (dora / "adapter_model.safetensors").write_bytes((adapter / "adapter_model.safetensors").read_bytes())
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(LlgraphError, match="DoRA"):
+        export_model(base, checkpoint=base, out=tmp_path / "x", weights=Weights(lora=(Adapter.parse(str(dora)),)))
+    smollm2, lora = bundled_model("smollm2"), Weights(lora=(Adapter.parse(str(adapter)),))
+    with pytest.raises(LlgraphError, match="GGUF"):  # SmolLM2's Q4_1 blocks
+        export_model(smollm2, checkpoint=smollm2, out=tmp_path / "y", weights=lora)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    # the export cache keys on the adapter: another scale is another entry
+    keyed = Weights(kernels="standard")
+    assert len({keyed.mode, keyed.replace(lora=(Adapter.parse(str(adapter)),)).mode,
+                keyed.replace(lora=(Adapter.parse(f"{adapter}:2"),)).mode,
+                keyed.replace(dequantize=True, lora=(Adapter.parse(str(adapter)),)).mode,
+                keyed.replace(dequantize=True).mode}) == 5
