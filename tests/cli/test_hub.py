@@ -1,0 +1,94 @@
+"""Models by Hub id (llgraph/hub.py), fetched by `huggingface_hub` itself from a local stand-in for the Hub
+(tests/hub_server.py, HF_ENDPOINT): a GGUF by quantization tag, its download cut halfway and resumed; an HF repo
+answering as its local folder does; the cache used offline; and one line, exit 2, for no network, an unknown repo,
+a gated repo without a token, an unknown revision and a missing quantization."""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+from hub_server import TOKEN, Hub
+from reference import tiny, write_hf_checkpoint
+from test_first_hour import one_line_error
+
+from llgraph.bundled import bundled_model
+from llgraph.checkpoint import random_weights
+
+pytest.importorskip("huggingface_hub")
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    gguf = root / "smollm2-gguf"
+    gguf.mkdir()
+    (gguf / "SmolLM2-135M-Instruct.Q4_1.gguf").symlink_to(bundled_model("smollm2"))
+    (gguf / "README.md").write_text("a GGUF repo\n")
+    hf = write_hf_checkpoint(root / "tiny-hf", tiny(), random_weights(tiny(), seed=11, std=0.25))
+    server = Hub({"test-org/smollm2-gguf": gguf, "test-org/tiny-hf": hf, "test-org/gated": hf},
+                 gated=("test-org/gated",), cut=("SmolLM2-135M-Instruct.Q4_1.gguf",))
+    yield server, hf
+    server.close()
+
+
+def _env(tmp_path, url, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    return {**env, "HF_ENDPOINT": url, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_XET": "1",
+            "TQDM_POSITION": "-1", **extra}
+
+
+def llgraph(env, *args):
+    return subprocess.run([sys.executable, "-m", "llgraph", *args], capture_output=True, text=True, env=env)
+
+
+def test_a_gguf_by_quantization_tag_resumes_a_cut_download_then_works_offline(hub, tmp_path):
+    server, _ = hub
+    env = _env(tmp_path, server.url)
+    r = llgraph(env, "inspect", "test-org/smollm2-gguf:q4_1")
+    assert r.returncode == 0, r.stderr
+    assert "parameters: 134,515,008" in r.stdout or "parameters:" in r.stdout
+    assert any(rng.startswith("bytes=") and rng != "bytes=0-" for rng in server.ranges), server.ranges  # resumed
+    assert "fetching test-org/smollm2-gguf: SmolLM2-135M-Instruct.Q4_1.gguf from the Hub" in r.stderr
+    assert "%|" in r.stderr  # huggingface_hub's progress bar (TQDM_POSITION=-1: shown off a terminal too)
+    cached = next((tmp_path / "hf-home").rglob("SmolLM2-135M-Instruct.Q4_1.gguf"))
+    want = hashlib.sha256(bundled_model("smollm2").read_bytes()).hexdigest()
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == want  # the bytes, whole, after the cut
+    # offline, with the Hub gone: the cached copy, without a word to the network
+    offline = _env(tmp_path, "http://127.0.0.1:9", HF_HUB_OFFLINE="1")
+    r = llgraph(offline, "inspect", "test-org/smollm2-gguf:Q4_1")
+    assert r.returncode == 0 and "parameters:" in r.stdout, r.stderr
+    # no network and nothing cached: one line
+    one_line_error(llgraph(_env(tmp_path, "http://127.0.0.1:9"), "inspect", "test-org/tiny-hf"),
+                   "cannot be reached", "HF_HUB_OFFLINE")
+
+
+def test_an_hf_repo_answers_as_its_local_folder(hub, tmp_path):
+    from llgraph.runtime import open_runner
+
+    server, folder = hub
+    env = _env(tmp_path, server.url)
+    r = llgraph(env, "generate", "test-org/tiny-hf", "--tokens", "1,5,9", "--max-new-tokens", "6")
+    assert r.returncode == 0, r.stderr
+    local = open_runner(str(folder), "torch").generate([1, 5, 9], 6)
+    assert r.stdout.strip() == ",".join(map(str, local.token_ids)), (r.stdout, local.token_ids)
+
+
+@pytest.mark.parametrize("args, extra_env, words", [
+    (["inspect", "test-org/nothing-here"], {}, ["no model repo of that name", "HF_TOKEN"]),
+    (["inspect", "test-org/gated"], {}, ["gated", "HF_TOKEN"]),
+    (["generate", "test-org/tiny-hf", "--tokens", "1", "--revision", "v9"], {}, ["no revision 'v9'"]),
+    (["inspect", "test-org/smollm2-gguf:Q6_K"], {}, ["no GGUF file of quantization Q6_K",
+                                                      "SmolLM2-135M-Instruct.Q4_1.gguf"]),
+])
+def test_hub_failures_are_one_line(hub, tmp_path, args, extra_env, words):
+    server, _ = hub
+    one_line_error(llgraph(_env(tmp_path, server.url, **extra_env), *args), *words)
+
+
+def test_a_gated_repo_opens_with_a_token(hub, tmp_path):
+    server, _ = hub
+    r = llgraph(_env(tmp_path, server.url, HF_TOKEN=TOKEN), "generate", "test-org/gated", "--tokens", "1,5",
+                "--max-new-tokens", "2", "--revision", server.commit("test-org/gated"))
+    assert r.returncode == 0, r.stderr
