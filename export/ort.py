@@ -26,7 +26,7 @@ from llgraph.export.cpu_layout import glu_groups, glu_groups_half, interleave16_
 from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
-from llgraph.passes import keep_last_positions
+from llgraph.passes import expose_hidden, keep_last_positions
 from llgraph.plugins import cpu
 from llgraph.weight_request import DEFAULT_ACCURACY_LEVEL, accuracy_level_of
 from llgraph.weights import DTYPES
@@ -352,4 +352,4 @@ def extras(folder: Path, manifest) -> None:
 
 TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear, "QEmbedding": qembedding_gather},
                 {"": std.OPSET, MS: 1, cpu.DOMAIN: 1}, plan=plan, extras=extras, bf16=False, accuracy_level=True,
-                kernels=True, passes=(keep_last_positions,))
+                kernels=True, passes=(expose_hidden, keep_last_positions))

@@ -179,6 +179,34 @@ def keep_last_positions(graph: Graph) -> Graph:
     return verify(Graph((*graph.inputs, keep_input), outputs, graph.params, tuple(nodes), values, graph.metadata))
 
 
+HIDDEN = "hidden_states"  # the output expose_hidden adds: the final norm's output at every position [B, S, H]
+
+
+def expose_hidden(graph: Graph) -> Graph:
+    """The model's last hidden states as a graph output (embeddings: llgraph/runtime/engine/embed.py): the final
+    RMSNorm over every position, as transformers' `last_hidden_state` (a second norm node reading the residual
+    stream before any KeepLast, so the head still runs on the kept positions only; its cost is one norm a token)."""
+    if any(v.name == HIDDEN for v in graph.outputs):
+        return graph
+    producer = graph.producer()
+    node = producer.get(graph.outputs[0].name)
+    while node is not None and node.op in ("SoftCap", "Linear", "QLinear"):
+        node = producer.get(node.inputs[0])
+    if node is None or node.op != "RMSNorm":
+        return graph
+    x = node.inputs[0]
+    kept = producer.get(x)
+    if kept is not None and kept.op == "KeepLast":  # the stream before keep_last_positions cut it
+        x = kept.inputs[0]
+    norm = Node("RMSNorm", (x, *node.inputs[1:]), (HIDDEN,), node.attrs)
+    values = {**graph.values}
+    values.update((v.name, v) for v in infer(norm, values))
+    at = graph.nodes.index(node)
+    nodes = (*graph.nodes[:at], norm, *graph.nodes[at:])
+    outputs = (*graph.outputs, values[HIDDEN])
+    return verify(Graph(graph.inputs, outputs, graph.params, nodes, values, graph.metadata))
+
+
 DEFAULT_PASSES: tuple[Pass, ...] = (pack_qkv, pack_gate_up)
 
 

@@ -22,7 +22,7 @@ from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.export_folder import MODEL_FILE, Manifest, damage
 from llgraph.ir import Graph, value_order
-from llgraph.passes import KEEP_INPUT, model_graph
+from llgraph.passes import HIDDEN, KEEP_INPUT, model_graph
 from llgraph.plugins import cpu
 from llgraph.runtime.backends import BackendSpec, RunOptions
 from llgraph.runtime.engine.backend import Backend, cache_length
@@ -82,6 +82,8 @@ class OrtBackend(Backend):
                                             providers=["CPUExecutionProvider"])
         self._ort, self._batch, self._binding = ort, None, None
         self._keeps = any(i.name == KEEP_INPUT for i in self.session.get_overridable_initializers())
+        outputs = {o.name for o in self.session.get_outputs()}
+        self._hidden = np.empty((0, self.config.hidden_size), self._np_dtype) if HIDDEN in outputs else None
 
     def allocate(self, batch: int, zeroed: bool = False) -> None:
         if batch == self._batch and not zeroed:
@@ -117,8 +119,22 @@ class OrtBackend(Backend):
         # get_outputs, which wraps every cache output too (61 OrtValues a step for SmolLM2: ~0.25 ms)
         logits = np.empty((batch, kept, self.vocab_size), self._np_dtype)
         self._binding.bind_ortvalue_output("logits", self._ort.OrtValue.ortvalue_from_numpy(logits))
+        if self._hidden is not None:  # an output left unbound would be allocated by ONNX Runtime each step
+            self._binding.bind_ortvalue_output(HIDDEN, self._ort.OrtValue.ortvalue_from_numpy(self._hidden_out(
+                batch, seq)))
         self.session.run_with_iobinding(self._binding)
         return logits
+
+    def _hidden_out(self, batch: int, seq: int) -> np.ndarray:
+        if self._hidden.shape[0] < batch * seq:
+            self._hidden = np.empty((batch * seq, self.config.hidden_size), self._np_dtype)
+        return self._hidden[:batch * seq].reshape(batch, seq, -1)
+
+    def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None) -> np.ndarray:
+        if self._hidden is None:
+            return super().hidden(input_ids, position_ids, rows)
+        self.forward(input_ids, position_ids, rows, keep=1)
+        return self._hidden_out(*input_ids.shape).astype(np.float32)  # a copy: the buffer is the next step's
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
         for array in self._arrays.values():

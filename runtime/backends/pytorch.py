@@ -20,7 +20,7 @@ from llgraph.errors import LlgraphError
 from llgraph.executor import TORCH_DTYPES, TorchExecutor, ids_tensor
 from llgraph.export_folder import Manifest
 from llgraph.ir import Graph
-from llgraph.passes import KEEP_INPUT, keep_last_positions, model_graph
+from llgraph.passes import HIDDEN, KEEP_INPUT, expose_hidden, keep_last_positions, model_graph
 from llgraph.runtime.backends import BackendSpec, RunOptions
 from llgraph.runtime.engine.backend import Backend, cache_length
 from llgraph.runtime.engine.runner import Runner
@@ -70,6 +70,11 @@ class TorchBackend(Backend):
             logits = logits[:, -keep:]
         return logits.float().cpu().numpy()
 
+    def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None) -> np.ndarray:
+        if not any(v.name == HIDDEN for v in self.executor.graph.outputs):
+            return super().hidden(input_ids, position_ids, rows)
+        return self.executor.run(self._feeds(input_ids, position_ids, rows, 1))[HIDDEN].float().cpu().numpy()
+
     def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, torch.Tensor]:
         """One step like forward, returning every IR value it computed (the present caches are live storage)."""
         return self.executor.run(self._feeds(input_ids, position_ids, None), record=True)
@@ -86,7 +91,7 @@ class TorchRunner(Runner):
             weights = weights.replace(dequantize=True)
         model = open_model(config, checkpoint, weights)
         # the head on the positions a step samples from (a prompt's logits are not computed, nor copied off a GPU)
-        graph = keep_last_positions(model_graph(model.config, weights.dtype))
+        graph = keep_last_positions(expose_hidden(model_graph(model.config, weights.dtype)))
         backend = TorchBackend(model.config, model.source, max_seq_len, weights.dtype, device, progress, graph)
         super().__init__(backend, Tokenizer.find(model.checkpoint), model.config.eos_token_ids)
 

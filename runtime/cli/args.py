@@ -307,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--api-key", help="every /v1/* request must send `Authorization: Bearer KEY` (default: "
                    "$LLGRAPH_API_KEY, else none; a warning when listening beyond loopback without one)")
+    s.add_argument("--pooling", choices=("last", "mean"), default="last", help="/v1/embeddings: pool the last "
+                   "hidden states by the last token's (default) or their mean")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--grace", type=float, default=10.0, help="on SIGTERM: seconds running requests get to finish "
                    "(default 10)")

@@ -86,7 +86,7 @@ def cmd_serve(args) -> int:
                            cache_dir=args.cache_dir, tensorrt=args.tensorrt, weights=weights,
                            max_request_bytes=args.max_request_bytes, threads=args.threads,
                            speculative="draft" if draft else args.speculative, draft_max=args.draft_max, draft=draft,
-                           api_key=api_key(args.api_key))
+                           api_key=api_key(args.api_key), pooling=args.pooling)
     if args.ray:
         serve_on_ray(options, args.replicas, host=args.host, port=args.port, address=args.ray_address)
     else:

@@ -45,6 +45,14 @@ class Backend:
         scheduler prefills one slot while the others keep their caches); None: all of them."""
         raise NotImplementedError
 
+    def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None) -> np.ndarray:
+        """Like forward (the cache rows written alike), but -> the last hidden states [B, S, H] float32 of every
+        position (the final norm's output, passes.expose_hidden): what embeddings pool."""
+        from llgraph.runtime.engine.sampling import RequestError
+
+        raise RequestError("this backend's graph has no hidden_states output, so it cannot embed; use --backend ort "
+                           "(an export of llgraph 0.8 or later) or torch")
+
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
         """Copies cache positions 0..length-1 of row `src` into row `dst` (the scheduler's prefix reuse); False where
         this backend cannot."""

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.sampling import RequestError, Sampling
@@ -129,6 +131,32 @@ class Runner:
         from llgraph.runtime.engine.score import score_pairs
 
         return score_pairs(self.backend, [self._split_pair(c, x) for c, x in pairs], batch_size)
+
+    def embed(self, texts, pooling: str = "last", normalize: bool = True) -> np.ndarray:
+        """Embeddings of a text, token ids, or a list of either -> float32 [N, hidden] (one text: [hidden]): the
+        last hidden states pooled ("last" token or "mean"), unit length unless `normalize` is False
+        (runtime/engine/embed.py). Each text is prefilled on its own cache row; nothing is sampled."""
+        from llgraph.runtime.engine.embed import check_pooling
+
+        check_pooling(pooling)
+        single = isinstance(texts, str) or (len(texts) > 0 and isinstance(texts[0], numbers.Integral))
+        ids = [self.encode(t) for t in ([texts] if single else texts)]
+        if not ids:
+            raise RequestError("embed takes a text, token ids, or a non-empty list of either")
+        for p in ids:
+            if len(p) > self.backend.max_seq_len:
+                raise RequestError(f"a text of {len(p)} tokens exceeds the cache ({self.backend.max_seq_len} "
+                                   "tokens); shorten it or raise --max-seq-len")
+        rows = [Row(p, Decoding(self.text_of, 0, (), set()), slot=0, pooling=pooling, normalize=normalize)
+                for p in ids]
+        engine = Engine(self.backend)
+        self.backend.allocate(1)
+        for r in rows:
+            engine.prefill([r])
+            if r.error:
+                raise RequestError(r.error)
+        out = np.stack([r.embedding for r in rows])
+        return out[0] if single else out
 
     def perplexity(self, text, window: int | None = None, stride: int | None = None) -> tuple[float, float, int]:
         """(perplexity, summed negative log-likelihood, tokens scored) of a text or token ids, in rolling windows

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from llgraph.runtime.engine.decoding import Decoding
+from llgraph.runtime.engine.embed import check_pooling
 from llgraph.runtime.engine.prefix import CachedRows
 from llgraph.runtime.engine.runner import Runner
 from llgraph.runtime.engine.sampling import RequestError, Sampling
@@ -94,6 +95,11 @@ class Handle:
     @property
     def decoding(self) -> Decoding:
         return self._request.decoding
+
+    @property
+    def embedding(self):
+        """An embedding request's vector (float32 [hidden]), once done."""
+        return self._request.embedding
 
     def cancel(self) -> None:
         self._scheduler.cancel(self)
@@ -160,20 +166,26 @@ class Scheduler:
     def submit(self, prompt, max_new_tokens: int = 64, sampling: Sampling = Sampling(), stop=(),
                eos_token_ids=None, timeout: float | None = None, loop: asyncio.AbstractEventLoop | None = None,
                logprobs: int | None = None, prompt_logprobs: bool = False, grammar=None,
-               speculative: str = "off", draft_max: int = MAX_DRAFT) -> Handle:
+               speculative: str = "off", draft_max: int = MAX_DRAFT, pooling: str | None = None,
+               normalize: bool = True) -> Handle:
         """Queues a request (a text or token ids). Raises RequestError for a bad one, QueueFull when the queue is
         at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it.
         `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
         `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only). `grammar`: a
         runtime.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and verifies
         the drafts in its decode steps (runtime/speculative.py), "draft" drafts with the scheduler's draft model;
-        at most `draft_max` tokens a step."""
+        at most `draft_max` tokens a step. `pooling` ("last" or "mean"): an embedding, nothing generated (its
+        handle's `embedding` once done; runtime/engine/embed.py), unit length if `normalize`."""
         ids = self.runner.encode(prompt)
         check_served_mode(speculative, self.draft is not None)
         check_draft_max(draft_max)
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= MAX_LOGPROBS):
             raise RequestError(f"logprobs ({logprobs}) must be an integer in 0..{MAX_LOGPROBS}")
-        if prompt_logprobs and max_new_tokens == 0:
+        if pooling is not None:
+            check_pooling(pooling)
+            max_new_tokens = 0
+            self.runner.check_room(len(ids) - 1, 1)  # every prompt token is written, nothing after them
+        elif prompt_logprobs and max_new_tokens == 0:
             self.runner.check_room(len(ids) - 1, 1)  # scoring alone: the last prompt token is never input
         else:
             self.runner.check_room(len(ids), max_new_tokens)
@@ -190,7 +202,8 @@ class Scheduler:
         timeout = timeout if timeout is not None else self.timeout
         request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling,
                            matcher=matcher, speculative=speculative, draft_max=draft_max, logprobs=logprobs,
-                           prompt_logprobs=prompt_logprobs, emit=self._emit, deliver=deliver,
+                           prompt_logprobs=prompt_logprobs, pooling=pooling, normalize=normalize,
+                           emit=self._emit, deliver=deliver,
                            deadline=None if timeout is None else time.monotonic() + timeout, id=next(self._ids))
         with self._cond:
             if self._stopping:
@@ -291,8 +304,9 @@ class Scheduler:
     def _prefill(self, r: _Request) -> None:
         """Its prompt into its slot's row, after the longest prefix the cache holds (none for a scored prompt, which
         needs every position's logits), then its first token (the engine's)."""
-        written = r.ids[:-1] if r.decoding.max_new_tokens == 0 else r.ids  # scoring alone never inputs the last
-        r.start = self._rows.reuse(r.slot, written, allowed=not (r.decoding.max_new_tokens == 0 or r.prompt_logprobs))
+        scoring = r.decoding.max_new_tokens == 0 and r.pooling is None
+        written = r.ids[:-1] if scoring else r.ids  # scoring alone never inputs the last
+        r.start = self._rows.reuse(r.slot, written, allowed=r.decoding.max_new_tokens > 0 and not r.prompt_logprobs)
         self.engine.prefill([r])
         if r.decoding.finish_reason == "length" and r.decoding.steps == 0:  # scored, nothing to generate
             self._finish(r, "length")

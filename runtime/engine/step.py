@@ -21,6 +21,7 @@ import numpy as np
 
 from llgraph.runtime.engine import speculative
 from llgraph.runtime.engine.decoding import Decoding
+from llgraph.runtime.engine.embed import pool
 from llgraph.runtime.engine.prefix import MIN_REUSE, shared_prefix
 from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.score import TokenLogprob, token_logprobs
@@ -58,6 +59,8 @@ class Row:
     draft_max: int = MAX_DRAFT
     logprobs: int | None = None  # each emitted token's log-probability and this many alternatives; None: off
     prompt_logprobs: bool = False  # the prompt's own, into prompt_scores (a row of max_new_tokens 0 only scores)
+    pooling: str | None = None  # an embedding row ("last" or "mean"; max_new_tokens 0): into `embedding`
+    normalize: bool = True  # an embedding's: to unit length
     emit: Callable[["Row", int, TokenLogprob | None], None] | None = None  # called with each emitted token
     created: float = field(default_factory=time.monotonic)
     # state, set by the engine
@@ -67,6 +70,7 @@ class Row:
     generator: np.random.Generator | None = None
     drafter: Drafter | ModelDrafter | None = None
     prompt_scores: list[TokenLogprob] | None = None
+    embedding: np.ndarray | None = None  # [hidden] float32, an embedding row's (runtime/engine/embed.py)
     first_token_at: float | None = None
     taken: list[int] = field(default_factory=list)  # the tokens its last step emitted
     error: str | None = None
@@ -91,7 +95,7 @@ class Engine:
         batch in slots 0..B-1 from an empty cache is one right-padded forward, a prefix every prompt shares computed
         once (in row 0, then copied; `share`); any other rows are prefilled one by one."""
         if len(rows) > 1 and [r.slot for r in rows] == list(range(len(rows))) and not any(
-                r.start or r.prompt_logprobs for r in rows):
+                r.start or r.prompt_logprobs or r.pooling for r in rows):
             logits = self._batch_prefill(rows, share)
             for r, row in zip(rows, logits):
                 self._own(r, self._begin, r, row[None])
@@ -100,6 +104,13 @@ class Engine:
             self._own(r, self._prefill_one, r)
 
     def _prefill_one(self, r: Row) -> None:
+        if r.pooling is not None:  # an embedding: every position's hidden state, nothing sampled
+            self.metrics.prefix(0, len(r.ids))
+            hidden = self.backend.hidden(np.array([r.ids], np.int64), np.arange(len(r.ids))[None],
+                                         rows=slice(r.slot, r.slot + 1))
+            r.embedding = pool(hidden[0], r.pooling, r.normalize)
+            r.decoding.finish_reason = "length"
+            return
         scoring_only = r.decoding.max_new_tokens == 0
         ids = r.ids[:-1] if scoring_only else r.ids  # scoring alone never inputs the last token
         if scoring_only and len(ids) == 0:  # one token: nothing predicts it

@@ -4,8 +4,9 @@ for any runner. `pip install -e ".[serve]"`.
     llgraph serve smollm2 [--backend ort|torch|trt] [--slots 8] [--host 127.0.0.1] [--port 8000]
     llgraph serve smollm2 --ray --replicas 2          # the same app as a Ray Serve deployment
 
-Endpoints: /v1/models, /v1/completions and /v1/chat/completions (batched prompts, n, echo, logprobs; `stream: true`
-answers as server-sent events in OpenAI's chunk format: runtime/serve_completions.py), /tokenize, /detokenize and
+Endpoints: /v1/models, /v1/completions and /v1/chat/completions (batched prompts, n, echo, logprobs, tools; `stream:
+true` answers as server-sent events in OpenAI's chunk format: completions.py), /v1/embeddings (embeddings.py),
+/tokenize, /detokenize and
 /tokenizer_info (vLLM's shapes), /health, /metrics (Prometheus). Errors are OpenAI's error object: 400 for a bad
 request (a field that would change the output and is not supported included), 429 when every slot is busy and the
 queue is full, 503 while shutting down.
@@ -36,6 +37,7 @@ from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 from llgraph.runtime.engine.speculative import MAX_DRAFT
 from llgraph.runtime.serve.access import check_key
 from llgraph.runtime.serve.completions import answer, parse
+from llgraph.runtime.serve.embeddings import embeddings as embed
 from llgraph.runtime.serve.request import ApiError, chat_prompt, flag, read_json
 from llgraph.weight_request import Weights
 
@@ -60,6 +62,7 @@ class ServeOptions:
     draft_max: int = MAX_DRAFT  # requests' default most drafted tokens a step; "speculative.n_max" overrides it
     draft: str | None = None  # the draft model (a MODEL as for `model`), opened beside it: requests may ask "draft"
     api_key: str | None = None  # every /v1/* route wants `Authorization: Bearer api_key` (access.py); None: open
+    pooling: str = "last"  # /v1/embeddings' pooling of the last hidden states: "last" token or "mean"
 
     @property
     def served_name(self) -> str:
@@ -209,6 +212,13 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": options.served_name}
         return await answer(request, ask, runner, scheduler, meta)
+
+    @app.post("/v1/embeddings", dependencies=v1)
+    async def embeddings(request: Request):
+        body = await read_json(request, options.max_request_bytes)
+        _check_model(body)
+        return await embed(body, state["runner"], state["scheduler"], options.pooling, options.served_name,
+                           options.slots + options.max_queue)
 
     # vLLM's tokenizer endpoints (lm-evaluation-harness's tokenizer_backend=remote uses them)
     @app.post("/tokenize")

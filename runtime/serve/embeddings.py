@@ -1,0 +1,70 @@
+"""`llgraph serve`'s /v1/embeddings (OpenAI's shape): `input` a string, a list of strings, token ids or a list of
+token-id lists; each an embedding request of the scheduler (prefilled on a free slot between decode steps, nothing
+sampled: runtime/engine/embed.py), pooled as the server's --pooling says, unit length. `encoding_format` "float" or
+"base64" (little-endian float32, what the `openai` client asks for by default). `dimensions` other than the model's
+hidden size is a 400: these are not Matryoshka embeddings, so a truncated vector would not mean what it claims."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+
+from llgraph.runtime.engine.sampling import RequestError
+from llgraph.runtime.engine.scheduler import QueueFull, ShuttingDown
+from llgraph.runtime.serve.request import ApiError, prompt_ids, prompts_of
+
+
+async def embeddings(body: dict, runner, scheduler, pooling: str, model: str, capacity: int) -> dict:
+    if "input" not in body:
+        raise ApiError(400, "'input' is required: a string, a list of strings, or token ids", param="input")
+    try:
+        inputs = prompts_of({"prompt": body["input"]}, runner.tokenizer)
+    except ApiError as e:  # completions' wording, this endpoint's field
+        raise ApiError(400, str(e).replace("'prompt'", "'input'"), param="input") from None
+    if len(inputs) > capacity:
+        raise ApiError(400, f"{len(inputs)} inputs; this server takes at most {capacity} at once (its slots and "
+                            "queue); send fewer", param="input")
+    size = runner.backend.config.hidden_size if hasattr(runner.backend, "config") else None
+    dimensions = body.get("dimensions")
+    if dimensions is not None and dimensions != size:
+        raise ApiError(400, f"'dimensions' ({dimensions}) cannot be honoured: this model's embeddings have {size} "
+                            "dimensions and are not trained to be truncated; drop the field", param="dimensions")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise ApiError(400, f"'encoding_format' ({encoding!r}) must be \"float\" or \"base64\"",
+                       param="encoding_format")
+    context = runner.backend.max_seq_len
+    ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context + 1, "input") for p in inputs])
+    handles = []
+    try:
+        for p in ids:
+            if len(p) > context:
+                raise ApiError(400, f"an input of {len(p)} tokens exceeds this model's context of {context} tokens;"
+                                    " shorten it", param="input", code="context_length_exceeded")
+            handles.append(scheduler.submit(p, 0, pooling=pooling, loop=asyncio.get_running_loop()))
+        for h in handles:
+            while (event := await h.events.get()).kind != "done":
+                if event.kind == "error":
+                    raise ApiError(500, f"the model failed: {event.text}", "server_error")
+    except BaseException as e:
+        for h in handles:
+            h.cancel()
+        if isinstance(e, QueueFull):
+            raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
+        if isinstance(e, ShuttingDown):
+            raise ApiError(503, str(e), "server_error", code="shutting_down") from None
+        if isinstance(e, RequestError):
+            raise ApiError(400, str(e), param="input") from None
+        raise
+    tokens = sum(len(p) for p in ids)
+    return {"object": "list", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "data": [{"object": "embedding", "index": i, "embedding": _encoded(h.embedding, encoding)}
+                     for i, h in enumerate(handles)]}
+
+
+def _encoded(vector: np.ndarray, encoding: str):
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(vector, "<f4").tobytes()).decode()
+    return vector.astype(np.float32).tolist()

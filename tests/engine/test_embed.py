@@ -1,0 +1,85 @@
+"""Embeddings (runtime/engine/embed.py), held to transformers' `last_hidden_state` of the same weights: a tiny Llama
+on ONNX Runtime and on the torch executor (last-token and mean pooling, normalised or not), and the bundled SmolLM2
+on its default export (the GGUF's Q4_1 blocks on llgraph's CPU kernels) against transformers reading the GGUF."""
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_families import DIMS  # noqa: E402
+
+from llgraph.runtime.engine.sampling import RequestError  # noqa: E402
+
+TOL = 1e-4
+TEXTS = [[5, 17, 42, 8, 77], [9, 3], [60, 21, 33, 4, 90, 11, 2]]
+
+
+def _reference(hidden: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
+    v = hidden[-1] if pooling == "last" else hidden.mean(0)
+    return v / np.linalg.norm(v) if normalize else v
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("embed-base")
+    torch.manual_seed(7)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**DIMS)).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0, 0.1) if "norm" in name else p.normal_(0.0, 0.3)
+        model.save_pretrained(folder)
+        hidden = [model.model(torch.tensor([t])).last_hidden_state[0].double().numpy() for t in TEXTS]
+    return folder, hidden
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+@pytest.mark.parametrize("pooling, normalize", [("last", True), ("mean", True), ("last", False)])
+def test_embeddings_equal_transformers_last_hidden_state(tiny, backend, pooling, normalize, report):
+    from llgraph.runtime import open_runner
+
+    folder, hidden = tiny
+    runner = open_runner(str(folder), backend, max_seq_len=32)
+    ours = runner.embed(TEXTS, pooling=pooling, normalize=normalize)
+    want = np.stack([_reference(h, pooling, normalize) for h in hidden])
+    report(f"{backend} {pooling} pooling{' normalised' if normalize else ''} vs transformers",
+           float(np.abs(ours - want).max()), TOL)
+    assert ours.shape == (3, DIMS["hidden_size"]) and ours.dtype == np.float32
+    assert np.allclose(runner.embed(TEXTS[1], pooling=pooling, normalize=normalize), ours[1], atol=1e-6)
+    # generating after embedding is unchanged: the embedding's cache row is rewritten by the next prompt
+    assert runner.generate(TEXTS[0], 4).token_ids == open_runner(str(folder), backend, max_seq_len=32).generate(
+        TEXTS[0], 4).token_ids
+
+
+def test_bad_embedding_requests_are_one_line(tiny):
+    from llgraph.runtime import open_runner
+
+    runner = open_runner(str(tiny[0]), "ort", max_seq_len=8)
+    with pytest.raises(RequestError, match="pooling"):
+        runner.embed([1, 2], pooling="max")
+    with pytest.raises(RequestError, match="exceeds the cache"):
+        runner.embed(list(range(3, 20)))
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        runner.embed([1, 10_000])
+
+
+def test_smollm2_on_its_default_export_equals_transformers(smollm2_export, report):
+    from llgraph.bundled import bundled_model
+    from llgraph.runtime import ORTRunner
+
+    path = bundled_model("smollm2")
+    runner = ORTRunner(smollm2_export("ort", quantized=True, kernels="llgraph"), max_seq_len=64)
+    texts = ["The capital of France is Paris.", "A cat sat on the mat.", "Embeddings map text to vectors."]
+    model = transformers.AutoModel.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    with torch.no_grad():
+        hidden = [model(torch.tensor([runner.encode(t)])).last_hidden_state[0].double().numpy() for t in texts]
+    for pooling in ("last", "mean"):
+        ours = runner.embed(texts, pooling=pooling)
+        want = np.stack([_reference(h, pooling, True) for h in hidden])
+        cosine = float((ours * want).sum(1).min())
+        report(f"SmolLM2 Q4_1 kernels, {pooling} pooling, unit vectors vs transformers (min cosine {cosine:.6f})",
+               float(np.abs(ours - want).max()), 1e-3)
+    similar = runner.embed(["The capital of France is Paris.", "Paris is the capital of France.",
+                            "Photosynthesis needs light."], pooling="mean")
+    assert similar[0] @ similar[1] > similar[0] @ similar[2]  # a paraphrase is nearer than an unrelated text
