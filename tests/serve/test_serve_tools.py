@@ -117,3 +117,25 @@ def test_auto_streams_the_same_content_and_calls_as_the_whole_answer(server, ask
         [calls[k] for k in sorted(calls)]
     for call in whole.message.tool_calls or []:
         assert call.function.name in SCHEMAS and isinstance(json.loads(call.function.arguments), dict)
+
+
+def test_an_agent_library_calls_a_tool_and_answers(server):
+    """The OpenAI Agents SDK over the server: its first turn must call the tool (tool_choice required, which the SDK
+    resets after a call), the SDK runs the function, feeds the result back, and the model answers in text."""
+    agents = pytest.importorskip("agents", reason="the OpenAI Agents SDK (pip install openai-agents)")
+    called = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        called.append(city)
+        return f"18 degrees celsius and sunny in {city}"
+
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    model = agents.OpenAIChatCompletionsModel(model="m", openai_client=client)
+    agent = agents.Agent(name="weather", instructions="Answer briefly.", tools=[get_weather], model=model,
+                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=40))
+    agents.set_tracing_disabled(True)
+    result = agents.Runner.run_sync(agent, "What's the weather like in Paris?", max_turns=4)
+    print(f"agent: called get_weather{called}, answered {result.final_output!r}")
+    assert called and isinstance(result.final_output, str) and result.final_output
