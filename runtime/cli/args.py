@@ -1,10 +1,14 @@
-"""`llgraph`'s command line: what each command accepts (the commands themselves are in llgraph/cli.py)."""
+"""`llgraph`'s command line: what each command accepts, and its flags made into what the commands take (the commands
+themselves are in commands.py)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from llgraph.checkpoint import presets
+from llgraph.errors import LlgraphError
 from llgraph.runtime.backends import BACKENDS
 from llgraph.weight_request import DTYPE_ALIASES, KERNELS, Weights
 
@@ -129,6 +133,41 @@ def runner_of(args, backend: str | None = None):
 
     return open_runner(args.model, backend or args.backend, max_seq_len=args.max_seq_len, cache_dir=args.cache_dir,
                        tensorrt=args.tensorrt, weights=weights_of(args), threads=args.threads)
+
+
+def fetch_hub_models(args) -> None:
+    """A Hub id given as MODEL, --checkpoint or --config is fetched first (at --revision), its progress shown, and
+    the command then runs on the local copy."""
+    from llgraph.hub import fetch, is_hub_id
+
+    for name in ("model", "checkpoint", "config"):
+        if is_hub_id(getattr(args, name, None)):
+            setattr(args, name, str(fetch(getattr(args, name), getattr(args, "revision", None))))
+
+
+def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise LlgraphError(f"{flag} '{text}' must be comma-separated token ids, e.g. {flag} 1,2,3") from None
+    if not ids or min(ids) < 0:
+        raise LlgraphError(f"{flag} '{text}' must be one or more non-negative token ids, e.g. {flag} 1,2,3")
+    return ids
+
+
+def read_prompt(text: str | None, file: str | None) -> str:
+    """--prompt TEXT, --prompt - (stdin) or --prompt-file FILE; an unreadable file is one line. Text read from a
+    file or a pipe loses its one final newline (the text file's line end, `echo`'s), not part of the prompt."""
+    if file is not None:
+        try:
+            text = Path(file).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise LlgraphError(f"cannot read --prompt-file {file}: {getattr(e, 'strerror', None) or e}") from None
+    elif text == "-":
+        text = sys.stdin.read()
+    else:
+        return text
+    return text[:-1] if text.endswith("\n") else text
 
 
 def check_sampling_flags(args) -> None:
@@ -309,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "$LLGRAPH_API_KEY, else none; a warning when listening beyond loopback without one)")
     s.add_argument("--pooling", choices=("last", "mean"), default="last", help="/v1/embeddings: pool the last "
                    "hidden states by the last token's (default) or their mean")
+    s.add_argument("--prefill-chunk", type=int, default=256, help="a longer prompt is prefilled this many tokens at "
+                   "a time, between the running requests' decode steps (default 256; 0: whole)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--grace", type=float, default=10.0, help="on SIGTERM: seconds running requests get to finish "
                    "(default 10)")

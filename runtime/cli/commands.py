@@ -10,7 +10,16 @@ from pathlib import Path
 from llgraph.checkpoint import load_config
 from llgraph.errors import LlgraphError, MissingExtra
 from llgraph.outdir import Terminated, signals_raise
-from llgraph.runtime.cli.args import build_parser, runner_of, sampling_of, share_threads_for_a_draft, weights_of
+from llgraph.runtime.cli.args import (
+    build_parser,
+    fetch_hub_models,
+    parse_tokens,
+    read_prompt,
+    runner_of,
+    sampling_of,
+    share_threads_for_a_draft,
+    weights_of,
+)
 from llgraph.weight_request import Weights
 
 USER_ERRORS = (LlgraphError, FileNotFoundError, PermissionError)
@@ -71,6 +80,7 @@ def cmd_serve(args) -> int:
     from llgraph.runtime.serve.run import serve, serve_on_ray
 
     for flag, value, low in (("--slots", args.slots, 1), ("--max-queue", args.max_queue, 0),
+                             ("--prefill-chunk", args.prefill_chunk, 0),
                              ("--replicas", args.replicas, 1), ("--port", args.port, 0),
                              ("--max-request-bytes", args.max_request_bytes, 1024)):
         if value < low:
@@ -86,7 +96,7 @@ def cmd_serve(args) -> int:
                            cache_dir=args.cache_dir, tensorrt=args.tensorrt, weights=weights,
                            max_request_bytes=args.max_request_bytes, threads=args.threads,
                            speculative="draft" if draft else args.speculative, draft_max=args.draft_max, draft=draft,
-                           api_key=api_key(args.api_key), pooling=args.pooling)
+                           api_key=api_key(args.api_key), pooling=args.pooling, prefill_chunk=args.prefill_chunk)
     if args.ray:
         serve_on_ray(options, args.replicas, host=args.host, port=args.port, address=args.ray_address)
     else:
@@ -129,16 +139,6 @@ def cmd_build(args) -> None:
     meta = json.loads((Path(args.folder) / ENGINE_META).read_text())
     print(f"wrote {engine} ({engine.stat().st_size / 2**20:.1f} MiB, {meta['flavor']} {meta['tensorrt']}, "
           f"plugins {meta['plugins']}, built in {meta['build_seconds']:.1f} s; runs on {meta['runs_on']})")
-
-
-def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise LlgraphError(f"{flag} '{text}' must be comma-separated token ids, e.g. {flag} 1,2,3") from None
-    if not ids or min(ids) < 0:
-        raise LlgraphError(f"{flag} '{text}' must be one or more non-negative token ids, e.g. {flag} 1,2,3")
-    return ids
 
 
 def cmd_generate(args) -> None:
@@ -185,21 +185,6 @@ def cmd_generate(args) -> None:
     sys.stdout.write("\n")
     if args.stats:
         print(format_stats(stats), file=sys.stderr)
-
-
-def read_prompt(text: str | None, file: str | None) -> str:
-    """--prompt TEXT, --prompt - (stdin) or --prompt-file FILE; an unreadable file is one line. Text read from a
-    file or a pipe loses its one final newline (the text file's line end, `echo`'s), not part of the prompt."""
-    if file is not None:
-        try:
-            text = Path(file).read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise LlgraphError(f"cannot read --prompt-file {file}: {getattr(e, 'strerror', None) or e}") from None
-    elif text == "-":
-        text = sys.stdin.read()
-    else:
-        return text
-    return text[:-1] if text.endswith("\n") else text
 
 
 def format_stats(s: dict) -> str:
@@ -364,16 +349,6 @@ COMMANDS = {"inspect": cmd_inspect, "export": cmd_export, "build": cmd_build, "g
             "bench": cmd_bench, "cache": cmd_cache}
 
 
-def _fetch_hub_models(args) -> None:
-    """A Hub id given as MODEL, --checkpoint or --config is fetched first (at --revision), its progress shown, and
-    the command then runs on the local copy."""
-    from llgraph.hub import fetch, is_hub_id
-
-    for name in ("model", "checkpoint", "config"):
-        if is_hub_id(getattr(args, name, None)):
-            setattr(args, name, str(fetch(getattr(args, name), getattr(args, "revision", None))))
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # the harness's own parser reads the rest, --help included
@@ -390,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         with signals_raise():  # SIGTERM/SIGHUP clean up like Ctrl-C: no partial output is left behind
-            _fetch_hub_models(args)
+            fetch_hub_models(args)
             status = args.func(args)
     except Terminated as e:
         print(f"llgraph: {e}", file=sys.stderr)

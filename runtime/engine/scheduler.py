@@ -123,11 +123,16 @@ class Handle:
 
 class Scheduler:
     def __init__(self, runner: Runner, slots: int = 8, max_queue: int = 64, timeout: float | None = None,
-                 metrics: Metrics | None = None, reuse_prefixes: bool = True, draft: Runner | None = None):
+                 metrics: Metrics | None = None, reuse_prefixes: bool = True, draft: Runner | None = None,
+                 prefill_chunk: int = 0):
         """`draft`: a runner over a smaller model sharing the tokenizer, for requests that speculate with "draft";
-        it gets a cache row per slot."""
-        if slots < 1 or max_queue < 0:
-            raise RequestError(f"slots ({slots}) must be >= 1 and max_queue ({max_queue}) >= 0")
+        it gets a cache row per slot. `prefill_chunk`: a prompt longer than this is written that many tokens at a
+        time, one chunk between two decode steps of the others (0: whole)."""
+        if slots < 1 or max_queue < 0 or prefill_chunk < 0:
+            raise RequestError(f"slots ({slots}) must be >= 1, max_queue ({max_queue}) and prefill_chunk "
+                               f"({prefill_chunk}) >= 0")
+        self.prefill_chunk = prefill_chunk
+        self._chunking: deque[_Request] = deque()  # admitted, their prompts written a chunk a step (oldest first)
         self.runner, self.backend, self.slots, self.max_queue = runner, runner.backend, slots, max_queue
         self.timeout = timeout
         self._queue: deque[_Request] = deque()
@@ -289,6 +294,7 @@ class Scheduler:
             try:
                 for r in admit:
                     self._prefill(r)
+                self._next_chunk()
                 self._retire()
                 if self._active:
                     self._step()
@@ -307,9 +313,32 @@ class Scheduler:
         scoring = r.decoding.max_new_tokens == 0 and r.pooling is None
         written = r.ids[:-1] if scoring else r.ids  # scoring alone never inputs the last
         r.start = self._rows.reuse(r.slot, written, allowed=r.decoding.max_new_tokens > 0 and not r.prompt_logprobs)
+        if self.prefill_chunk and not scoring and r.pooling is None and len(r.ids) - r.start > self.prefill_chunk:
+            self._rows.held[r.slot] = r.ids[:r.start]  # what its row holds: the prompt grows into it a chunk a step
+            self._chunking.append(r)
+            return
         self.engine.prefill([r])
         if r.decoding.finish_reason == "length" and r.decoding.steps == 0:  # scored, nothing to generate
             self._finish(r, "length")
+
+    def _next_chunk(self) -> None:
+        """One chunk of the oldest long prompt being written (its last chunk also takes its first token): a long
+        prompt delays the running rows' next tokens by one chunk's time a step, not by its whole prefill."""
+        while self._chunking and self._active.get(self._chunking[0].slot) is not self._chunking[0]:
+            self._chunking.popleft()  # cancelled, timed out or failed: its slot is no longer its own
+        if not self._chunking:
+            return
+        r = self._chunking[0]
+        if len(r.ids) - r.start > self.prefill_chunk:
+            self.engine.write(r, r.start + self.prefill_chunk)
+            self._rows.held[r.slot] = r.ids[:r.start]
+            if not r.finished:
+                return
+        else:
+            self.engine.prefill([r])
+            if r.error is None:
+                self._rows.held[r.slot] = list(r.ids)
+        self._chunking.popleft()
 
     def _step(self) -> None:
         before = {slot: r.token for slot, r in self._active.items()}

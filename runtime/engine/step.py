@@ -71,6 +71,7 @@ class Row:
     drafter: Drafter | ModelDrafter | None = None
     prompt_scores: list[TokenLogprob] | None = None
     embedding: np.ndarray | None = None  # [hidden] float32, an embedding row's (runtime/engine/embed.py)
+    counted: bool = False  # its prefill's prefix-reuse figure reported (once, at its first chunk)
     first_token_at: float | None = None
     taken: list[int] = field(default_factory=list)  # the tokens its last step emitted
     error: str | None = None
@@ -117,7 +118,7 @@ class Engine:
             r.prompt_scores = []
             r.decoding.finish_reason = "length"
             return
-        self.metrics.prefix(r.start, len(ids))
+        self._count_prefix(r, len(ids))
         logits = self.backend.forward(np.array([ids[r.start:]], np.int64), np.arange(r.start, len(ids))[None],
                                       rows=slice(r.slot, r.slot + 1), keep=0 if r.prompt_logprobs else 1)
         if r.prompt_logprobs:  # position t predicts token t + 1
@@ -126,6 +127,21 @@ class Engine:
             r.decoding.finish_reason = "length"
             return
         self._begin(r, logits[0, -1:])
+
+    def write(self, r: Row, upto: int) -> None:
+        """Prompt positions r.start..upto-1 into the row's cache, nothing sampled: a chunk of a long prompt, which
+        the scheduler interleaves with the other rows' decode steps (prefill() then writes the rest and samples)."""
+        def chunk():
+            self._count_prefix(r, len(r.ids))
+            self.backend.forward(np.array([r.ids[r.start:upto]], np.int64), np.arange(r.start, upto)[None],
+                                 rows=slice(r.slot, r.slot + 1), keep=1)
+            r.start = upto
+        self._own(r, chunk)
+
+    def _count_prefix(self, r: Row, prompt: int) -> None:
+        if not r.counted:
+            r.counted = True
+            self.metrics.prefix(r.start, prompt)
 
     def _batch_prefill(self, rows: list[Row], share: bool) -> np.ndarray:
         """-> each row's last-token logits [B, V]."""
@@ -156,9 +172,10 @@ class Engine:
     # -- a decode step -------------------------------------------------------------------------------------------
     def step(self, rows: list[Row]) -> None:
         """One forward over the unfinished `rows` (each at its slot; the slots up to the highest one are run, a free
-        slot below it taking a dummy token at its row's last position, which no reusable prefix reaches), each row's
-        last token with its draft; then each row takes its tokens. Finished rows are left out."""
-        busy = {r.slot: r for r in rows if not r.finished}
+        slot below it taking a dummy token at its row's last position, which no prompt or reusable prefix reaches),
+        each row's last token with its draft; then each row takes its tokens. Finished rows, and rows whose prompt
+        is still being written in chunks, are left out."""
+        busy = {r.slot: r for r in rows if not r.finished and r.seen is not None}  # not a prompt half written
         if not busy:
             return
         top = max(busy) + 1

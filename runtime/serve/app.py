@@ -63,6 +63,7 @@ class ServeOptions:
     draft: str | None = None  # the draft model (a MODEL as for `model`), opened beside it: requests may ask "draft"
     api_key: str | None = None  # every /v1/* route wants `Authorization: Bearer api_key` (access.py); None: open
     pooling: str = "last"  # /v1/embeddings' pooling of the last hidden states: "last" token or "mean"
+    prefill_chunk: int = 256  # a longer prompt is written this many tokens between two decode steps (0: whole)
 
     @property
     def served_name(self) -> str:
@@ -156,7 +157,8 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         runner, draft = runners or load_runners(options)
-        scheduler = Scheduler(runner, options.slots, options.max_queue, options.timeout, draft=draft)
+        scheduler = Scheduler(runner, options.slots, options.max_queue, options.timeout, draft=draft,
+                              prefill_chunk=options.prefill_chunk)
         scheduler.metrics = state["metrics"] = PrometheusMetrics(scheduler.stats)
         state.update(runner=scheduler.runner, scheduler=scheduler.start(), created=int(time.time()))
         app.state.scheduler = scheduler

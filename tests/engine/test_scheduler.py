@@ -13,6 +13,7 @@ from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.runner import Runner
 from llgraph.runtime.engine.sampling import RequestError, Sampling
 from llgraph.runtime.engine.scheduler import QueueFull, Scheduler, ShuttingDown
+from llgraph.runtime.engine.step import Metrics
 
 
 def _prompts(n: int) -> list[list[int]]:
@@ -185,3 +186,32 @@ def test_every_integer_is_a_seed(seed, tiny_runners):
     assert runner.generate([5, 6, 7], 12, temperature=1.0, seed=seed + (1 << 64)).token_ids == one
     with pytest.raises(RequestError, match="seed"):
         Sampling(temperature=1.0, seed=1.5)
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_long_prompts_written_in_chunks_keep_every_requests_tokens(backend, tiny_runners):
+    """prefill_chunk 5: prompts of up to 40 tokens are written 5 at a time between the others' decode steps; every
+    request, chunked or not, equals its solo generate(), and a later request reusing a chunked prompt's prefix too."""
+    runner = tiny_runners[2][backend]
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (40, 3, 23, 4, 31, 12, 35)]
+    prompts.append(prompts[-1][:30] + [7, 8])  # shares 30 tokens with a prompt written in chunks just before
+    sampling = [Sampling() if i % 2 == 0 else Sampling(temperature=0.9, seed=7 + i) for i in range(len(prompts))]
+    solo = [runner.generate(p, 8, temperature=s.temperature, seed=s.seed).token_ids for p, s in zip(prompts, sampling)]
+    reused = []
+
+    class Count(Metrics):
+        def prefix(self, r, prompt):
+            reused.append((r, prompt))
+
+    scheduler = Scheduler(runner, slots=3, prefill_chunk=5)
+    scheduler.metrics = Count()
+    scheduler.start()
+    try:
+        first = [scheduler.submit(p, 8, s) for p, s in zip(prompts[:-2], sampling)]
+        got = [h.result(timeout=60).tokens for h in first]
+        got += [scheduler.submit(p, 8, s).result(timeout=60).tokens for p, s in zip(prompts[-2:], sampling[-2:])]
+    finally:
+        scheduler.stop()
+    assert got == solo
+    assert len(reused) == len(prompts) and reused[-2][0] < 30 <= reused[-1][0]  # once each; the prefix reused

@@ -2,6 +2,8 @@
 ONNX Runtime CPU matches the PyTorch executor at prefill and 8 decode steps (fp32, max |diff| <= 1e-4)."""
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -246,7 +248,9 @@ def test_polygraphy_lint_reports_no_errors(target, tmp_path):
     loader.write_text(LOADER.replace("VOCAB", str(cfg.vocab_size)).replace("LAYERS", str(cfg.num_layers))
                       .replace("KV_HEADS", str(cfg.num_kv_heads)).replace("HEAD_DIM", str(cfg.head_dim)))
     report_path = tmp_path / "lint.json"
-    r = subprocess.run([shutil.which("polygraphy"), "check", "lint", str(folder / "model.onnx"),
+    beside = Path(sys.executable).with_name("polygraphy")  # this interpreter's, activated or not
+    r = subprocess.run([str(beside) if beside.exists() else shutil.which("polygraphy"), "check", "lint",
+                        str(folder / "model.onnx"),
                         "--data-loader-script", str(loader), "-o", str(report_path)], capture_output=True, text=True)
     report = json.loads(report_path.read_text())
     errors = [e for e in report["lint_entries"] if e["level"] in ("exception", "error")]

@@ -1,0 +1,77 @@
+"""What chunked prefill buys the running streams: 7 greedy streams decode through the scheduler; once they are
+going, a long prompt (`--prompt-tokens`, from the shipped passage) arrives. The figure is the largest gap between two
+consecutive tokens of any running stream while that prompt is prefilled, with whole prefills (chunk 0) and with
+`--chunks` (same runner, one process, the settings in turn `--repeats` times, the best of each), beside the time to
+the long request's first token.
+
+    python -m llgraph.runtime.bench.chunked [--model smollm2] [--threads 2] [--prompt-tokens 2000] [--chunks 256]
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from llgraph.bundled import PASSAGE
+
+STREAMS = 7
+
+
+def _run(runner, chunk: int, long_prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    """-> (the largest inter-token gap of the streams while the long prompt is prefilled, its time to first token)."""
+    from llgraph.runtime.engine.scheduler import Scheduler
+
+    scheduler = Scheduler(runner, slots=STREAMS + 1, prefill_chunk=chunk).start()
+    times: list[list[float]] = [[] for _ in range(STREAMS)]
+    try:
+        handles = [scheduler.submit([1 + s, 2 + s, 3 + s], new_tokens) for s in range(STREAMS)]
+
+        def consume(s: int) -> None:
+            while handles[s].events.get().kind == "token":
+                times[s].append(time.perf_counter())
+
+        threads = [threading.Thread(target=consume, args=(s,), daemon=True) for s in range(STREAMS)]
+        for t in threads:
+            t.start()
+        while min(len(t) for t in times) < 8:  # every stream is decoding
+            time.sleep(0.01)
+        start = time.perf_counter()
+        first = scheduler.submit(long_prompt, 1).events.get()
+        ttft, end = time.perf_counter() - start, time.perf_counter()
+        for h in handles:
+            h.cancel()
+        for t in threads:
+            t.join()
+    finally:
+        scheduler.stop()
+    assert first.kind in ("token", "done"), first
+    gaps = [b - a for stream in times for a, b in zip(stream, stream[1:]) if b >= start and a <= end]
+    return max(gaps), ttft
+
+
+def main(argv=None) -> int:
+    from llgraph.runtime.bench.common import runner_from_args
+
+    def extra(p):
+        p.add_argument("--prompt-tokens", type=int, default=2000)
+        p.add_argument("--chunks", type=int, nargs="+", default=[256])
+
+    args, runner = runner_from_args(__doc__.split("\n\n")[0], argv, max_seq_len=4096, extra=extra)
+    ids = runner.encode(PASSAGE.read_text() * 4)[:args.prompt_tokens]
+    new_tokens = 4000 - len(ids)
+    settings = [0, *args.chunks]
+    best = {c: (float("inf"), float("inf")) for c in settings}
+    for _ in range(args.repeats):
+        for c in settings:
+            gap, ttft = _run(runner, c, ids, new_tokens)
+            best[c] = (min(best[c][0], gap), min(best[c][1], ttft))
+    print(f"{args.model}: {STREAMS} streams decoding, a {len(ids)}-token prompt arrives (best of {args.repeats})")
+    print("| prefill chunk | largest inter-token gap of the streams | the long prompt's time to first token |")
+    print("|---|---|---|")
+    for c in settings:
+        print(f"| {c or 'whole'} | {best[c][0] * 1000:.0f} ms | {best[c][1]:.2f} s |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
