@@ -1,5 +1,6 @@
 """TensorRT itself, on the CPU-only machines this project is tested on: TensorRT-RTX's ONNX parser and builder
-(ahead-of-time, no GPU) parse and build SmolLM2's `trt` exports (fp16, bf16, fp32) and its `onnx` export (fp16).
+(ahead-of-time, no GPU) parse and build `trt` exports (fp16, bf16, fp32, int4 blocks) and an `onnx` export (fp16) of
+SmolLM2's shapes (4 of its layers).
 What is asserted is what TensorRT reports: the layers its parser made, the network's I/O, the profiles it holds.
 A change that breaks the parse or the build fails here. Running an engine needs a GPU (tests/backends/test_trt.py)."""
 
@@ -60,18 +61,40 @@ def check_network(rtx, folder, cfg, dtype):
 
 
 CASES = [("trt", "float16", False), ("trt", "bfloat16", False), ("trt", "float32", False), ("onnx", "float16", False),
-         ("trt", "float16", True)]  # the last: the GGUF's own blocks (Q4_1 layers, Q8_0 lm head) as blocked DQ
+         ("trt", "float16", True)]  # the last: int4 blocks in the layers, int8 in the (tied) head, as blocked DQ
+LAYERS = 4  # SmolLM2's shapes, its 30 layers cut to 4: every layer is built alike, and a build takes 1/6 the time
 
 
 @pytest.fixture(scope="module")
-def built(smollm2_export, tmp_path_factory):
+def checkpoint(tmp_path_factory):
+    """An HF-style checkpoint of SmolLM2's config with LAYERS layers (random weights: TensorRT parses and builds
+    the same network whatever the values)."""
+    import dataclasses
+
+    from reference import write_hf_checkpoint
+
+    from llgraph.bundled import bundled_model
+    from llgraph.checkpoint import load_config, random_weights
+
+    smollm2 = load_config(bundled_model("smollm2"))  # an HF checkpoint: its RoPE pairs half-split
+    cfg = dataclasses.replace(smollm2, num_layers=LAYERS, rope=dataclasses.replace(smollm2.rope, layout="half"))
+    return write_hf_checkpoint(tmp_path_factory.mktemp("smollm2-4"), cfg, random_weights(cfg, seed=3))
+
+
+@pytest.fixture(scope="module")
+def built(checkpoint, tmp_path_factory):
     """Every case's engine, built by `llgraph build --tensorrt rtx` two at a time (a TensorRT-RTX build runs on one
     core): case -> (export folder, engine path, `llgraph build`'s result)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from llgraph.export import export_model
+    from llgraph.weight_request import Weights
+
     jobs = {}
     for case in CASES:
-        folder = smollm2_export(case[0], case[1], quantized=case[2])
+        weights = Weights(case[1], quantize="int4", lm_head="int8") if case[2] else Weights(case[1])
+        folder = export_model(checkpoint, checkpoint=checkpoint, out=tmp_path_factory.mktemp("export") / case[0],
+                              target=case[0], weights=weights, max_seq_len=MAX_SEQ)
         engine = tmp_path_factory.mktemp("engine") / "model.engine"
         jobs[case] = (folder, engine, ["build", str(folder), "-o", str(engine), "--tensorrt", "rtx",
                                        "--max-seq-len", str(MAX_SEQ), "--max-batch", "4"])
@@ -91,7 +114,7 @@ def test_tensorrt_parses_and_builds_smollm2(target, dtype, quantized, rtx, built
     assert result.returncode == 0, result.stderr[-3000:]
     meta = json.loads((folder / "engine.json").read_text())
     kind = f"{target} {dtype}{' int4' if quantized else ''}"
-    print(f"SmolLM2 {kind}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB engine in "
+    print(f"SmolLM2 shapes, {LAYERS} layers, {kind}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB engine in "
           f"{meta['build_seconds']:.1f} s on the CPU ({sum(counts.values())} layers)")
     assert engine.stat().st_size == meta["engine_bytes"] and meta["flavor"] == "rtx" and meta["plugins"] == "none"
     # the profiles TensorRT holds == the shapes TRTBackend binds: caches from new_cache at batch 1 and max batch,
