@@ -114,8 +114,8 @@ def test_tensorrt_parses_and_builds_smollm2(target, dtype, quantized, rtx, built
     assert result.returncode == 0, result.stderr[-3000:]
     meta = json.loads((folder / "engine.json").read_text())
     kind = f"{target} {dtype}{' int4' if quantized else ''}"
-    print(f"SmolLM2 shapes, {LAYERS} layers, {kind}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB engine in "
-          f"{meta['build_seconds']:.1f} s on the CPU ({sum(counts.values())} layers)")
+    print(f"SmolLM2 shapes, {LAYERS} layers, {kind}: {rtx.name} built a {engine.stat().st_size / 2**20:.1f} MiB "
+          f"engine in {meta['build_seconds']:.1f} s on the CPU ({sum(counts.values())} layers)")
     assert engine.stat().st_size == meta["engine_bytes"] and meta["flavor"] == "rtx" and meta["plugins"] == "none"
     # the profiles TensorRT holds == the shapes TRTBackend binds: caches from new_cache at batch 1 and max batch,
     # ids [batch, 1..max_seq_len] in prefill and [batch, 1] in decode
