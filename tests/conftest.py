@@ -3,11 +3,18 @@ serve, eval, cli); the helpers they share sit here beside this file (reference.p
 serving.py: a server in a subprocess; imports.py: the layering scan), and every room is importable from every other
 (a room's test may reuse another's helpers, e.g. test_export.compare_steps)."""
 
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# The Triton kernels' tests run interpreted on CPU tensors (tests/plugins/test_kernels.py) unless told to compile for a
+# GPU. Triton reads this when it is first imported, which any test module's imports may cause (peft's do), so it is
+# set here, before any of them.
+if os.environ.get("LLGRAPH_KERNEL_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS)] + sorted(str(room) for room in TESTS.iterdir() if room.is_dir() and room.name != "data"

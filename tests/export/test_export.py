@@ -97,7 +97,7 @@ def test_ort_target_fuses_attention_and_norms(tmp_path):
     folder, _ = export_tiny(tiny(), "ort", tmp_path)
     ops = [n.op_type for n in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node]
     assert ops.count("GroupQueryAttention") == 2 and "RotaryEmbedding" not in ops
-    assert ops.count("RMSNormalization") == 5  # 2 per layer + final
+    assert ops.count("RMSNormalization") == 6  # 2 per layer, the final one, and the hidden states' (embeddings)
     assert ops.count("MatMul") == 2 * 2 + 2 * 2 + 1  # per layer: qkv, o, gate_up, down; plus lm_head
 
 
