@@ -57,7 +57,8 @@ def main(argv=None) -> int:
         p.add_argument("--chunks", type=int, nargs="+", default=[256])
 
     args, runner = runner_from_args(__doc__.split("\n\n")[0], argv, max_seq_len=4096, extra=extra)
-    ids = runner.encode(PASSAGE.read_text() * 4)[:args.prompt_tokens]
+    passage = PASSAGE.read_text()
+    ids = runner.encode(passage * (1 + args.prompt_tokens // len(runner.encode(passage))))[:args.prompt_tokens]
     new_tokens = 4000 - len(ids)
     settings = [0, *args.chunks]
     best = {c: (float("inf"), float("inf")) for c in settings}
