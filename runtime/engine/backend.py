@@ -53,6 +53,12 @@ class Backend:
         raise RequestError("this backend's graph has no hidden_states output, so it cannot embed; use --backend ort "
                            "(an export of llgraph 0.8 or later) or torch")
 
+    def kv_bytes_per_token(self) -> int:
+        """The cache's bytes for one position of one row (keys and values of every layer; 0 where unknown)."""
+        cfg = getattr(self, "config", None)
+        nbytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(getattr(self, "dtype", "float32")), 4)
+        return cfg.kv_cache_bytes_per_token(nbytes) if cfg is not None else 0
+
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
         """Copies cache positions 0..length-1 of row `src` into row `dst` (the scheduler's prefix reuse); False where
         this backend cannot."""

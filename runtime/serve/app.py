@@ -98,7 +98,9 @@ class PrometheusMetrics(Metrics):
               "be plain decoding: the speedup in steps)", registry=r
               ).set_function(lambda: (t["accepted"] + t["steps"]) / max(t["steps"], 1))
         for key, doc in (("queue", "requests waiting for a slot"), ("active", "slots decoding"),
-                         ("slots", "cache rows"), ("tokens_per_second", "tokens sampled per second, last 10 s")):
+                         ("slots", "cache rows"), ("tokens_per_second", "tokens sampled per second, last 10 s"),
+                         ("kv_cache_bytes", "the KV cache's bytes, every slot's row"),
+                         ("kv_cache_bytes_in_use", "bytes of the KV cache the running requests' tokens hold")):
             name = {"queue": "llgraph_queue_depth", "active": "llgraph_active_slots"}.get(key, f"llgraph_{key}")
             Gauge(name, doc, registry=r).set_function(lambda key=key: scheduler_stats()[key])
 

@@ -50,7 +50,7 @@ def serve(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, g
         async def startup(self, sockets=None):
             await super().startup(sockets)  # the model loaded (lifespan), then the socket bound
             if self.started:
-                _announce(options, f"http://{host}:{port}")
+                _announce(options, f"http://{host}:{port}", memory(runner.backend, options.slots))
 
         def handle_exit(self, sig, frame):
             scheduler = getattr(app.state, "scheduler", None)
@@ -121,6 +121,15 @@ def wait_for_interrupt(ready=lambda: None, tick: float = 0.5) -> None:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def memory(backend, slots: int) -> str:
+    """', N slots x T tokens (KV cache X GB dtype)': what the server holds for its slots, said at startup."""
+    per_token = backend.kv_bytes_per_token()
+    if not per_token:
+        return ""
+    return (f" x {backend.max_seq_len} tokens (KV cache {per_token * slots * backend.max_seq_len / 1e9:.2f} GB "
+            f"{getattr(backend, 'dtype', '')})")
 
 
 def _announce(options: ServeOptions, url: str, extra: str = "") -> None:
