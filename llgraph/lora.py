@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from llgraph.errors import ExportError
-from llgraph.weights import WeightSource
+from llgraph.weights import SourceView, WeightSource
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
@@ -128,7 +128,7 @@ class Adapter:
         return [self.path / CONFIG, self.path / WEIGHTS]
 
 
-class LoraSource(WeightSource):
+class LoraSource(SourceView):
     """Another source with `adapters` merged into the weights they adapt (W + sum of their deltas, computed in
     float32 and cast back to the weight's dtype)."""
 
@@ -147,28 +147,16 @@ class LoraSource(WeightSource):
                     raise LoraError(f"--lora {adapter.path}: the adapter's {name} is {adapter.delta_shape(name)}, "
                                     f"the checkpoint's {tuple(base.shape(name))}; it was trained on another base "
                                     "model")
-        self.base, self.adapters = base, adapters
+        super().__init__(base)
+        self.adapters = adapters
         self.description = f"{base.description} + LoRA {', '.join(a.path.name for a in adapters)}"
-        self.rope_layout = base.rope_layout
 
     @staticmethod
     def _adapted(adapters: list[Adapter]) -> set[str]:
         return {name for a in adapters for name in a.pairs}
 
-    def names(self):
-        return self.base.names()
-
-    def shape(self, name):
-        return self.base.shape(name)
-
-    def tokenizer_files(self):
-        return self.base.tokenizer_files()
-
-    def quant_format(self, name):
-        return self.base.quant_format(name)
-
-    def load_quantized(self, name):
-        return self.base.load_quantized(name)
+    def load_rows(self, name, start, stop, dtype=None):
+        return None if any(name in a.pairs for a in self.adapters) else self.base.load_rows(name, start, stop, dtype)
 
     def load(self, name, dtype=None):
         w = self.base.load(name, dtype)

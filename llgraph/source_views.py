@@ -14,10 +14,10 @@ import numpy as np
 
 from llgraph.config import LlamaConfig
 from llgraph.quant import QuantFormat, QuantTensor, dequantize, quantize_rtn
-from llgraph.weights import QUANTIZABLE, WeightError, WeightSource
+from llgraph.weights import QUANTIZABLE, SourceView, WeightError, WeightSource
 
 
-class QuantizedSource(WeightSource):
+class QuantizedSource(SourceView):
     """Another source with weights quantized by round-to-nearest: the decoder-layer Linears at `bits` (`llgraph
     export --quantize int4|int8`; 0: as the base has them) and the lm head at `head_bits` (`--lm-head int4|int8`;
     0: as the base has it), the embedding table with it when `tied` (one table, read by both). `load` returns the
@@ -27,22 +27,13 @@ class QuantizedSource(WeightSource):
 
     def __init__(self, base: WeightSource, bits: int, block_size: int = 32, symmetric: bool = False,
                  head_bits: int = 0, tied: bool = False):
-        self.base, self.bits, self.block_size, self.symmetric = base, bits, block_size, symmetric
+        super().__init__(base)
+        self.bits, self.block_size, self.symmetric = bits, block_size, symmetric
         self._head_bits = {"lm_head.weight": head_bits, **({"model.embed_tokens.weight": head_bits} if tied else {})}
         what = ([f"RTN int{bits}"] if bits else []) + ([f"lm head RTN int{head_bits}"] if head_bits else [])
         self.description = f"{base.description}, {', '.join(what)} (block {block_size}, " \
                            f"{'symmetric' if symmetric else 'asymmetric'})"
-        self.rope_layout = base.rope_layout
         self._last: tuple[str, QuantTensor] | None = None
-
-    def names(self):
-        return self.base.names()
-
-    def shape(self, name):
-        return self.base.shape(name)
-
-    def tokenizer_files(self):
-        return self.base.tokenizer_files()
 
     def _bits(self, name: str) -> int:
         return self.bits if QUANTIZABLE.fullmatch(name) else self._head_bits.get(name, 0)
@@ -173,29 +164,14 @@ class NormOffsetSource(WeightSource):
         return self.base.tokenizer_files()
 
 
-class WidenedSource(WeightSource):
+class WidenedSource(SourceView):
     """Another source whose GGUF super-blocks (Q4_K, Q5_K, Q6_K) are seen widened to the blocked form, exactly
     (QuantTensor.widened): what a runtime without a super-block kernel reads (ONNX Runtime's MatMulNBits, ONNX's
     DequantizeLinear, TensorRT)."""
 
     def __init__(self, base: WeightSource):
-        self.base, self.description, self.rope_layout = base, base.description, base.rope_layout
+        super().__init__(base)
         self._last: tuple[str, QuantTensor] | None = None
-
-    def names(self):
-        return self.base.names()
-
-    def shape(self, name):
-        return self.base.shape(name)
-
-    def load(self, name, dtype=None):
-        return self.base.load(name, dtype)
-
-    def load_rows(self, name, start, stop, dtype=None):
-        return self.base.load_rows(name, start, stop, dtype)
-
-    def tokenizer_files(self):
-        return self.base.tokenizer_files()
 
     def quant_format(self, name):
         fmt = self.base.quant_format(name)

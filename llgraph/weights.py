@@ -69,6 +69,35 @@ class WeightSource:
         raise WeightError(f"{self.description}: {name} is not stored quantized")
 
 
+class SourceView(WeightSource):
+    """Another source seen as it is: a view (llgraph/source_views.py, llgraph/lora.py) overrides only what it
+    changes."""
+
+    def __init__(self, base: WeightSource):
+        self.base, self.description, self.rope_layout = base, base.description, base.rope_layout
+
+    def names(self):
+        return self.base.names()
+
+    def shape(self, name):
+        return self.base.shape(name)
+
+    def load(self, name, dtype=None):
+        return self.base.load(name, dtype)
+
+    def load_rows(self, name, start, stop, dtype=None):
+        return self.base.load_rows(name, start, stop, dtype)
+
+    def tokenizer_files(self):
+        return self.base.tokenizer_files()
+
+    def quant_format(self, name):
+        return self.base.quant_format(name)
+
+    def load_quantized(self, name):
+        return self.base.load_quantized(name)
+
+
 QUANTIZABLE = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
 # what a GGUF's blocks are carried for: those Linears and the lm head (its own tensor, or the tied embedding's; the
 # embedding's gather reads a float copy of the same tensor)

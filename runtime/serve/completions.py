@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from llgraph.runtime.engine.sampling import RequestError, Sampling
-from llgraph.runtime.engine.scheduler import MAX_LOGPROBS, QueueFull, ShuttingDown
+from llgraph.runtime.engine.scheduler import MAX_LOGPROBS
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_served_mode
 from llgraph.runtime.serve.request import (
     ApiError,
@@ -36,6 +36,7 @@ from llgraph.runtime.serve.request import (
     prompts_of,
     refuse_unsupported,
     stop_strings,
+    submitting,
     tools_of,
 )
 
@@ -137,8 +138,8 @@ async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
         await asyncio.to_thread(ask.grammar.matcher, runner.tokenizer, runner.backend.vocab_size,
                                 runner.eos_token_ids)
     ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context, ask.key) for p in ask.prompts])
-    handles = []
-    try:
+    handles: list = []
+    with submitting(handles):
         for prompt in ids:
             max_tokens = max(1, context - len(prompt)) if ask.max_tokens is None else ask.max_tokens
             room = len(prompt) + max_tokens if max_tokens else len(prompt) - 1  # scoring alone: the last is not input
@@ -152,16 +153,6 @@ async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
                     loop=asyncio.get_running_loop(), logprobs=ask.logprobs,
                     prompt_logprobs=ask.echo and (ask.logprobs is not None or max_tokens == 0), grammar=ask.grammar,
                     speculative=ask.speculative, draft_max=ask.draft_max))
-    except BaseException as e:
-        for h in handles:
-            h.cancel()
-        if isinstance(e, QueueFull):
-            raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
-        if isinstance(e, ShuttingDown):
-            raise ApiError(503, str(e), "server_error", code="shutting_down") from None
-        if isinstance(e, RequestError):
-            raise ApiError(400, str(e)) from None
-        raise
     choices = [Choice(k, h, ask, runner.tokenizer) for k, h in enumerate(handles)]
     events = _merged(handles)
     # the status waits for the first event: a request that never started (shut down while queued) is a 503

@@ -11,9 +11,7 @@ import base64
 
 import numpy as np
 
-from llgraph.runtime.engine.sampling import RequestError
-from llgraph.runtime.engine.scheduler import QueueFull, ShuttingDown
-from llgraph.runtime.serve.request import ApiError, prompt_ids, prompts_of
+from llgraph.runtime.serve.request import ApiError, prompt_ids, prompts_of, submitting
 
 
 async def embeddings(body: dict, runner, scheduler, pooling: str, model: str, capacity: int) -> dict:
@@ -37,8 +35,8 @@ async def embeddings(body: dict, runner, scheduler, pooling: str, model: str, ca
                        param="encoding_format")
     context = runner.backend.max_seq_len
     ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context + 1, "input") for p in inputs])
-    handles = []
-    try:
+    handles: list = []
+    with submitting(handles):
         for p in ids:
             if len(p) > context:
                 raise ApiError(400, f"an input of {len(p)} tokens exceeds this model's context of {context} tokens;"
@@ -48,16 +46,6 @@ async def embeddings(body: dict, runner, scheduler, pooling: str, model: str, ca
             while (event := await h.events.get()).kind != "done":
                 if event.kind == "error":
                     raise ApiError(500, f"the model failed: {event.text}", "server_error")
-    except BaseException as e:
-        for h in handles:
-            h.cancel()
-        if isinstance(e, QueueFull):
-            raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
-        if isinstance(e, ShuttingDown):
-            raise ApiError(503, str(e), "server_error", code="shutting_down") from None
-        if isinstance(e, RequestError):
-            raise ApiError(400, str(e), param="input") from None
-        raise
     tokens = sum(len(p) for p in ids)
     return {"object": "list", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "data": [{"object": "embedding", "index": i, "embedding": _encoded(h.embedding, encoding)}

@@ -4,6 +4,7 @@ tokenized. Every bad input is an ApiError: a 4xx in OpenAI's error shape naming 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -166,6 +167,27 @@ def chat_prompt(body: dict, runner, tools=None) -> str:
         raise ApiError(400, str(e), param="messages") from None
     except Exception as e:
         raise ApiError(400, f"the chat template failed on these messages: {e}", param="messages") from None
+
+
+@contextmanager
+def submitting(handles: list):
+    """A request's submissions to the scheduler (their handles appended to `handles`): if anything fails, every one
+    submitted is cancelled, and the scheduler's refusal is answered — the queue full a 429, shutting down a 503, a
+    bad request a 400."""
+    from llgraph.runtime.engine.scheduler import QueueFull, ShuttingDown
+
+    try:
+        yield
+    except BaseException as e:
+        for h in handles:
+            h.cancel()
+        if isinstance(e, QueueFull):
+            raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
+        if isinstance(e, ShuttingDown):
+            raise ApiError(503, str(e), "server_error", code="shutting_down") from None
+        if isinstance(e, RequestError):
+            raise ApiError(400, str(e)) from None
+        raise
 
 
 def check_json(content_type: str | None) -> None:

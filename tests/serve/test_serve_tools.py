@@ -13,15 +13,8 @@ pytest.importorskip("llguidance", reason="required tool calls need llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from serving import Server  # noqa: E402
+from test_tools import TIME, WEATHER  # noqa: E402  (tests/engine: the same two functions)
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
-                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}}, "required": ["zone"],
-    "additionalProperties": False}}}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 ASK = [{"role": "user", "content": "What's the weather like in Paris, in celsius?"}]
 
