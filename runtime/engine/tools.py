@@ -20,6 +20,7 @@ as Hermes text, and the tool results as `<tool_response>` blocks (in a "tool" tu
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -173,8 +174,9 @@ def chat_inputs(template: str, messages: list[dict], spec: ToolSpec | None) -> t
     return fallback_messages(messages, template, spec.functions if spec else None), None
 
 
+@functools.lru_cache(maxsize=16)
 def renders_tools(template: str) -> bool:
-    """Whether a chat template reads the `tools` variable (so it writes the functions itself)."""
+    """Whether a chat template reads the `tools` variable (so it writes the functions itself); parsed once."""
     from jinja2 import Environment, meta
 
     try:
