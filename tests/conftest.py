@@ -129,6 +129,20 @@ def _ids(values, shape, like):
 
 
 @pytest.fixture(scope="session")
+def smollm2_transformers():
+    """transformers' own SmolLM2 from the bundled GGUF (its own dequantization, float32, eval) and its tokenizer,
+    loaded once (~10 s) for every test that holds llgraph to it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llgraph.bundled import bundled_model
+
+    path = bundled_model("smollm2")
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="session")
 def smollm2_truth():
     """The float64 executor on the bundled SmolLM2's dequantized GGUF weights (cache 64), shared by the tests that
     hold an export to it."""

@@ -24,11 +24,8 @@ def gguf():
 
 
 @pytest.fixture(scope="module")
-def hf(gguf):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+def hf(smollm2_transformers):
+    return smollm2_transformers
 
 
 def test_gguf_tokenizer_and_chat_template_equal_transformers(gguf, hf):

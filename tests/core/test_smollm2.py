@@ -23,19 +23,13 @@ def gguf_path():
 
 
 @pytest.fixture(scope="module")
-def prompt(gguf_path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    return tok(PROMPT_TEXT)["input_ids"]
+def prompt(smollm2_transformers):
+    return smollm2_transformers[1](PROMPT_TEXT)["input_ids"]
 
 
 @pytest.fixture(scope="module")
-def hf(gguf_path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                dtype=torch.float32).eval()
+def hf(smollm2_transformers):
+    return smollm2_transformers[0]
 
 
 @pytest.fixture(scope="module")

@@ -105,17 +105,12 @@ TEXT = PASSAGE.read_text()  # Dickens, 1859: public domain
 
 
 @pytest.mark.slow
-def test_smollm2_eval_equals_transformers_on_every_backend(tmp_path, smollm2_export, report):
+def test_smollm2_eval_equals_transformers_on_every_backend(tmp_path, smollm2_export, smollm2_transformers, report):
     """Per-item log-likelihoods of a multiple-choice file and the perplexity of a text on SmolLM2, every backend vs
     transformers loading the same GGUF (its own tokenizer, scoring written here); accuracy identical."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from llgraph.bundled import bundled_model
     from llgraph.runtime.eval import evaluate
 
-    path = bundled_model("smollm2")
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    hf, tok = smollm2_transformers
     data = tmp_path / "items.jsonl"
     data.write_text("\n".join(json.dumps(d) for d in MC))
     items = evaluate.load_mc(data)
