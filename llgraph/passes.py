@@ -147,6 +147,15 @@ def quantize_linears(format_of: Callable[[str], QuantFormat | None]) -> Pass:
     return quantize
 
 
+def _final_norm(graph: Graph) -> Node | None:
+    """The RMSNorm behind the logits' head (found from the structure), or None."""
+    producer = graph.producer()
+    node = producer.get(graph.outputs[0].name)
+    while node is not None and node.op in ("SoftCap", "Linear", "QLinear"):
+        node = producer.get(node.inputs[0])
+    return node if node is not None and node.op == "RMSNorm" else None
+
+
 KEEP_INPUT = "logits_to_keep"  # the graph input keep_last_positions adds: logits for the last N positions, 0 = all
 
 
@@ -154,11 +163,8 @@ def keep_last_positions(graph: Graph) -> Graph:
     """The lm head on the positions a step samples from only: a KeepLast(x, logits_to_keep) before the final norm
     (found from the structure: the norm behind the logits' head). A prefill then computes one row of logits, not
     one per prompt token (SmolLM2's 49152-wide head is a fifth of a short prompt's work); a scorer asks for all."""
-    producer = graph.producer()
-    node = producer.get(graph.outputs[0].name)
-    while node is not None and node.op in ("SoftCap", "Linear", "QLinear"):
-        node = producer.get(node.inputs[0])
-    if node is None or node.op != "RMSNorm" or any(v.name == KEEP_INPUT for v in graph.inputs):
+    node = _final_norm(graph)
+    if node is None or any(v.name == KEEP_INPUT for v in graph.inputs):
         return graph
     x = node.inputs[0]
     keep_input = Value(KEEP_INPUT, "int64", ())
@@ -186,16 +192,11 @@ def expose_hidden(graph: Graph) -> Graph:
     """The model's last hidden states as a graph output (embeddings: llgraph/runtime/engine/embed.py): the final
     RMSNorm over every position, as transformers' `last_hidden_state` (a second norm node reading the residual
     stream before any KeepLast, so the head still runs on the kept positions only; its cost is one norm a token)."""
-    if any(v.name == HIDDEN for v in graph.outputs):
-        return graph
-    producer = graph.producer()
-    node = producer.get(graph.outputs[0].name)
-    while node is not None and node.op in ("SoftCap", "Linear", "QLinear"):
-        node = producer.get(node.inputs[0])
-    if node is None or node.op != "RMSNorm":
+    node = _final_norm(graph)
+    if node is None or any(v.name == HIDDEN for v in graph.outputs):
         return graph
     x = node.inputs[0]
-    kept = producer.get(x)
+    kept = graph.producer().get(x)
     if kept is not None and kept.op == "KeepLast":  # the stream before keep_last_positions cut it
         x = kept.inputs[0]
     norm = Node("RMSNorm", (x, *node.inputs[1:]), (HIDDEN,), node.attrs)

@@ -315,8 +315,10 @@ class Scheduler:
         needs every position's logits), then its first token (the engine's)."""
         scoring = r.decoding.max_new_tokens == 0 and r.pooling is None
         written = r.ids[:-1] if scoring else r.ids  # scoring alone never inputs the last
-        r.start = self._rows.reuse(r.slot, written, allowed=r.decoding.max_new_tokens > 0 and not r.prompt_logprobs)
-        if self.prefill_chunk and not scoring and r.pooling is None and len(r.ids) - r.start > self.prefill_chunk:
+        # a scored prompt or an embedding needs every position's output of one forward: no reuse, no chunks
+        whole = r.decoding.max_new_tokens == 0 or r.prompt_logprobs
+        r.start = self._rows.reuse(r.slot, written, allowed=not whole)
+        if self.prefill_chunk and not whole and len(r.ids) - r.start > self.prefill_chunk:
             self._rows.held[r.slot] = r.ids[:r.start]  # what its row holds: the prompt grows into it a chunk a step
             self._chunking.append(r)
             return

@@ -211,7 +211,14 @@ def test_long_prompts_written_in_chunks_keep_every_requests_tokens(backend, tiny
         first = [scheduler.submit(p, 8, s) for p, s in zip(prompts[:-2], sampling)]
         got = [h.result(timeout=60).tokens for h in first]
         got += [scheduler.submit(p, 8, s).result(timeout=60).tokens for p, s in zip(prompts[-2:], sampling[-2:])]
+        scored = scheduler.submit(prompts[0], 3, prompt_logprobs=True)  # a scored prompt is never written in chunks
+        scored.result(timeout=60)
     finally:
         scheduler.stop()
     assert got == solo
-    assert len(reused) == len(prompts) and reused[-2][0] < 30 <= reused[-1][0]  # once each; the prefix reused
+    ids = prompts[0]
+    want = [x.logprob for x in runner.score_batch([(ids[:k], [ids[k]]) for k in range(1, len(ids))])]
+    assert len(scored.prompt_logprobs) == len(ids) - 1
+    assert max(abs(x.logprob - w) for x, w in zip(scored.prompt_logprobs, want)) < 1e-4
+    # counted once each; the prefix reused; the scored prompt written whole (no reuse)
+    assert len(reused) == len(prompts) + 1 and reused[-3][0] < 30 <= reused[-2][0] and reused[-1][0] == 0
