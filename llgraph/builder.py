@@ -35,24 +35,30 @@ def cache_pairs(cfg: LlamaConfig) -> list[tuple[str, str]]:
     return [pair for i in range(cfg.num_layers) for pair in zip(cache_names(i)[:2], cache_names(i)[2:])]
 
 
-def new_cache(cfg: LlamaConfig, batch: int, max_seq: int, alloc) -> dict:
-    """The static cache as graph feeds: past name -> alloc(shape), shape [batch, kv_heads, max_seq, head_dim].
-    `alloc` makes one zeroed buffer (torch.zeros with a dtype, np.zeros, ...)."""
-    shape = (batch, cfg.num_kv_heads, max_seq, cfg.head_dim)
+def new_cache(cfg: LlamaConfig, batch: int, max_seq: int, alloc, row: int | None = None) -> dict:
+    """The static cache as graph feeds: past name -> alloc(shape), shape [batch, kv_heads, max_seq, row] (row: the
+    head_dim, or the cache format's row, llgraph/kv_cache.py). `alloc` makes one zeroed buffer (torch.zeros with a
+    dtype, np.zeros, ...)."""
+    shape = (batch, cfg.num_kv_heads, max_seq, row or cfg.head_dim)
     return {past: alloc(shape) for past, _ in cache_pairs(cfg)}
 
 
-def build_graph(cfg: LlamaConfig, dtype: str = "float32") -> Graph:
+def build_graph(cfg: LlamaConfig, dtype: str = "float32", kv: str | None = None) -> Graph:
+    """`kv`: the cache's format (llgraph/kv_cache.py; default: `dtype`'s floats)."""
+    from llgraph.kv_cache import kv_format
+
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dtype '{dtype}' is not supported; use one of {', '.join(FLOAT_DTYPES)}")
     b = GraphBuilder()
     h, d = cfg.hidden_size, cfg.head_dim
+    cache = kv_format(kv) if kv else None
+    cache_dtype, row = (cache.dtype, cache.row(d)) if cache else (dtype, d)
     ids = b.input("input_ids", "int64", (BATCH, SEQ))
     pos = b.input("position_ids", "int64", (BATCH, SEQ))
     for i in range(cfg.num_layers):
         pk, pv, _, _ = cache_names(i)
-        b.input(pk, dtype, (BATCH, cfg.num_kv_heads, MAX_SEQ, d))
-        b.input(pv, dtype, (BATCH, cfg.num_kv_heads, MAX_SEQ, d))
+        b.input(pk, cache_dtype, (BATCH, cfg.num_kv_heads, MAX_SEQ, row))
+        b.input(pv, cache_dtype, (BATCH, cfg.num_kv_heads, MAX_SEQ, row))
 
     def weight(name, *shape):
         return b.param(name, dtype, shape)

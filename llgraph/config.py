@@ -184,9 +184,6 @@ class LlamaConfig:
         per_layer = attn + mlp + norms * h + qk
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + h
 
-    def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.num_layers * self.kv_size * dtype_bytes
-
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)

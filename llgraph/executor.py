@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from llgraph.ir import Graph, Node
 from llgraph.weights import DTYPES, WeightSource, iter_params
 
-TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
+TORCH_DTYPES = {name: getattr(torch, name) for name in (*DTYPES, "int8")}  # int8: a KV cache format
 TORCH_IMPLS: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {}
 
 
@@ -215,15 +215,16 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value):
     hq, hkv = a["num_heads"], a["num_kv_heads"]
     d = q.shape[-1] // hq
     rows = torch.arange(b, device=q.device)[:, None]
-    past_key.transpose(1, 2)[rows, positions] = k.view(b, s, hkv, d)  # cache[b, :, positions[b, s]] = k[b, s]
-    past_value.transpose(1, 2)[rows, positions] = v.view(b, s, hkv, d)
+    for cache, x in ((past_key, k), (past_value, v)):  # cache[b, :, positions[b, s]] = x[b, s], in its format
+        cache.transpose(1, 2)[rows, positions] = _to_cache(x.view(b, s, hkv, d), cache.dtype)
     length = _cache_span(positions)
     slots = torch.arange(length, device=q.device)
     limit = positions if a["causal"] else positions.max(dim=1, keepdim=True).values.expand(b, s)
     mask = slots[None, None, :] <= limit[:, :, None]  # [B, S, L]: key slot j visible to query (b, s)
     if a["window"]:  # and within the last `window` positions of the query's own
         mask &= slots[None, None, :] > positions[:, :, None] - a["window"]
-    qh, keys, values = q.view(b, s, hq, d).transpose(1, 2), past_key[:, :, :length], past_value[:, :, :length]
+    qh = q.view(b, s, hq, d).transpose(1, 2)
+    keys, values = (_from_cache(t[:, :, :length], q.dtype) for t in (past_key, past_value))
     if a["softcap"]:  # SDPA has no soft-capping: the scores spelled out, as transformers' eager Gemma 2
         keys, values = (t.repeat_interleave(hq // hkv, dim=1) for t in (keys, values))
         scores = (qh @ keys.transpose(-1, -2)) * a["scale"]
@@ -234,6 +235,23 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value):
         out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[:, None], scale=a["scale"],
                                              enable_gqa=hq != hkv)
     return out.transpose(1, 2).reshape(b, s, hq * d), past_key, past_value
+
+
+def _to_cache(x, dtype):
+    """Rows [..., D] in the cache format of `dtype` (llgraph/kv_cache.py): its floats, or int8 codes + scale."""
+    if dtype != torch.int8:
+        return x.to(dtype)
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    codes = torch.where(scale > 0, torch.round(x / torch.where(scale > 0, scale, 1)), 0).to(torch.int8)
+    return torch.cat((codes, scale.view(torch.int8)), dim=-1)
+
+
+def _from_cache(rows, dtype):
+    """Cache rows in their format -> [..., D] in `dtype`."""
+    if rows.dtype != torch.int8:
+        return rows.to(dtype)
+    return (rows[..., :-4].float() * rows[..., -4:].contiguous().view(torch.float32)).to(dtype)
 
 
 def _cache_span(positions: torch.Tensor) -> int:

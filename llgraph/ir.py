@@ -13,9 +13,10 @@ from typing import Any, Iterable, Mapping
 from llgraph.errors import LlgraphError
 from llgraph.ops import SCHEMAS, check_attrs
 
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "int8", "bool")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")  # float64: the reference of references
-DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "uint8": 1, "bool": 1}
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "uint8": 1, "int8": 1,
+               "bool": 1}
 
 Dim = int | str
 

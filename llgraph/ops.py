@@ -5,7 +5,8 @@ the TensorRT plugin fields are read from `attrs` here.
 
 Layouts: activations are [batch, seq, features]; heads stay packed in the feature axis ([B, S, H*D]) the way ONNX
 Runtime's GroupQueryAttention and ONNX's RotaryEmbedding/Attention take them. Linear weights are [out, in].
-The KV cache is [batch, kv_heads, max_seq, head_dim], written at slot `positions[b, s]`; query (b, s) sees the cache
+The KV cache is [batch, kv_heads, max_seq, row] (row: head_dim values in one of llgraph/kv_cache.py's formats),
+written at slot `positions[b, s]`; query (b, s) sees the cache
 slots 0..positions[b, s] (causal) — no attention mask input is needed.
 """
 
@@ -175,10 +176,14 @@ def _attention(ins, attrs):
     _same(v.shape, k.shape, "v shape")
     _same(pos.shape, q.shape[:-1], "positions shape vs q's [batch, seq]")
     _require(pos.dtype in INTS, "positions must be integer")
-    _same(past_k.shape, (q.shape[0], nkv, past_k.shape[2], d), "past_key shape [batch, kv_heads, max_seq, head_dim]")
-    _same(past_v.shape, past_k.shape, "past_value shape")
-    for t in (k, v, past_k, past_v):
+    for t in (k, v):
         _same(t.dtype, q.dtype, "dtype")
+    # the cache: q's dtype, or a format of llgraph/kv_cache.py (float16; int8 rows of D codes + a float32 scale)
+    _require(past_k.dtype in (q.dtype, "float32", "float16", "int8"), f"cache dtype {past_k.dtype} is no KV format")
+    _same(past_v.dtype, past_k.dtype, "past_value dtype")
+    row = d + (4 if past_k.dtype == "int8" else 0)
+    _same(past_k.shape, (q.shape[0], nkv, past_k.shape[2], row), "past_key shape [batch, kv_heads, max_seq, row]")
+    _same(past_v.shape, past_k.shape, "past_value shape")
     return [(q.dtype, q.shape), (past_k.dtype, past_k.shape), (past_v.dtype, past_v.shape)]
 
 
@@ -256,7 +261,8 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         Attr("window", int, "sliding window: a query sees the slots of the last `window` positions (0: all)"),
         Attr("softcap", float, "logits (after scale) become softcap * tanh(logits / softcap); 0: none (Gemma 2)"),
     ), _attention,
-        "write k, v into the cache at slot positions[b, s]; attend query (b, s) to cache slots "
+        "write k, v into the cache at slot positions[b, s] (in the cache's format, llgraph/kv_cache.py: q's "
+        "dtype, float16, or int8 rows of D codes and a float32 scale); attend query (b, s) to cache slots "
         "0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv head j serves query heads "
         "j*g..(j+1)*g-1 with g = num_heads / num_kv_heads"),
     OpSchema("SwiGLU", ("gate", "up"), ("out",), (), _swiglu, "silu(gate) * up"),

@@ -211,15 +211,16 @@ def expose_hidden(graph: Graph) -> Graph:
 DEFAULT_PASSES: tuple[Pass, ...] = (pack_qkv, pack_gate_up)
 
 
-def model_graph(cfg, dtype: str = "float32", quant: Callable[[str], QuantFormat | None] | None = None) -> Graph:
-    """The graph every backend runs: the builder's graph for `cfg` after DEFAULT_PASSES, and with `quant` (a
-    source's `quant_format`) its quantized Linears as QLinear."""
+def model_graph(cfg, dtype: str = "float32", quant: Callable[[str], QuantFormat | None] | None = None,
+                kv: str | None = None) -> Graph:
+    """The graph every backend runs: the builder's graph for `cfg` (its cache in format `kv`, llgraph/kv_cache.py)
+    after DEFAULT_PASSES, and with `quant` (a source's `quant_format`) its quantized Linears as QLinear."""
     from llgraph.builder import build_graph
 
     if quant is None:
-        return run_passes(build_graph(cfg, dtype), DEFAULT_PASSES)
+        return run_passes(build_graph(cfg, dtype, kv), DEFAULT_PASSES)
     packing = tuple(_with_formats(p, quant) for p in DEFAULT_PASSES)  # packed weights keep one format
-    return run_passes(build_graph(cfg, dtype), packing + (quantize_linears(quant),))
+    return run_passes(build_graph(cfg, dtype, kv), packing + (quantize_linears(quant),))
 
 
 def _with_formats(pack: Callable, format_of) -> Pass:

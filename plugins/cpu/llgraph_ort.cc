@@ -16,8 +16,9 @@
 // Layouts: the blocks as stored, or interleaved 16 rows at a time (interleave=16, what the ort export writes:
 // qlinear_groups.inc exact, qlinear_int8.inc level 4), whose scales and mins may be half floats; on it,
 // activation=swiglu computes silu(gate) * up of a packed [gate; up] projection, and QEmbedding gathers a (tied)
-// table's rows from the same bytes (qembedding.inc). GroupedAttention (attention.inc, attention_simd.inc): the layer's
-// attention, rotary inside. Exact kernels on blocks: qlinear_blocks.inc; GGUF's K-quant super-blocks: superblocks.inc.
+// table's rows from the same bytes (qembedding.inc). GroupedAttention (attention.inc, attention_simd.inc,
+// kv_rows.inc): the layer's attention, rotary inside, over a float32, float16 or int8 cache. Exact kernels on
+// blocks: qlinear_blocks.inc; GGUF's K-quant super-blocks: superblocks.inc.
 //
 // Instruction sets: AVX-512 VNNI (level 4), AVX-512F, AVX2+FMA and a portable scalar loop, each compiled inside its
 // own target region (no build flag tied to the building CPU) and chosen when the library loads from the CPU's
@@ -92,6 +93,7 @@ namespace {
 }  // namespace
 
 #include "attention_simd.inc"
+#include "kv_rows.inc"
 
 namespace {
 

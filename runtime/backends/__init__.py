@@ -38,6 +38,7 @@ class RunOptions:
     weights: Weights = Weights()
     model: str = ""  # the reference the user gave ('smollm2', a path), for messages
     threads: int | None = None  # CPU threads: ONNX Runtime's intra-op pool (llgraph's kernels obey it), torch's
+    kv_cache: str | None = None  # the KV cache's format (llgraph/kv_cache.py); None: the backend's default
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class BackendSpec:
     # makes every runner the process opens after it share one thread pool of N threads (a model and its draft model
     # on the same cores); None: the backend's runners need nothing
     share_threads: Callable[[int | None], None] | None = None
+    kv_formats: tuple[str, ...] = ()  # the KV cache formats it keeps (llgraph/kv_cache.py); (): its engine's floats
 
 
 def backend(name: str) -> BackendSpec:
@@ -100,10 +102,12 @@ def diff_sides(wanted=()) -> dict[str, Callable[[SideRequest], Callable]]:
 
 
 def open_runner(model: str, name: str = "ort", *, max_seq_len: int | None = None, cache_dir: str | None = None,
-                tensorrt: str = "auto", weights: Weights = Weights(), threads: int | None = None):
+                tensorrt: str = "auto", weights: Weights = Weights(), threads: int | None = None,
+                kv_cache: str | None = None):
     """MODEL is an export folder (has manifest.json) or a checkpoint (or 'smollm2'); the backend opens it. A
     checkpoint for the ort backend is exported once into the cache (keyed on the checkpoint's content and
-    `weights.mode`, see runtime/cache.py) and reused."""
+    `weights.mode`, see runtime/cache.py) and reused. `kv_cache`: the KV cache's format (f32, f16, int8;
+    llgraph/kv_cache.py), default the backend's."""
     from llgraph.bundled import resolve
     from llgraph.errors import LlgraphError
     from llgraph.export_folder import Manifest
@@ -114,6 +118,7 @@ def open_runner(model: str, name: str = "ort", *, max_seq_len: int | None = None
         raise LlgraphError(f"--threads ({threads}) must be a positive number of CPU threads")
     if threads is not None and name == "trt":
         raise LlgraphError("--threads sets CPU threads (--backend ort or torch); a TensorRT engine runs on the GPU")
+    kv_cache = check_kv_cache(spec, kv_cache)
     path = Path(resolve(model))
     if not path.exists():
         raise FileNotFoundError(f"model {model} does not exist; pass an export folder, a checkpoint or 'smollm2'")
@@ -121,7 +126,22 @@ def open_runner(model: str, name: str = "ort", *, max_seq_len: int | None = None
         raise LlgraphError(f"{model} is already exported, weights and all; --dtype, --quantize, --lm-head, "
                            "--dequantize and --accuracy-level apply to a checkpoint (or pass them to "
                            "`llgraph export`)")
-    return spec.open(path, RunOptions(max_seq_len, cache_dir, tensorrt, weights, str(model), threads))
+    return spec.open(path, RunOptions(max_seq_len, cache_dir, tensorrt, weights, str(model), threads, kv_cache))
+
+
+def check_kv_cache(spec: BackendSpec, kv_cache: str | None) -> str | None:
+    """The KV format asked of backend `spec` by its full name (None: the backend's default); one line where it has
+    none such."""
+    from llgraph.errors import LlgraphError
+    from llgraph.kv_cache import kv_format
+
+    if kv_cache is None:
+        return None
+    name = kv_format(kv_cache).name
+    if name not in spec.kv_formats:
+        runs = ", ".join(spec.kv_formats) if spec.kv_formats else "its engine's own float cache only"
+        raise LlgraphError(f"--backend {spec.name} keeps no {name} KV cache (it runs {runs}); leave --kv-cache out")
+    return name
 
 
 def share_threads_with_a_draft(name: str, threads: int | None) -> None:

@@ -22,6 +22,7 @@ from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.export_folder import MODEL_FILE, Manifest, damage
 from llgraph.ir import Graph, value_order
+from llgraph.kv_cache import CPU_DEFAULT, FORMATS, KvFormat, kv_format, retype
 from llgraph.passes import HIDDEN, KEEP_INPUT, model_graph
 from llgraph.plugins import cpu
 from llgraph.runtime.backends import BackendSpec, RunOptions
@@ -53,8 +54,10 @@ class OrtBackend(Backend):
     multi_token_rows = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 and past ..."
 
     def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None,
-                 model_file: str | None = None):
-        """`model_file`: another graph of the same export to run (a diff side's tapped model)."""
+                 model_file: str | None = None, kv_cache: str | None = None):
+        """`model_file`: another graph of the same export to run (a diff side's tapped model); `kv_cache`: the cache's
+        format (llgraph/kv_cache.py; default: kv_cache.CPU_DEFAULT where the export runs llgraph's kernels in
+        float32, else the export's own floats)."""
         import onnxruntime as ort
 
         self.folder = folder = Path(folder)
@@ -68,6 +71,7 @@ class OrtBackend(Backend):
             raise LlgraphError(f"{folder} is a bf16 export and ONNX Runtime's CPU kernels have no bf16 MatMul; "
                                "re-export with --dtype fp32 (or fp16) for CPU, or build it with `llgraph build`")
         self.max_seq_len = cache_length(max_seq_len, manifest.max_positions, "this export's RoPE range")
+        self.context_limit = manifest.max_positions
         self.vocab_size = self.config.vocab_size
         self._np_dtype = {"float32": np.float32, "float16": np.float16}[self.dtype]
         opts = ort.SessionOptions()
@@ -78,8 +82,10 @@ class OrtBackend(Backend):
         opts.log_severity_level = 3
         if manifest.options.get("kernels") == "llgraph":
             _register_kernels(opts, folder)
-        self.session = ort.InferenceSession(str(folder / (model_file or manifest.model)), opts,
-                                            providers=["CPUExecutionProvider"])
+        own = manifest.options.get("kernels") == "llgraph" and self.dtype == "float32"
+        self.kv = kv_format(kv_cache or (CPU_DEFAULT if own else self.dtype))
+        model = _model_with_cache(folder / (model_file or manifest.model), self.kv, manifest, opts)
+        self.session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
         self._ort, self._batch, self._binding = ort, None, None
         self._keeps = any(i.name == KEEP_INPUT for i in self.session.get_overridable_initializers())
         outputs = {o.name for o in self.session.get_outputs()}
@@ -90,7 +96,9 @@ class OrtBackend(Backend):
             return  # stale slots from an earlier request are finite and masked out
         self._binding = self.session.io_binding()
         # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
-        self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, self._np_dtype))
+        dtype = self._np_dtype if self.kv.dtype == self.dtype else np.dtype(self.kv.dtype)
+        self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, dtype),
+                                 self.kv.row(self.config.head_dim))
         self._batch, self._rows = batch, None
         self._bind_cache(slice(0, batch))
 
@@ -152,6 +160,24 @@ class OrtBackend(Backend):
         return values
 
 
+def _model_with_cache(path: Path, kv: KvFormat, manifest: Manifest, opts) -> str | bytes:
+    """The graph to open: the file as exported (its cache float), or its bytes with the cache inputs and outputs
+    retyped to format `kv` (llgraph/kv_cache.py; the weights are read from the folder as they are)."""
+    if kv.dtype == manifest.dtype:
+        return str(path)
+    if manifest.options.get("kernels") != "llgraph" or manifest.dtype != "float32":
+        raise LlgraphError(f"--kv-cache {kv.name} runs on llgraph's CPU kernels over a float32 export; "
+                           f"{path.parent} is a {manifest.dtype} export on "
+                           f"{manifest.options.get('kernels') or 'standard'} kernels: use --kv-cache "
+                           f"{kv_format(manifest.dtype).name}, or re-export with --kernels llgraph --dtype fp32")
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    retype(model, kv, cache_pairs(manifest.config), manifest.config.head_dim)
+    opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+    return model.SerializeToString()
+
+
 def _register_kernels(opts, folder: Path) -> None:
     """llgraph's CPU kernels, from the copy export put in the folder; one line when they cannot load."""
     library = folder / cpu.LIBRARY
@@ -172,8 +198,9 @@ def _register_kernels(opts, folder: Path) -> None:
 class ORTRunner(Runner):
     """ONNX Runtime on an `llgraph export` folder (any target)."""
 
-    def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None):
-        backend = OrtBackend(folder, max_seq_len, threads)
+    def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None,
+                 kv_cache: str | None = None):
+        backend = OrtBackend(folder, max_seq_len, threads, kv_cache=kv_cache)
         target = Manifest.read(Path(folder)).target
         if target != "ort" and target not in _SAID:  # it runs, but a user comparing speeds should know
             _SAID.add(target)
@@ -206,7 +233,7 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
             v = graph.values[name]
             model.graph.output.append(onnx.helper.make_tensor_value_info(name, ONNX_DTYPES[v.dtype], None))
     onnx.save(model, str(folder / TAPPED))
-    backend = OrtBackend(folder, max_seq, model_file=TAPPED)
+    backend = OrtBackend(folder, max_seq, model_file=TAPPED, kv_cache=dtype)  # the float cache torch's side keeps
 
     def stepper():
         fresh = [True]
@@ -225,7 +252,7 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
 def _open(path: Path, options: RunOptions) -> ORTRunner:
     """An export folder as it is; a checkpoint exported once into the cache (runtime/cache.py), then run."""
     if Manifest.find(path) is not None:
-        return ORTRunner(path, options.max_seq_len, options.threads)
+        return ORTRunner(path, options.max_seq_len, options.threads, options.kv_cache)
     from llgraph.checkpoint import load_config
     from llgraph.export import export_model, resolve_kernels
     from llgraph.runtime.backends.cache import cache_dir, entry_for, heal
@@ -238,7 +265,7 @@ def _open(path: Path, options: RunOptions) -> ORTRunner:
         print(f"exporting {path.name} for ONNX Runtime into {folder} ({why}; `llgraph cache list` shows it)",
               file=sys.stderr)
         export_model(path, checkpoint=path, out=folder, target="ort", weights=weights, force=True, progress=True)
-    return ORTRunner(folder, options.max_seq_len, options.threads)
+    return ORTRunner(folder, options.max_seq_len, options.threads, options.kv_cache)
 
 
 def _side(target: str):
@@ -246,4 +273,4 @@ def _side(target: str):
 
 
 BACKEND = BackendSpec("ort", _open, {"ort": _side("ort"), "onnx": _side("onnx")}, bf16=False, accuracy_level=True,
-                      kernels=True, share_threads=share_threads)
+                      kernels=True, share_threads=share_threads, kv_formats=tuple(FORMATS))

@@ -20,6 +20,7 @@ from llgraph.errors import LlgraphError
 from llgraph.executor import TORCH_DTYPES, TorchExecutor, ids_tensor
 from llgraph.export_folder import Manifest
 from llgraph.ir import Graph
+from llgraph.kv_cache import FORMATS, kv_format
 from llgraph.passes import HIDDEN, KEEP_INPUT, expose_hidden, keep_last_positions, model_graph
 from llgraph.runtime.backends import BackendSpec, RunOptions
 from llgraph.runtime.engine.backend import Backend, cache_length
@@ -32,13 +33,16 @@ from llgraph.weights import WeightSource
 class TorchBackend(Backend):
     def __init__(self, config: LlamaConfig, source: WeightSource, max_seq_len: int | None = None,
                  dtype: str = "float32", device: str = "cpu", progress: bool = False, graph: Graph | None = None,
-                 limit: int | None = None):
+                 limit: int | None = None, kv_cache: str | None = None):
         """`limit`: the longest cache allowed (default the model's context; the executor computes RoPE at any
-        position, and a diff side matches an export's range)."""
+        position, and a diff side matches an export's range); `kv_cache`: the cache's format (llgraph/kv_cache.py;
+        default `dtype`'s floats), which `graph`'s cache inputs must declare."""
         self.config, self.dtype, self.device = config, dtype, device
-        self.max_seq_len = cache_length(max_seq_len, limit or config.max_position_embeddings, "the model's context")
+        self.kv = kv_format(kv_cache or dtype)
+        self.context_limit = limit or config.max_position_embeddings
+        self.max_seq_len = cache_length(max_seq_len, self.context_limit, "the model's context")
         self.vocab_size = config.vocab_size
-        self.executor = TorchExecutor(graph or model_graph(config, dtype), source, device, progress)
+        self.executor = TorchExecutor(graph or model_graph(config, dtype, kv=kv_cache), source, device, progress)
         self._batch, self._cache = None, {}
         self._keeps = any(v.name == KEEP_INPUT for v in self.executor.graph.inputs)
 
@@ -47,7 +51,8 @@ class TorchBackend(Backend):
         if batch == self._batch and not zeroed:
             return
         self._cache = new_cache(self.config, batch, self.max_seq_len,
-                                lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype], device=self.device))
+                                lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.kv.dtype], device=self.device),
+                                self.kv.row(self.config.head_dim))
         self._batch = batch
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
@@ -84,15 +89,17 @@ class TorchRunner(Runner):
     """The PyTorch executor on a checkpoint (HF folder, .safetensors, .gguf, or 'smollm2')."""
 
     def __init__(self, checkpoint, config=None, max_seq_len: int | None = None, dtype: str = "float32",
-                 device: str = "cpu", progress: bool = False, weights: Weights | None = None):
+                 device: str = "cpu", progress: bool = False, weights: Weights | None = None,
+                 kv_cache: str | None = None):
         """`weights`: the RTN rounding an int4/int8 export carries, computed dequantized (its dtype: `dtype`)."""
         weights = (weights or Weights()).replace(dtype=dtype, accuracy_level=None, kernels="standard")
         if not weights.rounds:  # the executor reads a GGUF's blocks dequantized, whatever their type
             weights = weights.replace(dequantize=True)
         model = open_model(config, checkpoint, weights)
         # the head on the positions a step samples from (a prompt's logits are not computed, nor copied off a GPU)
-        graph = keep_last_positions(expose_hidden(model_graph(model.config, weights.dtype)))
-        backend = TorchBackend(model.config, model.source, max_seq_len, weights.dtype, device, progress, graph)
+        graph = keep_last_positions(expose_hidden(model_graph(model.config, weights.dtype, kv=kv_cache)))
+        backend = TorchBackend(model.config, model.source, max_seq_len, weights.dtype, device, progress, graph,
+                               kv_cache=kv_cache)
         super().__init__(backend, Tokenizer.find(model.checkpoint), model.config.eos_token_ids)
 
 
@@ -121,8 +128,9 @@ def _open(path: Path, options: RunOptions) -> TorchRunner:
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     return TorchRunner(path, max_seq_len=options.max_seq_len, dtype=options.weights.dtype, progress=True,
-                       weights=options.weights)
+                       weights=options.weights, kv_cache=options.kv_cache)
 
 
+# accuracy_level and kernels: accepted and ignored (the executor is exact anyway)
 BACKEND = BackendSpec("torch", _open, {"torch": lambda r: torch_side(r.config, r.source, r.dtype, r.max_seq)},
-                      bf16=True, accuracy_level=True, kernels=True)  # exact anyway: both are accepted and ignored
+                      bf16=True, accuracy_level=True, kernels=True, kv_formats=tuple(FORMATS))

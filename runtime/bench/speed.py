@@ -4,13 +4,15 @@ backend, the weight bytes a decode step reads and the bandwidth that implies bes
 machine's load.
 
     llgraph bench MODEL [--backend ort|torch] [-p 512] [-n 128] [-d 0] [--repeats 3] [--threads N]
-                        [--peer 'llama-bench=PATH [FLAGS]'] [--peer transformers] [--device cuda] [--dtype D]
+                        [--kv-cache f32,f16,int8] [--peer 'llama-bench=PATH [FLAGS]'] [--peer transformers]
+                        [--device cuda] [--dtype D]
 
 MODEL is what `llgraph generate` takes (an export folder, a checkpoint such as a GGUF, 'smollm2'), or, for --backend
 torch, a config preset (`llama-3.2-1b`, `8b`, ...) on seeded random weights: speed does not depend on the values.
 pp: one forward of `-p` random prompt tokens into an empty cache (tok/s = p / its time); tg: `-n` one-token steps
 into an empty cache, or after `-d` tokens of context (tok/s = n / their time) — llama-bench's definitions, with no
-sampling or text. The engines run in turn `--repeats` times (so drift in the machine's speed hits each alike), each
+sampling or text. `--kv-cache` names the KV cache format(s): one llgraph row each (default: the backend's).
+The engines run in turn `--repeats` times (so drift in the machine's speed hits each alike), each
 figure the best of its runs, after a warm-up run. Peers: `llama-bench=PATH` runs
 llama.cpp's (or ik_llama.cpp's) llama-bench on the same GGUF with the same -p/-n/-d/-t; `transformers` times HF
 transformers' LlamaForCausalLM of the same config (random weights, same dtype and device).
@@ -28,6 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from llgraph.errors import LlgraphError
+
+DEPTH_CHUNK = 2048  # tg's context (-d) is written this many tokens a forward
 
 
 class Timed:
@@ -54,8 +58,9 @@ class Timed:
             times["pp"] = time.perf_counter() - t0
         if self.n:
             self.allocate()
-            if self.depth:
-                self.forward(self.prompt[:, :self.depth], np.arange(self.depth, dtype=np.int64)[None])
+            for start in range(0, self.depth, DEPTH_CHUNK):  # the context, a chunk at a time (bounded activations)
+                end = min(self.depth, start + DEPTH_CHUNK)
+                self.forward(self.prompt[:, start:end], np.arange(start, end, dtype=np.int64)[None])
             self.sync()
             t0 = time.perf_counter()
             for i in range(self.n):
@@ -101,21 +106,21 @@ def onnx_bytes_per_token(folder: Path) -> int:
     return sum(v for k, v in sizes.items() if k in read or k not in gathered)
 
 
-def llgraph_engine(args) -> tuple[Timed, int | None, str, dict]:
+def llgraph_engine(args, kv_cache: str | None = None) -> tuple[Timed, int | None, str, dict]:
     """(its timer, weight bytes a decode step reads or None, a description, extras) of MODEL on llgraph's
-    --backend."""
+    --backend, its KV cache in format `kv_cache` (None: the backend's default)."""
     from llgraph.runtime.backends import open_runner
 
     start = time.perf_counter()
     if args.backend == "torch":
-        runner, sync = _torch_runner(args)
+        runner, sync = _torch_runner(args, kv_cache)
         b = runner.backend
         weight_bytes = _read_per_token({k: v.numel() * v.element_size() for k, v in b.executor.params.items()},
                                        b.config.tie_word_embeddings)
         allocate = lambda: b.allocate(1, zeroed=True)  # noqa: E731
     else:
         runner = open_runner(args.model, args.backend, max_seq_len=max(args.p, args.depth + args.n) + 1,
-                             threads=args.threads)
+                             threads=args.threads, kv_cache=kv_cache)
         b, sync = runner.backend, (lambda: None)
         weight_bytes = onnx_bytes_per_token(Path(b.folder)) if hasattr(b, "folder") else None
         allocate = lambda: b.allocate(1)  # noqa: E731
@@ -123,10 +128,11 @@ def llgraph_engine(args) -> tuple[Timed, int | None, str, dict]:
     timed = Timed(lambda ids, pos: b.forward(ids, pos, keep=1), allocate, b.vocab_size, args.p, args.n, sync,
                   args.depth)
     device = f" on {args.device}" if args.backend == "torch" else ""
-    return timed, weight_bytes, f"llgraph {args.backend}{device}", {"load s": f"{opened:.2f}"}
+    kv = f", KV {b.kv_format().name}" if kv_cache or args.depth else ""
+    return timed, weight_bytes, f"llgraph {args.backend}{device}{kv}", {"load s": f"{opened:.2f}"}
 
 
-def _torch_runner(args):
+def _torch_runner(args, kv_cache):
     import torch
 
     from llgraph.bundled import resolve
@@ -138,7 +144,7 @@ def _torch_runner(args):
     preset = not Path(resolve(args.model)).exists() and _preset_path(args.model).exists()
     runner = TorchRunner(None if preset else args.model, config=args.model if preset else None,
                          max_seq_len=max(args.p, args.depth + args.n) + 1, dtype=args.dtype, device=args.device,
-                         progress=True)
+                         progress=True, kv_cache=kv_cache)
     return runner, torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
 
@@ -227,6 +233,7 @@ def main(argv=None) -> None:
     p.add_argument("-d", "--depth", type=int, default=0, help="tokens of context before tg's steps (llama-bench's -d)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: every core)")
+    p.add_argument("--kv-cache", help="llgraph's KV cache format, or several (f32,f16,int8: a row each)")
     p.add_argument("--peer", action="append", default=[],
                    help="'llama-bench=PATH [FLAGS]' (a llama-bench binary on the same GGUF, with its own flags, e.g. "
                         "'-rtr 1') or transformers; repeatable")
@@ -236,7 +243,7 @@ def main(argv=None) -> None:
 
     threads = args.threads or __import__("os").cpu_count()
     bandwidth = read_bandwidth(threads)
-    engines = [llgraph_engine(args)]
+    engines = [llgraph_engine(args, kv) for kv in (args.kv_cache.split(",") if args.kv_cache else [None])]
     for peer in args.peer:
         if peer == "transformers":
             engines.append(transformers_engine(args, load_config(args.model)))

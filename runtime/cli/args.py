@@ -77,6 +77,10 @@ def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_
     p.add_argument("--cache-dir", help=CACHE_HELP)
     p.add_argument("--threads", type=int, help="CPU threads: ONNX Runtime's intra-op threads, which llgraph's "
                    "kernels run on (default: every core), or torch's for --backend torch")
+    p.add_argument("--kv-cache", type=_kv_cache, metavar="f32|f16|int8",
+                   help="the KV cache's format: f16 (half f32's bytes; the default on llgraph's CPU kernels), "
+                        "int8 (a float32 scale per position and head: 0.27 of f32's bytes, for long contexts and "
+                        "many slots), or f32 (exact; torch's default); a TensorRT engine keeps its own floats")
     add_weight_flags(p, "a checkpoint's ")
 
 
@@ -101,6 +105,15 @@ def add_draft_max(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-max", type=_draft_max, default=MAX_DRAFT, metavar="N",
                    help=f"the most tokens speculation drafts a step; the draft length adapts below it (default "
                         f"{MAX_DRAFT})")
+
+
+def _kv_cache(value: str) -> str:
+    from llgraph.kv_cache import kv_format
+
+    try:
+        return kv_format(value).name
+    except LlgraphError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _draft_max(value: str) -> int:
@@ -132,7 +145,8 @@ def runner_of(args, backend: str | None = None):
     from llgraph.runtime.backends import open_runner
 
     return open_runner(args.model, backend or args.backend, max_seq_len=args.max_seq_len, cache_dir=args.cache_dir,
-                       tensorrt=args.tensorrt, weights=weights_of(args), threads=args.threads)
+                       tensorrt=args.tensorrt, weights=weights_of(args), threads=args.threads,
+                       kv_cache=args.kv_cache)
 
 
 def fetch_hub_models(args) -> None:
@@ -330,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--output", help="also write the numbers to this JSON file")
     v.set_defaults(func="eval")
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (llgraph[serve])")
-    add_runner_flags(s, "the runner (default ort)", "KV-cache length per slot (default min(2048, the model's))")
+    add_runner_flags(s, "the runner (default ort)", "KV-cache length per slot (default: planned, the longest whose "
+                     "caches for every slot fit 60%% of the memory free after loading, up to the model's context)")
     s.add_argument("--name", help="the model id clients send (default: MODEL's file or folder name)")
     s.add_argument("--slots", type=int, default=8, help="requests decoded together: cache rows (default 8)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429 (default 64)")

@@ -27,6 +27,7 @@ USER_ERRORS = (LlgraphError, FileNotFoundError, PermissionError)
 
 def cmd_inspect(args) -> None:
     from llgraph.builder import build_graph
+    from llgraph.kv_cache import FORMATS
     from llgraph.passes import DEFAULT_PASSES, run_passes
 
     if (args.model is None) == (args.config is None):
@@ -51,9 +52,9 @@ def cmd_inspect(args) -> None:
           f"QK-norm {cfg.qk_norm}, MLP {'SwiGLU' if cfg.mlp_activation == 'silu' else 'GeGLU'}, "
           f"soft-capping {caps}, embedding scale {cfg.embedding_scale:g}")
     print(f"parameters: {graph.param_count():,}")
-    for dtype, nbytes in (("float16", 2), ("float32", 4)):
-        per_token = cfg.kv_cache_bytes_per_token(nbytes)
-        print(f"KV cache ({dtype}): {per_token:,} bytes/token, "
+    for kv in FORMATS.values():
+        per_token = kv.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        print(f"KV cache ({kv.name}): {per_token:,} bytes/token, "
               f"{per_token * cfg.max_position_embeddings / 2**30:.2f} GiB at {cfg.max_position_embeddings} tokens")
     print(f"ops ({len(graph.nodes)} nodes):")
     for op, n in sorted(graph.op_counts().items()):
@@ -96,7 +97,8 @@ def cmd_serve(args) -> int:
                            cache_dir=args.cache_dir, tensorrt=args.tensorrt, weights=weights,
                            max_request_bytes=args.max_request_bytes, threads=args.threads,
                            speculative="draft" if draft else args.speculative, draft_max=args.draft_max, draft=draft,
-                           api_key=api_key(args.api_key), pooling=args.pooling, prefill_chunk=args.prefill_chunk)
+                           api_key=api_key(args.api_key), pooling=args.pooling, prefill_chunk=args.prefill_chunk,
+                           kv_cache=args.kv_cache)
     if args.ray:
         serve_on_ray(options, args.replicas, host=args.host, port=args.port, address=args.ray_address)
     else:
@@ -198,6 +200,7 @@ def format_stats(s: dict) -> str:
 
 
 def cmd_eval(args) -> int:
+    from llgraph.runtime.backends import backend as backend_spec
     from llgraph.runtime.eval import evaluate
 
     if args.batch_size < 1:
@@ -207,9 +210,12 @@ def cmd_eval(args) -> int:
     path = args.data or (MC_BASICS if args.task == "mc" else PASSAGE)
     data = evaluate.load_mc(path) if args.task == "mc" else evaluate.load_text(path)  # before loading
     backends = [args.backend] + ([args.compare] if args.compare else [])
-    results = {}
+    results, kv = {}, args.kv_cache
     for backend in backends:
         runner = runner_of(args, backend)
+        # a comparison keeps its caches in one format, the first backend's, where the second keeps that format
+        kv = kv or runner.backend.kv_format().name
+        args.kv_cache = kv if kv in backend_spec(args.compare or backend).kv_formats else args.kv_cache
         if args.task == "mc":
             results[backend] = evaluate.evaluate_mc(runner, data, args.batch_size, progress=True)
         else:

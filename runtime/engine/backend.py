@@ -32,6 +32,9 @@ class Backend:
     # whether one forward may run several rows of more than one token after a cached prefix (speculative
     # verification); ONNX Runtime's GroupQueryAttention takes only one such row (runtime/ort.py sets False)
     multi_token_rows: bool = True
+    # the longest cache this backend could hold (before allocate: max_seq_len may be planned up to it); None: its
+    # cache length is fixed (a TensorRT engine's)
+    context_limit: int | None = None
 
     def allocate(self, batch: int) -> None:
         raise NotImplementedError
@@ -53,11 +56,18 @@ class Backend:
         raise RequestError("this backend's graph has no hidden_states output, so it cannot embed; use --backend ort "
                            "(an export of llgraph 0.8 or later) or torch")
 
+    def kv_format(self):
+        """The cache's format (llgraph/kv_cache.py): the backend's `kv`, else its dtype's floats."""
+        from llgraph.kv_cache import of_dtype
+
+        return getattr(self, "kv", None) or of_dtype(str(getattr(self, "dtype", "float32")))
+
     def kv_bytes_per_token(self) -> int:
         """The cache's bytes for one position of one row (keys and values of every layer; 0 where unknown)."""
         cfg = getattr(self, "config", None)
-        nbytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(getattr(self, "dtype", "float32")), 4)
-        return cfg.kv_cache_bytes_per_token(nbytes) if cfg is not None else 0
+        if cfg is None:
+            return 0
+        return self.kv_format().bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
         """Copies cache positions 0..length-1 of row `src` into row `dst` (the scheduler's prefix reuse); False where

@@ -54,19 +54,19 @@ class LlgraphLM(TemplateLM):
     def __init__(self, model: str = "smollm2", backend: str = "ort", max_seq_len: int | None = None,
                  dtype: str = "fp32", quantize: str | None = None, block_size: int = 32, symmetric=False,
                  dequantize=False, accuracy_level=None, lm_head=None, kernels="auto", cache_dir: str | None = None,
-                 tensorrt: str = "auto", max_gen_toks: int = 256,
+                 tensorrt: str = "auto", max_gen_toks: int = 256, kv_cache: str | None = None,
                  batch_size=8, max_batch_size=None, device=None, **unused):
         super().__init__()
         if unused:
             raise LlgraphError(f"unknown model_args {sorted(unused)}; llgraph takes model, backend, max_seq_len, "
                                "dtype, quantize, block_size, symmetric, dequantize, accuracy_level, lm_head, "
-                               "kernels, cache_dir, tensorrt, max_gen_toks")
+                               "kernels, cache_dir, tensorrt, max_gen_toks, kv_cache")
         weights = Weights(str(dtype), quantize or None, int(block_size),
                           _flag(symmetric), _flag(dequantize),
                           None if accuracy_level in (None, "") else int(accuracy_level), lm_head or None,
                           str(kernels))
         self.runner = open_runner(str(model), backend, max_seq_len=int(max_seq_len) if max_seq_len else None,
-                                  cache_dir=cache_dir, tensorrt=tensorrt, weights=weights)
+                                  cache_dir=cache_dir, tensorrt=tensorrt, weights=weights, kv_cache=kv_cache)
         if self.runner.tokenizer is None:
             raise LlgraphError(f"{model} has no tokenizer; lm-eval tasks are texts, so give a model with one")
         self.tok = self.runner.tokenizer

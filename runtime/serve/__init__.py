@@ -3,11 +3,13 @@
     llgraph serve MODEL [--backend ort|torch|trt] [--slots 8] [--max-queue 64] [--host 127.0.0.1] [--port 8000]
                         [--grace 10] [--timeout S] [--max-request-bytes 8388608] [--speculative off|ngram|draft=MODEL]
                         [--draft-max 8] [--threads N] [--api-key KEY] [--ray --replicas N [--ray-address auto]]
+                        [--kv-cache f16|int8|f32] [--max-seq-len T (default: planned from the free memory)]
 
 Rooms: `app.py` builds the FastAPI app and its routes (/v1/models, /v1/completions, /v1/chat/completions,
 /tokenize, /detokenize, /tokenizer_info, /health, /metrics), `completions.py` answers completions and chat (whole
 or as server-sent events in OpenAI's chunk format), `request.py` parses and checks each field, `access.py` decides
-who may drive it (the API key, JSON bodies only), `run.py` listens, drains on SIGTERM, or runs Ray Serve replicas.
+who may drive it (the API key, JSON bodies only), `plan.py` sizes each slot's context from the free memory,
+`run.py` listens, drains on SIGTERM, or runs Ray Serve replicas.
 May import the engine and the backends rooms.
 
 What clients send works as they expect: `prompt` as a string, strings, token ids or lists of them; `n` (choice

@@ -64,6 +64,7 @@ class ServeOptions:
     api_key: str | None = None  # every /v1/* route wants `Authorization: Bearer api_key` (access.py); None: open
     pooling: str = "last"  # /v1/embeddings' pooling of the last hidden states: "last" token or "mean"
     prefill_chunk: int = 256  # a longer prompt is written this many tokens between two decode steps (0: whole)
+    kv_cache: str | None = None  # the KV cache's format (llgraph/kv_cache.py); None: the backend's default
 
     @property
     def served_name(self) -> str:
@@ -139,15 +140,17 @@ def ids_json(ids: list[int], step: int = 50_000) -> str:
 def load_runners(options: ServeOptions) -> tuple:
     """(the runner, its draft model's runner or None); a draft of another vocabulary is one line (RequestError)."""
     from llgraph.runtime.backends import open_draft, open_runner, share_threads_with_a_draft
+    from llgraph.runtime.serve.plan import plan
 
     if options.draft is not None:
         share_threads_with_a_draft(options.backend, options.threads)
     runner = open_runner(options.model, options.backend, max_seq_len=options.max_seq_len,
                          cache_dir=options.cache_dir, tensorrt=options.tensorrt, weights=options.weights,
-                         threads=options.threads)
+                         threads=options.threads, kv_cache=options.kv_cache)
     draft = None if options.draft is None else open_draft(options.draft, runner, options.backend,
                                                           cache_dir=options.cache_dir, tensorrt=options.tensorrt,
                                                           threads=options.threads)
+    plan([r.backend for r in (runner, draft) if r is not None], options.slots, options.max_seq_len)
     return runner, draft
 
 

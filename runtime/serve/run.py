@@ -11,6 +11,7 @@ import threading
 from llgraph.runtime.engine.sampling import RequestError
 from llgraph.runtime.serve.access import warning
 from llgraph.runtime.serve.app import ServeOptions, create_app, load_runners
+from llgraph.runtime.serve.plan import memory
 
 
 def _check_port(host: str, port: int) -> None:
@@ -121,15 +122,6 @@ def wait_for_interrupt(ready=lambda: None, tick: float = 0.5) -> None:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-def memory(backend, slots: int) -> str:
-    """', N slots x T tokens (KV cache X GB dtype)': what the server holds for its slots, said at startup."""
-    per_token = backend.kv_bytes_per_token()
-    if not per_token:
-        return ""
-    return (f" x {backend.max_seq_len} tokens (KV cache {per_token * slots * backend.max_seq_len / 1e9:.2f} GB "
-            f"{getattr(backend, 'dtype', '')})")
 
 
 def _announce(options: ServeOptions, url: str, extra: str = "") -> None:

@@ -129,7 +129,7 @@ def test_smollm2_eval_equals_transformers_on_every_backend(tmp_path, smollm2_exp
     want_nll = -logp[:-1].gather(-1, torch.tensor(ids[1:])[:, None]).sum().item()
     assert len(ids) < 256  # one window: the runners' cache holds the whole text
     runners = {"torch": TorchRunner("smollm2", max_seq_len=256),
-               "ort int4": ORTRunner(smollm2_export("ort", quantized=True), max_seq_len=256),
+               "ort int4": ORTRunner(smollm2_export("ort", quantized=True), max_seq_len=256, kv_cache="f32"),
                "ort": ORTRunner(smollm2_export("ort"), max_seq_len=256),
                "onnx": ORTRunner(smollm2_export("onnx"), max_seq_len=256),
                "trt": ORTRunner(smollm2_export("trt"), max_seq_len=256)}
@@ -152,7 +152,7 @@ def test_eval_cli_compares_two_backends_and_writes_json(tmp_path):
     # accuracy level 0) and torch
     r = llgraph("eval", "smollm2", "--task", "mc", "--data", "items.jsonl", "--compare", "torch", "--output",
                 "out.json", "--max-seq-len", "128", "--quantize", "int8", "--symmetric", "--accuracy-level", "0",
-                cwd=tmp_path)
+                "--kv-cache", "f32", cwd=tmp_path)  # exact throughout: the comparison is of the weights' paths
     print(r.stdout)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "acc_norm" in r.stdout and "largest:" in r.stdout and "scoring" in r.stderr  # the progress bar
@@ -168,7 +168,8 @@ def test_eval_has_built_in_tasks_a_new_user_can_run(tmp_path):
     """`llgraph eval smollm2 --task mc` with no --data: llgraph's own 20 items (one with an empty context, which
     lm-eval accepts), ONNX Runtime against the PyTorch executor item by item; perplexity on the bundled passage."""
     assert len(MC_BASICS.read_text().splitlines()) == 20
-    r = llgraph("eval", "smollm2", "--task", "mc", "--compare", "torch", "--cache-dir", "cache", cwd=tmp_path)
+    r = llgraph("eval", "smollm2", "--task", "mc", "--compare", "torch", "--cache-dir", "cache", "--kv-cache", "f32",
+                cwd=tmp_path)
     print(r.stdout[-600:])
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("ort ", "torch "))]

@@ -11,9 +11,8 @@ from test_cpu_kernels import library  # noqa: F401 (fixture)
 
 from llgraph.plugins import cpu
 
-# argv: the library; prints the instruction set it ran and, per case, the worst |difference| of (out, present_k,
-# present_v) relative to max |reference|
-PROBE = r'''
+# the schema's definition in float64: the step's rows written (`write`), then each query attending (`attend`)
+REFERENCE = r'''
 import ctypes, sys
 import numpy as np, onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
@@ -26,11 +25,11 @@ def rotate(x, cos, sin, interleaved):
     return np.stack([ra, rb], -1).reshape(x.shape) if interleaved else np.concatenate([ra, rb], -1)
 
 
-def reference(qkv, past_k, past_v, pos, cos, sin, H, KV, scale, window, softcap, interleaved):
+def write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved):
+    """The caches (float64) with the step's keys (rotated) and values at their positions."""
     B, S, _ = qkv.shape
-    D = past_k.shape[-1]
+    D = qkv.shape[-1] // (H + 2 * KV)
     k, v = past_k.astype(np.float64), past_v.astype(np.float64)
-    q = qkv[..., :H * D].reshape(B, S, H, D).astype(np.float64)
     new_k = qkv[..., H * D:(H + KV) * D].reshape(B, S, KV, D)
     new_v = qkv[..., (H + KV) * D:].reshape(B, S, KV, D)
     for b in range(B):
@@ -38,6 +37,18 @@ def reference(qkv, past_k, past_v, pos, cos, sin, H, KV, scale, window, softcap,
             at = pos[b, s]
             k[b, :, at] = rotate(new_k[b, s].astype(np.float64), cos[at], sin[at], interleaved)
             v[b, :, at] = new_v[b, s]
+    return k, v
+
+
+def reference(qkv, past_k, past_v, pos, cos, sin, H, KV, scale, window, softcap, interleaved):
+    k, v = write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved)
+    return attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved), k, v
+
+
+def attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved):
+    B, S, _ = qkv.shape
+    D = k.shape[-1]
+    q = qkv[..., :H * D].reshape(B, S, H, D).astype(np.float64)
     out = np.zeros((B, S, H * D))
     for b in range(B):
         for s in range(S):
@@ -51,9 +62,34 @@ def reference(qkv, past_k, past_v, pos, cos, sin, H, KV, scale, window, softcap,
                     scores = softcap * np.tanh(scores / softcap)
                 w = np.exp(scores - scores.max())
                 out[b, s, h * D:(h + 1) * D] = (w / w.sum()) @ v[b, g, lo:at + 1]
-    return out, k, v
+    return out
 
 
+def node_model(H, KV, scale, window, softcap, interleaved, inputs, cos, sin):
+    """One GroupedAttention node; `inputs`: (name, onnx type, shape) of qkv, past_k, past_v, pos."""
+    node = helper.make_node("GroupedAttention", ["qkv", "past_k", "past_v", "pos", "cos", "sin"], ["out", "k", "v"],
+                            domain="llgraph", num_heads=H, num_kv_heads=KV, scale=float(scale), window=window,
+                            softcap=softcap, rotary_interleaved=interleaved)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(*i) for i in inputs],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None),
+         *(helper.make_tensor_value_info(n, inputs[1][1], None) for n in ("k", "v"))],
+        [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(lib)
+    return ort.InferenceSession(model.SerializeToString(), opts)
+
+
+def tables(P, D):
+    angles = np.arange(P)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+'''
+
+# argv: the library; prints the instruction set it ran and, per case, the worst |difference| of (out, present_k,
+# present_v) relative to max |reference|
+PROBE = r'''
 isa = ctypes.CDLL(lib).llgraph_cpu_isa
 isa.restype = ctypes.c_char_p
 print(isa().decode())
@@ -67,24 +103,12 @@ for H, KV, D, positions, window, softcap, interleaved in cases:
     B, S, T, P = *pos.shape, 48, 64
     qkv = rng.standard_normal((B, S, (H + 2 * KV) * D)).astype(np.float32)
     past_k, past_v = (rng.standard_normal((B, KV, T, D)).astype(np.float32) for _ in range(2))  # noise in every slot
-    angles = np.arange(P)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None]
-    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = tables(P, D)
     scale = 1 / np.sqrt(D)
-    node = helper.make_node("GroupedAttention", ["qkv", "past_k", "past_v", "pos", "cos", "sin"], ["out", "k", "v"],
-                            domain="llgraph", num_heads=H, num_kv_heads=KV, scale=float(scale), window=window,
-                            softcap=softcap, rotary_interleaved=interleaved)
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("qkv", f, list(qkv.shape)),
-                      helper.make_tensor_value_info("past_k", f, list(past_k.shape)),
-                      helper.make_tensor_value_info("past_v", f, list(past_v.shape)),
-                      helper.make_tensor_value_info("pos", TensorProto.INT64, list(pos.shape))],
-        [helper.make_tensor_value_info(n, f, None) for n in ("out", "k", "v")],
-        [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
-    opts = ort.SessionOptions()
-    opts.register_custom_ops_library(lib)
-    got = ort.InferenceSession(model.SerializeToString(), opts).run(
-        None, {"qkv": qkv, "past_k": past_k, "past_v": past_v, "pos": pos})
+    session = node_model(H, KV, scale, window, softcap, interleaved,
+                         [("qkv", f, qkv.shape), ("past_k", f, past_k.shape), ("past_v", f, past_v.shape),
+                          ("pos", TensorProto.INT64, pos.shape)], cos, sin)
+    got = session.run(None, {"qkv": qkv, "past_k": past_k, "past_v": past_v, "pos": pos})
     want = reference(qkv, past_k, past_v, pos, cos.astype(np.float64), sin.astype(np.float64), H, KV, scale, window,
                      softcap, interleaved)
     print(max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want)))
@@ -96,7 +120,7 @@ def test_grouped_attention_equals_float64_on_every_path(library, isa, report):  
     """Rows of 1 to 5 queries at their own positions (a prefill, decode steps, a verify), 1 to 3 query heads per
     kv head, windows that cut and softcaps that bite, half and interleaved rotary; the returned caches hold the
     step's keys (rotated) and values at their positions and the noise everywhere else, as passed."""
-    r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", REFERENCE + PROBE, str(library)], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa}, check=True)
     ran, *worst = r.stdout.split()
     if ran != isa:

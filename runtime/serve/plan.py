@@ -1,0 +1,73 @@
+"""The server's KV memory, planned at startup rather than discovered when the slots fill: without --max-seq-len, each
+slot's context is the longest that lets every slot's cache fit a share of the memory free once the model is loaded
+(up to the model's own context); with it, a cache that would not fit is said at startup. The plan is stated in the
+startup line ("8 slots x 16384 tokens (KV cache 8.86 GB int8, planned from 19.4 GB free)") and /metrics shows the
+cache's bytes in use.
+
+The cache is allocated zeroed (calloc: pages are taken as positions are written), so a long context costs memory
+only as requests fill it; the plan makes sure that all slots full still fit.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from llgraph.runtime.engine.sampling import RequestError
+
+KV_SHARE = 0.6  # of the memory free after loading: the rest for activations, logits, the OS and other processes
+STEP = 256  # a planned context is a multiple of this
+
+
+def free_bytes() -> int | None:
+    """The memory the kernel says is available for new allocations (MemAvailable), or None off Linux."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def mapped_weight_bytes(backend) -> int:
+    """An export's weight files (memory-mapped: the page cache holding them counts as available, yet they stay)."""
+    folder = getattr(backend, "folder", None)
+    return sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file()) if folder else 0
+
+
+def plan(backends: list, slots: int, asked: int | None) -> None:
+    """Sets each backend's max_seq_len (a model and its draft model, before their caches are allocated) when `asked`
+    is None and they can choose; the first backend's `kv_plan` says how (memory() adds it to the statement). An
+    asked length whose caches would not fit is a warning."""
+    backend = backends[0]
+    per_token, free = sum(b.kv_bytes_per_token() for b in backends), free_bytes()
+    limits = [getattr(b, "context_limit", None) for b in backends]
+    if not per_token or free is None:
+        return
+    budget = KV_SHARE * max(0, free - sum(mapped_weight_bytes(b) for b in backends))
+    if asked is not None or None in limits:
+        need = slots * backend.max_seq_len * per_token
+        if need > budget:
+            print(f"llgraph serve: warning: {slots} slots x {backend.max_seq_len} tokens need {need / 1e9:.2f} GB of "
+                  f"KV cache, more than {KV_SHARE:.0%} of the {free / 1e9:.1f} GB free; when the slots fill the "
+                  "server may run out of memory (lower --slots or --max-seq-len, or --kv-cache int8)",
+                  file=sys.stderr, flush=True)
+        return
+    tokens = min(*limits, int(budget // (slots * per_token)) // STEP * STEP)
+    if tokens < STEP:
+        raise RequestError(f"{slots} slots of even {STEP} tokens need {slots * STEP * per_token / 1e9:.2f} GB of KV "
+                           f"cache ({backend.kv_format().name}), more than {KV_SHARE:.0%} of the {free / 1e9:.1f} GB "
+                           "free; lower --slots, use --kv-cache int8, or free memory")
+    for b in backends:
+        b.max_seq_len = tokens
+    backend.kv_plan = f", planned from {free / 1e9:.1f} GB free"
+
+
+def memory(backend, slots: int) -> str:
+    """' x T tokens (KV cache X GB format[, planned ...])': what the server holds for its slots, said at startup."""
+    per_token = backend.kv_bytes_per_token()
+    if not per_token:
+        return ""
+    return (f" x {backend.max_seq_len} tokens (KV cache {per_token * slots * backend.max_seq_len / 1e9:.2f} GB "
+            f"{backend.kv_format().name}{getattr(backend, 'kv_plan', '')})")
