@@ -124,6 +124,21 @@ struct BlockFormat {
   int sb_ = 0;
 };
 
+// A QLinear's working buffers (x normed, reordered or quantized, its block sums, the gate and up rows of a swiglu),
+// one set per calling thread, which every node reuses: a node runs whole before the next on that thread, so the
+// process holds the largest node's buffers once, not every node's own (at a 2,048-token prefill of an 8B, 13 GB)
+struct Scratch {
+  std::vector<float> reordered, sums, glu, normed;
+  Int8X int8x;
+  Int8Blocks int8b;
+  Int8K int8k;
+};
+
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
 struct QLinearKernel : BlockFormat {
   QLinearKernel(const OrtApi&, const OrtKernelInfo* info) : BlockFormat(info) {
     Ort::ConstKernelInfo k(info);
@@ -152,6 +167,7 @@ struct QLinearKernel : BlockFormat {
 
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
+    Scratch& s = ThreadScratch();
     const Ort::ConstValue x = ctx.GetInput(0), codes = ctx.GetInput(1);
     const Ort::ConstValue scales = ctx.GetInputCount() > 2 ? ctx.GetInput(2) : Ort::ConstValue{nullptr};
     if ((sb_ == 0) != (static_cast<const OrtValue*>(scales) != nullptr))
@@ -176,13 +192,13 @@ struct QLinearKernel : BlockFormat {
     float* glu = nullptr;
     if (glu_) {  // the gate and up rows land in scratch; the output is their silu(gate) * up
       glu = out;
-      scratch_.resize(static_cast<size_t>(M * N));
-      out = scratch_.data();
+      s.glu.resize(static_cast<size_t>(M * N));
+      out = s.glu.data();
     }
 
     const float* in = x.GetTensorData<float>();
     if (const float* norm = Optional(ctx, 6)) {  // RMSNorm(x) * weight, in float32, as the graph's would
-      normed_.resize(static_cast<size_t>(M * K));
+      s.normed.resize(static_cast<size_t>(M * K));
       for (int64_t m = 0; m < M; ++m) {
         const float* row = in + m * K;
         float part[16] = {};  // 16 running sums, which the compiler keeps in vector registers
@@ -193,9 +209,9 @@ struct QLinearKernel : BlockFormat {
         for (; k < K; ++k) ss += row[k] * row[k];
         for (int l = 0; l < 16; ++l) ss += part[l];
         const float inv = 1.f / std::sqrt(ss / static_cast<float>(K) + eps_);
-        for (int64_t k = 0; k < K; ++k) normed_[m * K + k] = in[m * K + k] * inv * norm[k];
+        for (int64_t k = 0; k < K; ++k) s.normed[m * K + k] = in[m * K + k] * inv * norm[k];
       }
-      in = normed_.data();
+      in = s.normed.data();
     }
     const bool half = Half(scales);
     const Ort::ConstValue mins = ctx.GetInputCount() > 3 ? ctx.GetInput(3) : Ort::ConstValue{nullptr};
@@ -208,26 +224,26 @@ struct QLinearKernel : BlockFormat {
               bits_, zero_point_, 16, g_isa, nullptr, nullptr, centre_, interleave_ != 0 && !int8_, glu, rows_};
     p.sb = sb_;
     if (sb_ != 0 && int8_) {
-      QuantizeK(in, M, K, Pick(&Kernels::quantize, g_isa, int64_t{32}), int8k_);
-      p.int8k = &int8k_;
+      QuantizeK(in, M, K, Pick(&Kernels::quantize, g_isa, int64_t{32}), s.int8k);
+      p.int8k = &s.int8k;
     } else if (sb_ != 0) {  // exact: x as given, its sums per 32
-      Sums(in, M * K / 32, 32);
+      Sums(in, M * K / 32, 32, s);
       p.x = in;
-      p.xsum = sums_.data();
+      p.xsum = s.sums.data();
     } else if (p.groups) {
-      Sums(in, M * nb, block_);
+      Sums(in, M * nb, block_, s);
       p.x = in;
-      p.xsum = sums_.data();
+      p.xsum = s.sums.data();
     } else if (interleave_) {
-      QuantizeBlocks(in, M, K, block_, bits_, centre_, Pick(&Kernels::quantize, g_isa, block_), int8b_);
-      p.int8b = &int8b_;
+      QuantizeBlocks(in, M, K, block_, bits_, centre_, Pick(&Kernels::quantize, g_isa, block_), s.int8b);
+      p.int8b = &s.int8b;
     } else if (int8_) {
-      QuantizeX(in, M, K, block_, bits_, centre_, int8x_);
-      p.int8 = &int8x_;
+      QuantizeX(in, M, K, block_, bits_, centre_, s.int8x);
+      p.int8 = &s.int8x;
     } else {
-      Reorder(in, M * nb);
-      p.x = reordered_.data();
-      p.xsum = sums_.data();
+      Reorder(in, M * nb, s);
+      p.x = s.reordered.data();
+      p.xsum = s.sums.data();
     }
     if (interleave_ && !glu_) p.chunk = 16 * std::max<int64_t>(1, (N + 15) / 16 / kItems);
     const size_t chunks = static_cast<size_t>(glu_ ? N / 32 : (N + p.chunk - 1) / p.chunk);
@@ -240,26 +256,26 @@ struct QLinearKernel : BlockFormat {
   }
 
   // the block sums of x (the interleaved exact kernels read x itself)
-  void Sums(const float* in, int64_t blocks, int64_t width) {
-    sums_.resize(static_cast<size_t>(blocks));
+  void Sums(const float* in, int64_t blocks, int64_t width, Scratch& s) {
+    s.sums.resize(static_cast<size_t>(blocks));
     for (int64_t r = 0; r < blocks; ++r) {
       float sum = 0.f;
       for (int64_t j = 0; j < width; ++j) sum += in[r * width + j];
-      sums_[r] = sum;
+      s.sums[r] = sum;
     }
   }
 
   // x as the exact kernels read it (4-bit: each block's even elements, then its odd ones) and its block sums
-  void Reorder(const float* in, int64_t blocks) {
-    reordered_.resize(static_cast<size_t>(blocks * block_));
-    sums_.resize(static_cast<size_t>(blocks));
+  void Reorder(const float* in, int64_t blocks, Scratch& s) {
+    s.reordered.resize(static_cast<size_t>(blocks * block_));
+    s.sums.resize(static_cast<size_t>(blocks));
     const int64_t half = block_ / 2;
     for (int64_t r = 0; r < blocks; ++r) {
       const float* src = in + r * block_;
-      float* dst = reordered_.data() + r * block_;
+      float* dst = s.reordered.data() + r * block_;
       float sum = 0.f;
       for (int64_t j = 0; j < block_; ++j) sum += src[j];
-      sums_[r] = sum;
+      s.sums[r] = sum;
       if (bits_ == 4) {
         for (int64_t k = 0; k < half; ++k) {
           dst[k] = src[2 * k];
@@ -297,10 +313,6 @@ struct QLinearKernel : BlockFormat {
   int64_t interleave_, rows_, centre_, glu_;
   float eps_;
   bool int8_;
-  std::vector<float> reordered_, sums_, scratch_, normed_;
-  Int8X int8x_;
-  Int8Blocks int8b_;
-  Int8K int8k_;
 };
 
 struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
