@@ -97,10 +97,12 @@ f = TensorProto.FLOAT
 # (H, KV, D, positions per row, window, softcap, interleaved): D 64 takes the vector loops, D 24 their fallback
 cases = [(6, 2, 64, [[5, 6, 7], [2, 3, 4]], 0, 0.0, 0), (6, 2, 64, [[9]], 3, 0.0, 1),
          (4, 4, 24, [[0, 1], [6, 7]], 0, 0.5, 0), (6, 3, 64, [[40], [17]], 5, 0.7, 1),
-         (2, 1, 32, [[3, 4, 5, 6, 7]], 2, 0.0, 0)]
+         (2, 1, 32, [[3, 4, 5, 6, 7]], 2, 0.0, 0), (4, 2, 64, [[150, 151]], 0, 0.0, 0)]  # > 64 rows: blocks
 for H, KV, D, positions, window, softcap, interleaved in cases:
     pos = np.array(positions, np.int64)
-    B, S, T, P = *pos.shape, 48, 64
+    B, S = pos.shape
+    T = max(48, int(pos.max()) + 1)
+    P = T + 16
     qkv = rng.standard_normal((B, S, (H + 2 * KV) * D)).astype(np.float32)
     past_k, past_v = (rng.standard_normal((B, KV, T, D)).astype(np.float32) for _ in range(2))  # noise in every slot
     cos, sin = tables(P, D)
@@ -125,6 +127,6 @@ def test_grouped_attention_equals_float64_on_every_path(library, isa, report):  
     ran, *worst = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
-    assert len(worst) == 5
-    report(f"llgraph GroupedAttention on {ran}, worst of 5 cases, vs float64, relative to max |reference|",
+    assert len(worst) == 6
+    report(f"llgraph GroupedAttention on {ran}, worst of 6 cases, vs float64, relative to max |reference|",
            max(map(float, worst)), 1e-5)

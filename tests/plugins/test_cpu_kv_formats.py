@@ -47,10 +47,12 @@ print(isa().decode())
 onnx_type = TensorProto.FLOAT16 if fmt == "float16" else TensorProto.INT8
 cases = [(6, 2, 64, [[5, 6, 7], [2, 3, 4]], 0, 0.0, 0), (6, 2, 64, [[40]], 3, 0.0, 1),
          (4, 4, 24, [[0, 1], [6, 7]], 0, 0.5, 0), (8, 2, 128, [[33], [17]], 0, 0.0, 1),
-         (2, 1, 32, [[3, 4, 5]], 2, 0, 0)]
+         (2, 1, 32, [[3, 4, 5]], 2, 0, 0), (8, 2, 128, [[140], [70]], 0, 0.0, 0)]  # > 64 rows: several blocks
 for H, KV, D, positions, window, softcap, interleaved in cases:
     pos = np.array(positions, np.int64)
-    B, S, T, P = *pos.shape, 48, 64
+    B, S = pos.shape
+    T = max(48, int(pos.max()) + 1)
+    P = T + 16
     qkv = (rng.standard_normal((B, S, (H + 2 * KV) * D)) * 3).astype(np.float32)
     qkv[..., -D:] *= 1e-4  # a value head of small magnitudes: the format's relative precision, not just absolute
     past_k, past_v = (encode((rng.standard_normal((B, KV, T, D)) * 3).astype(np.float32)) for _ in range(2))
@@ -86,7 +88,7 @@ def test_each_kv_format_equals_float64_on_every_path(library, isa, fmt, report):
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
     results = [tuple(map(float, c.split())) for c in cases if c]
-    assert len(results) == 5 and all(kept == 1 for *_, kept in results), "a slot the step did not write changed"
+    assert len(results) == 6 and all(kept == 1 for *_, kept in results), "a slot the step did not write changed"
     report(f"{fmt} cache on {ran}: written rows' worst error / the format's rounding bound",
            max(r[1] for r in results), 1.0)
     report(f"{fmt} cache on {ran}: attention over the stored cache vs float64, relative to max |reference|",
