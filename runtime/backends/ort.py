@@ -22,7 +22,7 @@ from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
 from llgraph.export_folder import MODEL_FILE, Manifest, damage
 from llgraph.ir import Graph, value_order
-from llgraph.kv_cache import CPU_DEFAULT, FORMATS, KvFormat, kv_format, retype
+from llgraph.kv_cache import CPU_DEFAULT, FORMATS, KvFormat, kv_format, of_dtype, retype
 from llgraph.passes import HIDDEN, KEEP_INPUT, model_graph
 from llgraph.plugins import cpu
 from llgraph.runtime.backends import BackendSpec, RunOptions
@@ -83,7 +83,7 @@ class OrtBackend(Backend):
         if manifest.options.get("kernels") == "llgraph":
             _register_kernels(opts, folder)
         own = manifest.options.get("kernels") == "llgraph" and self.dtype == "float32"
-        self.kv = kv_format(kv_cache or (CPU_DEFAULT if own else self.dtype))
+        self.kv = kv_format(kv_cache) if kv_cache else kv_format(CPU_DEFAULT) if own else of_dtype(self.dtype)
         model = _model_with_cache(folder / (model_file or manifest.model), self.kv, manifest, opts)
         self.session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
         self._ort, self._batch, self._binding = ort, None, None

@@ -20,7 +20,7 @@ from llgraph.errors import LlgraphError
 from llgraph.executor import TORCH_DTYPES, TorchExecutor, ids_tensor
 from llgraph.export_folder import Manifest
 from llgraph.ir import Graph
-from llgraph.kv_cache import FORMATS, kv_format
+from llgraph.kv_cache import FORMATS, kv_format, of_dtype
 from llgraph.passes import HIDDEN, KEEP_INPUT, expose_hidden, keep_last_positions, model_graph
 from llgraph.runtime.backends import BackendSpec, RunOptions
 from llgraph.runtime.engine.backend import Backend, cache_length
@@ -38,7 +38,7 @@ class TorchBackend(Backend):
         position, and a diff side matches an export's range); `kv_cache`: the cache's format (llgraph/kv_cache.py;
         default `dtype`'s floats), which `graph`'s cache inputs must declare."""
         self.config, self.dtype, self.device = config, dtype, device
-        self.kv = kv_format(kv_cache or dtype)
+        self.kv = kv_format(kv_cache) if kv_cache else of_dtype(dtype)
         self.context_limit = limit or config.max_position_embeddings
         self.max_seq_len = cache_length(max_seq_len, self.context_limit, "the model's context")
         self.vocab_size = config.vocab_size

@@ -45,6 +45,20 @@ def test_format_names_and_refusals():
         kv_format("q4")
 
 
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_the_executor_keeps_its_own_dtype_by_default(dtype):
+    """Without a format asked, the executor's cache holds its dtype's floats, whichever (the float64 reference)."""
+    from llgraph.checkpoint import random_weights
+    from llgraph.config import LlamaConfig
+    from llgraph.runtime.backends.pytorch import TorchBackend
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2)
+    b = TorchBackend(cfg, random_weights(cfg), max_seq_len=8, dtype=dtype)
+    b.allocate(1)
+    assert b.kv_format().name == dtype and b.kv_bytes_per_token() == 2 * 1 * 2 * 8 * (8 if dtype == "float64" else 2)
+    assert np.isfinite(b.forward(np.array([[1, 2, 3]]), np.array([[0, 1, 2]]))).all()
+
+
 @pytest.fixture(scope="module")
 def smollm2_kernels(smollm2_export):
     return smollm2_export("ort", kernels="llgraph", max_seq_len=1200)
