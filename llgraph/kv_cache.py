@@ -47,7 +47,7 @@ ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16", "fp16": "float
 # accuracy (mean KL from the float64 reference of the same weights). Measured from the float32 cache over 2,048
 # tokens of prose (runtime/bench/kv_cache.py): float16 1.3e-6 (SmolLM2) and 6.2e-4 (1B Q4_K_M shape), int8 1.2e-3
 # and 3.2e-3 — int8 is 2-4x closer than llama.cpp's own q8_0 cache is to its f16 one (0.0046, 0.0074), but on the 1B
-# it would carry the default past llama.cpp's total (0.00065 + 0.0032 > 0.0025), so int8 is asked for (--kv-cache
+# it would carry the default past llama.cpp's total (0.00070 + 0.0032 > 0.0026), so int8 is asked for (--kv-cache
 # int8: long contexts, many slots) and float16 is the default.
 CPU_DEFAULT = "float16"
 
