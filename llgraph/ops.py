@@ -6,14 +6,16 @@ the TensorRT plugin fields are read from `attrs` here.
 Layouts: activations are [batch, seq, features]; heads stay packed in the feature axis ([B, S, H*D]) the way ONNX
 Runtime's GroupQueryAttention and ONNX's RotaryEmbedding/Attention take them. Linear weights are [out, in].
 The KV cache is [batch, kv_heads, max_seq, row] (row: head_dim values in one of llgraph/kv_cache.py's formats),
-written at slot `positions[b, s]`; query (b, s) sees the cache
-slots 0..positions[b, s] (causal) — no attention mask input is needed.
+written at slot `positions[b, s]`; query (b, s) sees the cache slots 0..positions[b, s] (causal) — no attention mask
+input is needed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+from llgraph.kv_cache import FORMATS, of_dtype
 
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 INTS = ("int64", "int32")
@@ -178,10 +180,11 @@ def _attention(ins, attrs):
     _require(pos.dtype in INTS, "positions must be integer")
     for t in (k, v):
         _same(t.dtype, q.dtype, "dtype")
-    # the cache: q's dtype, or a format of llgraph/kv_cache.py (float16; int8 rows of D codes + a float32 scale)
-    _require(past_k.dtype in (q.dtype, "float32", "float16", "int8"), f"cache dtype {past_k.dtype} is no KV format")
+    # the cache: q's dtype, or one of llgraph/kv_cache.py's formats (its row: D values, int8's with their scale)
+    _require(past_k.dtype in (q.dtype, *(f.dtype for f in FORMATS.values())),
+             f"cache dtype {past_k.dtype} is no KV format")
     _same(past_v.dtype, past_k.dtype, "past_value dtype")
-    row = d + (4 if past_k.dtype == "int8" else 0)
+    row = of_dtype(past_k.dtype).row(d)
     _same(past_k.shape, (q.shape[0], nkv, past_k.shape[2], row), "past_key shape [batch, kv_heads, max_seq, row]")
     _same(past_v.shape, past_k.shape, "past_value shape")
     return [(q.dtype, q.shape), (past_k.dtype, past_k.shape), (past_v.dtype, past_v.shape)]

@@ -96,7 +96,7 @@ class OrtBackend(Backend):
             return  # stale slots from an earlier request are finite and masked out
         self._binding = self.session.io_binding()
         # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
-        dtype = self._np_dtype if self.kv.dtype == self.dtype else np.dtype(self.kv.dtype)
+        dtype = np.dtype(self.kv.dtype)  # the export's floats (float32, float16) or another format's
         self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, dtype),
                                  self.kv.row(self.config.head_dim))
         self._batch, self._rows = batch, None

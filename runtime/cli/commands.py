@@ -210,12 +210,12 @@ def cmd_eval(args) -> int:
     path = args.data or (MC_BASICS if args.task == "mc" else PASSAGE)
     data = evaluate.load_mc(path) if args.task == "mc" else evaluate.load_text(path)  # before loading
     backends = [args.backend] + ([args.compare] if args.compare else [])
-    results, kv = {}, args.kv_cache
+    results = {}
     for backend in backends:
         runner = runner_of(args, backend)
-        # a comparison keeps its caches in one format, the first backend's, where the second keeps that format
-        kv = kv or runner.backend.kv_format().name
-        args.kv_cache = kv if kv in backend_spec(args.compare or backend).kv_formats else args.kv_cache
+        kv = runner.backend.kv_format().name
+        if args.kv_cache is None and args.compare and kv in backend_spec(args.compare).kv_formats:
+            args.kv_cache = kv  # a comparison keeps its caches in one format: the first backend's (its default)
         if args.task == "mc":
             results[backend] = evaluate.evaluate_mc(runner, data, args.batch_size, progress=True)
         else:
