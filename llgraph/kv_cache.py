@@ -62,9 +62,7 @@ def kv_format(name: str | None) -> KvFormat:
 
 def of_dtype(dtype: str) -> KvFormat:
     """The format a cache tensor of this dtype holds (any float dtype holds its own floats)."""
-    from llgraph.ir import DTYPE_BYTES
-
-    return FORMATS.get(dtype) or KvFormat(dtype, dtype, 0, DTYPE_BYTES[dtype])
+    return FORMATS.get(dtype) or KvFormat(dtype, dtype, 0, 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize)
 
 
 def quantize_int8(x: np.ndarray) -> np.ndarray:
