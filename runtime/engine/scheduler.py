@@ -20,7 +20,9 @@ copies the longest one another row holds (a finished request's, or a running one
 has written never change while it runs), and prefills only the rest: a shared system prompt, or a conversation's
 earlier turns, is prefilled once. It takes no memory of its own: the prefixes are the slots' rows, each kept until
 a request takes that row (a request with no match takes the lowest free row, so the higher rows keep theirs
-longest). A scored prompt (prompt logprobs) is prefilled whole.
+longest). A scored prompt (prompt logprobs) or a mean-pooled embedding reuses no prefix (it needs every position's
+output), but is written in chunks like any prompt. Kernels whose rows do not depend on the forward's shape
+(tests/plugins/test_cpu_batch_invariance.py) make a reused prefix, a chunk and a neighbour change no bit of a row.
 Speculative decoding (runtime/speculative.py) verifies a speculating request's draft in the same step: drafts by
 prompt lookup ("ngram"), or by the scheduler's draft model ("draft": `Scheduler(runner, draft=draft_runner)`),
 whose cache has a row per slot, written from the request's first token on.
@@ -311,20 +313,17 @@ class Scheduler:
                     self._active.clear()
 
     def _prefill(self, r: _Request) -> None:
-        """Its prompt into its slot's row, after the longest prefix the cache holds (none for a scored prompt, which
-        needs every position's logits), then its first token (the engine's)."""
-        scoring = r.decoding.max_new_tokens == 0 and r.pooling is None
-        written = r.ids[:-1] if scoring else r.ids  # scoring alone never inputs the last
-        # a scored prompt or an embedding needs every position's output of one forward: no reuse, no chunks
-        whole = r.decoding.max_new_tokens == 0 or r.prompt_logprobs
-        r.start = self._rows.reuse(r.slot, written, allowed=not whole)
-        if self.prefill_chunk and not whole and len(r.ids) - r.start > self.prefill_chunk:
+        """Its prompt into its slot's row, after the longest prefix the cache holds, then its first token (the
+        engine's). Every prompt is written alike: a long one a chunk between two decode steps (_next_chunk) — a
+        scored prompt collecting each chunk's log-probabilities, an embedding each chunk's hidden states. Only
+        those that need every position's output (a scored prompt, a mean embedding) reuse no prefix."""
+        written = r.ids[:r.written]
+        r.start = self._rows.reuse(r.slot, written, allowed=not (r.prompt_logprobs or r.pooling == "mean"))
+        if self.prefill_chunk and r.written - r.start > self.prefill_chunk:
             self._rows.held[r.slot] = r.ids[:r.start]  # what its row holds: the prompt grows into it a chunk a step
             self._chunking.append(r)
             return
-        self.engine.prefill([r])
-        if r.decoding.finish_reason == "length" and r.decoding.steps == 0:  # scored, nothing to generate
-            self._finish(r, "length")
+        self._last_chunk(r)
 
     def _next_chunk(self) -> None:
         """One chunk of the oldest long prompt being written (its last chunk also takes its first token): a long
@@ -334,16 +333,24 @@ class Scheduler:
         if not self._chunking:
             return
         r = self._chunking[0]
-        if len(r.ids) - r.start > self.prefill_chunk:
+        if r.cancelled or (r.deadline is not None and time.monotonic() > r.deadline):
+            return  # _retire frees its slot before anything more is written
+        if r.written - r.start > self.prefill_chunk:
             self.engine.write(r, r.start + self.prefill_chunk)
             self._rows.held[r.slot] = r.ids[:r.start]
             if not r.finished:
                 return
         else:
-            self.engine.prefill([r])
-            if r.error is None:
-                self._rows.held[r.slot] = list(r.ids)
+            self._last_chunk(r)
         self._chunking.popleft()
+
+    def _last_chunk(self, r: _Request) -> None:
+        """The rest of its prompt and what follows it (its first token; a scored prompt or an embedding is done)."""
+        self.engine.prefill([r])
+        if r.error is None:
+            self._rows.held[r.slot] = r.ids[:r.written]
+        if r.decoding.finish_reason == "length" and r.decoding.steps == 0:  # scored or embedded, nothing generated
+            self._finish(r, "length")
 
     def _step(self) -> None:
         before = {slot: r.token for slot, r in self._active.items()}

@@ -71,6 +71,7 @@ class Row:
     drafter: Drafter | ModelDrafter | None = None
     prompt_scores: list[TokenLogprob] | None = None
     embedding: np.ndarray | None = None  # [hidden] float32, an embedding row's (runtime/engine/embed.py)
+    hidden: list[np.ndarray] | None = None  # an embedding row's hidden states [S, H] of the chunks written so far
     counted: bool = False  # its prefill's prefix-reuse figure reported (once, at its first chunk)
     first_token_at: float | None = None
     taken: list[int] = field(default_factory=list)  # the tokens its last step emitted
@@ -79,6 +80,11 @@ class Row:
     @property
     def finished(self) -> bool:
         return self.decoding.finish_reason is not None
+
+    @property
+    def written(self) -> int:
+        """The prompt positions its prefill writes: all, but the last of a prompt only scored (never input)."""
+        return len(self.ids) - 1 if self.decoding.max_new_tokens == 0 and self.pooling is None else len(self.ids)
 
 
 class Engine:
@@ -105,38 +111,49 @@ class Engine:
             self._own(r, self._prefill_one, r)
 
     def _prefill_one(self, r: Row) -> None:
-        if r.pooling is not None:  # an embedding: every position's hidden state, nothing sampled
-            self.metrics.prefix(0, len(r.ids))
-            hidden = self.backend.hidden(np.array([r.ids], np.int64), np.arange(len(r.ids))[None],
-                                         rows=slice(r.slot, r.slot + 1))
-            r.embedding = pool(hidden[0], r.pooling, r.normalize)
-            r.decoding.finish_reason = "length"
-            return
-        scoring_only = r.decoding.max_new_tokens == 0
-        ids = r.ids[:-1] if scoring_only else r.ids  # scoring alone never inputs the last token
-        if scoring_only and len(ids) == 0:  # one token: nothing predicts it
+        """The rest of its prompt (after `start`), then what the row is for: an embedding pooled from every chunk's
+        hidden states, a scored prompt's log-probabilities, or its first token."""
+        end = r.written
+        if end == 0:  # a scored prompt of one token: nothing predicts it
             r.prompt_scores = []
             r.decoding.finish_reason = "length"
             return
-        self._count_prefix(r, len(ids))
-        logits = self.backend.forward(np.array([ids[r.start:]], np.int64), np.arange(r.start, len(ids))[None],
-                                      rows=slice(r.slot, r.slot + 1), keep=0 if r.prompt_logprobs else 1)
-        if r.prompt_logprobs:  # position t predicts token t + 1
-            r.prompt_scores = token_logprobs(logits[0, :len(r.ids) - 1], r.ids[1:], r.logprobs or 0)
-        if scoring_only:
+        self._count_prefix(r, end)
+        logits = self._write(r, end)
+        if r.pooling is not None:  # an embedding: every position's hidden state, nothing sampled
+            r.embedding = pool(np.concatenate(r.hidden), r.pooling, r.normalize)
+            r.hidden = None
             r.decoding.finish_reason = "length"
-            return
-        self._begin(r, logits[0, -1:])
+        elif r.decoding.max_new_tokens == 0:  # scored alone
+            r.decoding.finish_reason = "length"
+        else:
+            self._begin(r, logits[0, -1:])
 
     def write(self, r: Row, upto: int) -> None:
         """Prompt positions r.start..upto-1 into the row's cache, nothing sampled: a chunk of a long prompt, which
-        the scheduler interleaves with the other rows' decode steps (prefill() then writes the rest and samples)."""
+        the scheduler interleaves with the other rows' decode steps (prefill() then writes the rest and samples). A
+        scored prompt keeps each chunk's log-probabilities, an embedding each chunk's hidden states."""
         def chunk():
-            self._count_prefix(r, len(r.ids))
-            self.backend.forward(np.array([r.ids[r.start:upto]], np.int64), np.arange(r.start, upto)[None],
-                                 rows=slice(r.slot, r.slot + 1), keep=1)
-            r.start = upto
+            self._count_prefix(r, r.written)
+            self._write(r, upto)
         self._own(r, chunk)
+
+    def _write(self, r: Row, upto: int) -> np.ndarray | None:
+        """One forward of positions r.start..upto-1 on the row's cache row -> its logits (the last position's only,
+        unless the prompt is scored; None for an embedding), what the row collects from them kept on it."""
+        ids, positions = np.array([r.ids[r.start:upto]], np.int64), np.arange(r.start, upto)[None]
+        rows, logits = slice(r.slot, r.slot + 1), None
+        if r.pooling is not None:  # "last" pools the last chunk's last state; "mean" every state (never reused)
+            hidden = self.backend.hidden(ids, positions, rows=rows)[0]
+            r.hidden = [*(r.hidden or []), hidden] if r.pooling == "mean" else [hidden]
+        else:
+            logits = self.backend.forward(ids, positions, rows=rows, keep=0 if r.prompt_logprobs else 1)
+            if r.prompt_logprobs:  # position t predicts token t + 1 (the prompt's scores start from position 0)
+                scored = min(upto, len(r.ids) - 1) - r.start
+                r.prompt_scores = (r.prompt_scores or []) + token_logprobs(
+                    logits[0, :scored], r.ids[r.start + 1:r.start + 1 + scored], r.logprobs or 0)
+        r.start = upto
+        return logits
 
     def _count_prefix(self, r: Row, prompt: int) -> None:
         if not r.counted:

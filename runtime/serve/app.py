@@ -36,9 +36,10 @@ except ImportError as e:
 from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 from llgraph.runtime.engine.speculative import MAX_DRAFT
 from llgraph.runtime.serve.access import check_key
+from llgraph.runtime.serve.body import read_json, start_worker, stop_worker
 from llgraph.runtime.serve.completions import answer, parse
 from llgraph.runtime.serve.embeddings import embeddings as embed
-from llgraph.runtime.serve.request import ApiError, chat_prompt, flag, read_json
+from llgraph.runtime.serve.request import ApiError, chat_prompt, flag
 from llgraph.weight_request import Weights
 
 
@@ -167,8 +168,10 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         scheduler.metrics = state["metrics"] = PrometheusMetrics(scheduler.stats)
         state.update(runner=scheduler.runner, scheduler=scheduler.start(), created=int(time.time()))
         app.state.scheduler = scheduler
+        await asyncio.to_thread(start_worker)  # large bodies are decoded there (serve/body.py)
         yield
         scheduler.stop(0)
+        stop_worker()
 
     app = FastAPI(title="llgraph", lifespan=lifespan)
 
@@ -211,11 +214,12 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         return await _serve(request, chat=True)
 
     async def _serve(request: Request, chat: bool):
-        body = await read_json(request, options.max_request_bytes)
-        _check_model(body)
         runner, scheduler = state["runner"], state["scheduler"]
-        ask = parse(body, chat, runner, options.slots, options.slots + options.max_queue, options.speculative,
-                    options.draft_max, draft=scheduler.draft is not None)
+        body = await read_json(request, options.max_request_bytes, runner.backend.max_seq_len)
+        _check_model(body)
+        # the chat template, the tools and the grammar are rendered and compiled off the event loop
+        ask = await asyncio.to_thread(parse, body, chat, runner, options.slots, options.slots + options.max_queue,
+                                      options.speculative, options.draft_max, draft=scheduler.draft is not None)
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": options.served_name}
         return await answer(request, ask, runner, scheduler, meta)
@@ -224,7 +228,7 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
     async def embeddings(request: Request):
         body = await read_json(request, options.max_request_bytes)
         _check_model(body)
-        return await embed(body, state["runner"], state["scheduler"], options.pooling, options.served_name,
+        return await embed(request, body, state["runner"], state["scheduler"], options.pooling, options.served_name,
                            options.slots + options.max_queue)
 
     # vLLM's tokenizer endpoints (lm-evaluation-harness's tokenizer_backend=remote uses them)
@@ -236,7 +240,8 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         if runner.tokenizer is None:
             raise ApiError(400, "this model has no tokenizer", param="prompt")
         if "messages" in body:
-            text, special = chat_prompt(body, runner), flag(body, "add_special_tokens", False)
+            text = await asyncio.to_thread(chat_prompt, body, runner)  # a template renders off the event loop
+            special = flag(body, "add_special_tokens", False)
         else:
             text, special = body.get("prompt"), flag(body, "add_special_tokens", True)
             if not isinstance(text, str):

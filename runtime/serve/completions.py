@@ -38,6 +38,7 @@ from llgraph.runtime.serve.request import (
     stop_strings,
     submitting,
     tools_of,
+    unless_gone,
 )
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
@@ -156,7 +157,7 @@ async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
     choices = [Choice(k, h, ask, runner.tokenizer) for k, h in enumerate(handles)]
     events = _merged(handles)
     # the status waits for the first event: a request that never started (shut down while queued) is a 503
-    first = await _unless_gone(request, anext(events))
+    first = await unless_gone(request, anext(events))
     if first is None:
         await events.aclose()
         return JSONResponse({}, status_code=499)
@@ -164,7 +165,7 @@ async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
         async def rest():
             for k, event in [first, *[e async for e in events]]:
                 choices[k].take(event)
-        if await _unless_gone(request, rest(), done=True) is None:  # a client that leaves frees its slots
+        if await unless_gone(request, rest(), done=True) is None:  # a client that leaves frees its slots
             await events.aclose()
             return JSONResponse({}, status_code=499)
         return {**meta, "object": "chat.completion" if ask.chat else "text_completion",
@@ -323,20 +324,6 @@ async def _merged(handles):
             task.cancel()
         for h in handles:
             h.cancel()  # a no-op once finished; frees the slot (or the queue place) of an abandoned request
-
-
-async def _unless_gone(request: Request, awaitable, done: bool = False):
-    """Awaits it while the client is there (checked every 0.5 s); None, and it is cancelled, once the client left.
-    `done`: the awaitable returns None itself, so success is True."""
-    task = asyncio.ensure_future(awaitable)
-    while True:
-        finished, _ = await asyncio.wait({task}, timeout=0.5)
-        if finished:
-            result = task.result()
-            return True if done else result
-        if await request.is_disconnected():
-            task.cancel()
-            return None
 
 
 async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: Ask):

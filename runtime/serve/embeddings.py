@@ -10,11 +10,12 @@ import asyncio
 import base64
 
 import numpy as np
+from fastapi.responses import JSONResponse
 
-from llgraph.runtime.serve.request import ApiError, prompt_ids, prompts_of, submitting
+from llgraph.runtime.serve.request import ApiError, prompt_ids, prompts_of, submitting, unless_gone
 
 
-async def embeddings(body: dict, runner, scheduler, pooling: str, model: str, capacity: int) -> dict:
+async def embeddings(request, body: dict, runner, scheduler, pooling: str, model: str, capacity: int):
     if "input" not in body:
         raise ApiError(400, "'input' is required: a string, a list of strings, or token ids", param="input")
     try:
@@ -42,10 +43,16 @@ async def embeddings(body: dict, runner, scheduler, pooling: str, model: str, ca
                 raise ApiError(400, f"an input of {len(p)} tokens exceeds this model's context of {context} tokens;"
                                     " shorten it", param="input", code="context_length_exceeded")
             handles.append(scheduler.submit(p, 0, pooling=pooling, loop=asyncio.get_running_loop()))
-        for h in handles:
-            while (event := await h.events.get()).kind != "done":
-                if event.kind == "error":
-                    raise ApiError(500, f"the model failed: {event.text}", "server_error")
+
+        async def pooled():
+            for h in handles:
+                while (event := await h.events.get()).kind != "done":
+                    if event.kind == "error":
+                        raise ApiError(500, f"the model failed: {event.text}", "server_error")
+        if await unless_gone(request, pooled(), done=True) is None:  # the client left: its inputs free their slots
+            for h in handles:
+                h.cancel()
+            return JSONResponse({}, status_code=499)
     tokens = sum(len(p) for p in ids)
     return {"object": "list", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "data": [{"object": "embedding", "index": i, "embedding": _encoded(h.embedding, encoding)}

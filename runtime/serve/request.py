@@ -3,10 +3,10 @@ tokenized. Every bad input is an ApiError: a 4xx in OpenAI's error shape naming 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import contextmanager
 
-from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from llgraph.runtime.engine.sampling import RequestError
@@ -198,23 +198,9 @@ def check_json(content_type: str | None) -> None:
                        code="unsupported_media_type")
 
 
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object, read no further than `limit` bytes (413 past it: a huge body costs neither
-    memory nor anyone else's time)."""
-    check_json(request.headers.get("content-type"))
-    too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} bytes "
-                            "(llgraph serve --max-request-bytes)", code="request_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
+def decoded(data: bytes) -> dict:
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ApiError(400, "the body is not valid JSON (or nests too deeply)") from None
     if not isinstance(body, dict):
@@ -225,6 +211,25 @@ async def read_json(request: Request, limit: int) -> dict:
         raise ApiError(400, "the body holds a lone UTF-16 surrogate escape (e.g. \\ud800 without its pair); "
                             "send valid Unicode") from None
     return body
+
+
+MAX_TOOLS = 128  # OpenAI's own limit on a request's functions
+
+
+def check_sizes(body: dict, context: int) -> None:
+    """Cheap bounds, before anything is rendered or tokenized: at most MAX_TOOLS tools, and no more messages or
+    tool calls than the context has tokens (each renders to at least one token, so more can never fit)."""
+    tools, messages = body.get("tools"), body.get("messages")
+    if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+        raise ApiError(400, f"'tools' lists {len(tools)} functions; at most {MAX_TOOLS} are taken (OpenAI's limit)",
+                       param="tools")
+    if isinstance(messages, list):
+        calls = sum(len(m["tool_calls"]) for m in messages if isinstance(m, dict) and
+                    isinstance(m.get("tool_calls"), list))
+        if len(messages) > context or calls > context:
+            what = f"{len(messages)} messages" if len(messages) > context else f"{calls} tool calls"
+            raise ApiError(400, f"'messages' hold {what}, more than this model's context of {context} tokens can "
+                                "ever fit; send fewer", param="messages", code="context_length_exceeded")
 
 
 def prompt_ids(runner, prompt, context: int, key: str) -> list[int]:
@@ -240,3 +245,19 @@ def prompt_ids(runner, prompt, context: int, key: str) -> list[int]:
         return runner.encode(prompt)
     except RequestError as e:
         raise ApiError(400, str(e), param="prompt") from None
+
+
+async def unless_gone(request, awaitable, done: bool = False):
+    """Awaits it while the client is there (checked every 0.5 s); None once the client left, the awaitable then
+    cancelled and its end awaited (so whatever it was iterating is no longer running when the caller closes it).
+    `done`: the awaitable returns None itself, so success is True."""
+    task = asyncio.ensure_future(awaitable)
+    while True:
+        finished, _ = await asyncio.wait({task}, timeout=0.5)
+        if finished:
+            result = task.result()
+            return True if done else result
+        if await request.is_disconnected():
+            task.cancel()
+            await asyncio.wait({task})
+            return None

@@ -1,0 +1,87 @@
+"""One prefill path for every prompt (issue 48 item 1): a long embedding input and a long scored prompt are written
+a chunk at a time between a running stream's decode steps, like any prompt, and give the same bits as written whole
+(Runner.embed; the scheduler without chunks): no forward beside a running stream writes more than a chunk."""
+
+import numpy as np
+import pytest
+
+from llgraph.runtime.backends.ort import ORTRunner
+from llgraph.runtime.engine.scheduler import Scheduler
+
+CHUNK = 32
+
+
+class Recording:
+    """Wraps a backend: the tokens of every call, in order (a decode step of the stream is a call of one token a
+    row)."""
+
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def forward(self, input_ids, position_ids, rows=None, keep=0):
+        self.calls.append(input_ids.shape)
+        return self.backend.forward(input_ids, position_ids, rows, keep)
+
+    def hidden(self, input_ids, position_ids, rows=None):
+        self.calls.append(input_ids.shape)
+        return self.backend.hidden(input_ids, position_ids, rows)
+
+
+@pytest.fixture(scope="module")
+def runner(smollm2_export):
+    return ORTRunner(smollm2_export("ort", quantized=True))
+
+
+def _beside_a_stream(runner, submit_long):
+    """A greedy stream decodes; once it runs, `submit_long(scheduler)` arrives -> (its handles, the calls made
+    while it was written)."""
+    recording = Recording(runner.backend)
+    runner.backend = recording
+    scheduler = Scheduler(runner, slots=4, prefill_chunk=CHUNK).start()
+    try:
+        stream = scheduler.submit("Once upon a time", 200, stop=(), eos_token_ids=())
+        assert stream.events.get(timeout=60).kind == "token"
+        recording.calls.clear()
+        handles = submit_long(scheduler)
+        for h in handles:
+            h.result(timeout=120)
+        calls = list(recording.calls)
+        stream.cancel()
+    finally:
+        scheduler.stop()
+        runner.backend = recording.backend
+    return handles, calls
+
+
+def test_a_long_embedding_is_written_in_chunks_and_equals_runner_embed(runner):
+    texts = [[5 + i % 90 for i in range(200)], [7 + i % 80 for i in range(170)]]
+    for pooling in ("last", "mean"):
+        whole = runner.embed(texts, pooling=pooling)
+        handles, calls = _beside_a_stream(runner, lambda s: [s.submit(t, 0, pooling=pooling) for t in texts])
+        worst = max(float(np.abs(h.embedding - w).max()) for h, w in zip(handles, whole))
+        print(f"{pooling} pooling in chunks of {CHUNK} beside a stream: {len(calls)} forwards, the largest "
+              f"{max(rows * seq for rows, seq in calls)} tokens; max|diff| from Runner.embed = {worst:.3e}")
+        assert max(rows * seq for rows, seq in calls) <= CHUNK
+        assert worst == 0.0
+
+
+def test_a_long_scored_prompt_is_written_in_chunks_and_scores_as_written_whole(runner):
+    prompt = [3 + (7 * i) % 97 for i in range(150)]
+    scheduler = Scheduler(runner, slots=2).start()  # no chunks: the prompt in one forward
+    try:
+        whole = scheduler.submit(prompt, 0, prompt_logprobs=True, logprobs=2)
+        whole.result(timeout=120)
+    finally:
+        scheduler.stop()
+    handles, calls = _beside_a_stream(runner, lambda s: [s.submit(prompt, 0, prompt_logprobs=True, logprobs=2),
+                                                         s.submit(prompt, 3, prompt_logprobs=True)])
+    print(f"a {len(prompt)}-token scored prompt in chunks of {CHUNK}: {len(calls)} forwards, the largest "
+          f"{max(rows * seq for rows, seq in calls)} tokens")
+    assert max(rows * seq for rows, seq in calls) <= CHUNK
+    assert len(handles[0].prompt_logprobs) == len(prompt) - 1
+    assert handles[0].prompt_logprobs == whole.prompt_logprobs  # every logprob and alternative, the same bits
+    assert [(s.token, s.logprob) for s in handles[1].prompt_logprobs] == \
+        [(s.token, s.logprob) for s in whole.prompt_logprobs]
