@@ -96,9 +96,11 @@ class ToolSpec:
             raise RequestError("'tool_choice' must be \"none\", \"auto\", \"required\" or "
                                "{\"type\": \"function\", \"function\": {\"name\": ...}}")
         spec = cls(tuple(tools), choice, parallel)
-        for fn in spec.functions:
-            if fn.get("parameters"):
-                Grammar.json_schema(json.dumps(fn["parameters"]))  # a bad schema is named before anything runs
+        if spec.forced:  # a bad schema is named before anything runs (the grammar engine's word)
+            spec.grammar("", None)
+        else:  # nothing is constrained under auto: any valid JSON schema, whatever a grammar engine supports
+            for fn in spec.functions:
+                _check_schema(fn)
         return spec
 
     @property
@@ -110,6 +112,12 @@ class ToolSpec:
         """Whether the answer must be tool calls (and so is constrained by grammar())."""
         return self.choice != "auto"
 
+    @property
+    def many(self) -> bool:
+        """Whether several calls may come at once: parallel calls, unless one function is named (exactly one call,
+        as OpenAI's, vLLM's and llama-server's named choice)."""
+        return self.parallel and self.choice in ("auto", "required")
+
     # -- constrained calls --------------------------------------------------------------------------------------
 
     def grammar(self, template: str, tokenizer) -> Grammar | None:
@@ -119,15 +127,16 @@ class ToolSpec:
             return None
         fns = [fn for fn in self.functions if self.choice in ("required", fn["name"])]
         key = "parameters" if style(template) == "llama3" else "arguments"
-        schema = {"anyOf": [{"type": "object", "properties": {"name": {"const": fn["name"]},
-                                                               key: fn.get("parameters") or {"type": "object"}},
-                             "required": ["name", key], "additionalProperties": False} for fn in fns]}
+        schema = {"anyOf": [{"type": "object", "properties": {
+            "name": {"const": fn["name"]},
+            key: _rerooted(fn.get("parameters") or {"type": "object"}, f"/anyOf/{i}/properties/{key}")},
+            "required": ["name", key], "additionalProperties": False} for i, fn in enumerate(fns)]}
         call = f"%json {json.dumps(schema)}"
         if style(template) == "llama3":
-            rule = f'call: {call}\nstart: call ("; " call)*' if self.parallel else f"start: {call}"
+            rule = f'call: {call}\nstart: call ("; " call)*' if self.many else f"start: {call}"
         else:
             open_, close = _literal(OPEN, tokenizer), _literal(CLOSE, tokenizer)
-            rule = f'call: {open_} "\\n" {call} "\\n" {close}\nstart: call ("\\n" call)*' if self.parallel \
+            rule = f'call: {open_} "\\n" {call} "\\n" {close}\nstart: call ("\\n" call)*' if self.many \
                 else f'start: {open_} "\\n" {call} "\\n" {close}'
         return Grammar.lark(rule)
 
@@ -142,7 +151,7 @@ class ToolSpec:
             return text, []
         calls = [Call(name, json.dumps(args, ensure_ascii=False), f"call_{uuid.uuid4().hex[:24]}")
                  for name, args, _ in found]
-        if not self.parallel:
+        if not self.many:
             calls = calls[:1]
         rest = "".join(piece for _, _, piece in found)
         return rest if rest.strip() else None, calls
@@ -258,6 +267,9 @@ def _parse_hermes(text: str):
         end = text.find(CLOSE, start)
         body = text[start + len(OPEN): end if end >= 0 else len(text)]
         call = _call_json(body.strip(), "arguments")
+        if call is None and end < 0 and found:  # the last call cut short (max_tokens, a stop string): the
+            at = len(text)                       # complete ones before it stand
+            break
         if call is None:
             return None
         found.append((*call, text[at:start]))
@@ -280,13 +292,37 @@ def _parse_llama3(text: str):
         try:
             obj, at = decoder.raw_decode(body, at)
         except json.JSONDecodeError:
-            return None
+            return found or None  # the last call cut short: the complete ones before it stand
         call = _call_json(obj, "parameters")
         if call is None:
             return None
         found.append((*call, ""))
         at = len(body) - len(body[at:].lstrip().removeprefix(";").lstrip())
     return found
+
+
+def _check_schema(fn: dict) -> None:
+    """A function's parameters are a valid JSON schema (jsonschema's meta-schema check, where it is installed)."""
+    try:
+        from jsonschema import exceptions, validators
+    except ImportError:
+        return
+    try:
+        validators.validator_for(fn.get("parameters") or {}).check_schema(fn.get("parameters") or {})
+    except exceptions.SchemaError as e:
+        raise RequestError(f"'tools': the parameters of {fn['name']!r} are not a valid JSON schema: "
+                           f"{' '.join(e.message.split())[:150]}") from None
+
+
+def _rerooted(schema, prefix: str):
+    """A function's parameters schema with its local `$ref` pointers ("#/$defs/City") moved under `prefix`, where
+    the call grammar places the schema (so Pydantic's $defs still resolve)."""
+    if isinstance(schema, dict):
+        return {k: "#" + prefix + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#")
+                else _rerooted(v, prefix) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_rerooted(v, prefix) for v in schema]
+    return schema
 
 
 def _call_json(body, key: str):

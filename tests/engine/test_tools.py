@@ -8,7 +8,7 @@ import json
 import pytest
 
 from llgraph.runtime.engine.sampling import RequestError
-from llgraph.runtime.engine.tools import FALLBACK, ToolSpec, chat_inputs, renders_tools, style
+from llgraph.runtime.engine.tools import FALLBACK, ToolSpec, _parse_llama3, chat_inputs, renders_tools, style
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
@@ -185,3 +185,46 @@ def test_a_required_call_is_valid_by_construction_on_smollm2(runner, choice):
         call = json.loads(block)
         assert set(call) == {"name", "arguments"} and (choice == "required" or call["name"] == "get_time")
         jsonschema.validate(call["arguments"], schemas[call["name"]])
+
+
+PYDANTIC = {"type": "object", "$defs": {"City": {"type": "object", "properties": {"name": {"type": "string"}},
+                                                 "required": ["name"]}},
+            "properties": {"city": {"$ref": "#/$defs/City"}, "unit": {"enum": ["C", "F"]}}, "required": ["city"]}
+ODD = {"type": "object", "properties": {"a": {"not": {"type": "string"}},
+                                        "b": {"type": "array", "uniqueItems": True, "contains": {"type": "integer"}}},
+       "if": {"required": ["a"]}, "then": {"required": ["b"]}, "dependentRequired": {"a": ["b"]}}
+
+
+def test_schemas_with_defs_work_in_every_mode_and_any_valid_schema_under_auto(runner):
+    """Pydantic's $defs/$ref resolve under required and a named choice (the pointers re-rooted where the call
+    grammar puts the schema), and the forced call's arguments validate; under auto, a schema with keywords no grammar
+    engine constrains (not, if/then, uniqueItems, contains, dependentRequired) is accepted."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    city = {"type": "function", "function": {"name": "weather", "parameters": PYDANTIC}}
+    template = runner.tokenizer.chat_template
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "weather"}}):
+        spec = ToolSpec.of([city], choice)
+        if spec.forced:
+            prompt = runner.render_chat([{"role": "user", "content": "Weather in Paris?"}], tools=spec)
+            out = runner.generate(prompt, 80, grammar=spec.grammar(template, runner.tokenizer))
+            _, calls = spec.parse(out.text, template)
+            print(f"{choice}: {out.text!r}")
+            assert calls and out.finish_reason == "eos" and (choice == "required" or len(calls) == 1)
+            for call in calls:
+                jsonschema.validate(json.loads(call.arguments), PYDANTIC)
+    assert ToolSpec.of([{"type": "function", "function": {"name": "odd", "parameters": ODD}}]).choice == "auto"
+
+
+def test_a_named_choice_is_one_call_and_a_cut_call_keeps_the_complete_ones():
+    named = ToolSpec.of([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}})
+    assert named.parallel and not named.many  # parallel_tool_calls left unset, as clients leave it: still one call
+    assert ToolSpec.of([WEATHER, TIME], "required").many
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+    cut = one + '\n<tool_call>\n{"name": "get_weather", "argum'
+    spec = ToolSpec.of([WEATHER, TIME])
+    content, calls = spec.parse(cut, "")
+    paris = {"city": "Paris", "unit": "celsius"}
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", paris)]
+    llama = '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; {"name": "get_ti'
+    assert [name for name, _, _ in _parse_llama3(llama)] == ["get_weather"]

@@ -132,3 +132,20 @@ def test_an_agent_library_calls_a_tool_and_answers(server):
     result = agents.Runner.run_sync(agent, "What's the weather like in Paris?", max_turns=4)
     print(f"agent: called get_weather{called}, answered {result.final_output!r}")
     assert called and isinstance(result.final_output, str) and result.final_output
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_calls_end_with_parallel_calls_left_unset_as_clients_leave_them(server, choice):
+    """Issue 48: a named choice is exactly one call (finish_reason tool_calls); with a small max_tokens that cuts a
+    second call, the complete calls before it still come back as tool_calls (finish_reason length)."""
+    r = server.client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
+                                              temperature=0, max_tokens=100)
+    message, reason = r.choices[0].message, r.choices[0].finish_reason
+    print(f"{choice}: {reason}, {len(message.tool_calls or [])} calls, content {message.content!r}")
+    assert message.tool_calls, message.content
+    for call in message.tool_calls:
+        _valid(call)
+    if choice != "required":
+        assert reason == "tool_calls" and len(message.tool_calls) == 1
+    else:
+        assert reason in ("tool_calls", "length") and message.content is None
