@@ -1,7 +1,8 @@
 """Batch invariance of llgraph's CPU kernels: a row's logits and the keys and values it writes into the cache are the
 same bits whatever shares its forward — the prompt written whole, in chunks of any length (a reused prefix followed
-by the rest, chunked prefill), token by token (decode), or as one row of a right-padded batch beside others. This is
-what makes a seeded answer independent of the prefix cache and of its neighbours (runtime/engine/scheduler.py).
+by the rest, chunked prefill), token by token (decode), or as one row of a right-padded batch beside others, on one
+thread or two. This is what makes a seeded answer independent of the prefix cache and of its neighbours
+(runtime/engine/scheduler.py).
 
 Every GGUF block type, exact (level 0) and int8 (level 4), every KV cache format, every instruction-set path: a
 tiny GGUF exported on the kernels, run by OrtBackend in a fresh process per instruction set (the library picks it
@@ -56,6 +57,9 @@ for folder in sys.argv[1:]:
         tokens[0, :20], tokens[1], tokens[2, :5] = ids[:20], ids, ids[5:10]
         batch = b.forward(tokens, np.broadcast_to(np.arange(n), (3, n)))
         worst = max(worst, float(np.abs(batch[1] - whole).max()))
+        one = OrtBackend(folder, max_seq_len=64, kv_cache=fmt, threads=1)  # the whole prompt on one thread
+        one.allocate(1, zeroed=True)
+        worst = max(worst, float(np.abs(one.forward(np.array([ids]), np.arange(n)[None])[0] - whole).max()))
         print(folder, fmt, worst)
 '''
 
