@@ -39,6 +39,11 @@ def export_model(config, checkpoint=None, out="out", *, target: str = "ort", wei
     tgt = get_target(target)
     weights.check(target, tgt.bf16, tgt.accuracy_level, tgt.kernels)
     checkpoint = checkpoint_path(checkpoint)  # before the output folder's check, as before any loading
+    if str(checkpoint).endswith(".gguf"):  # a tokenizer llgraph cannot build is refused before anything else
+        from llgraph.gguf_source import gguf_reader
+        from llgraph.gguf_tokenizer import check
+
+        check(gguf_reader(checkpoint))
     weights = resolve_kernels(weights, target, checkpoint, progress)
     if max_seq_len is not None and not 0 < max_seq_len:
         raise ExportError(f"--max-seq-len ({max_seq_len}) must be a positive number of tokens")
@@ -84,14 +89,13 @@ def _gguf_tokenizer(gguf_path):
     import json
 
     from llgraph.gguf_source import gguf_reader
+    from llgraph.tokenizer import Tokenizer
 
     if "tokenizer.ggml.tokens" not in gguf_reader(gguf_path).fields:
         return None
+    tok = Tokenizer.from_gguf(gguf_path)  # built before any weight is written: one that cannot be is refused first
 
     def write(folder: Path):
-        from llgraph.tokenizer import Tokenizer
-
-        tok = Tokenizer.from_gguf(gguf_path)
         tok.tk.save(str(folder / "tokenizer.json"))
         config = {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "chat_template": tok.chat_template}
         (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))

@@ -196,7 +196,7 @@ def gguf_config(path: str | Path) -> LlamaConfig:
                     original_max_position_embeddings=get("rope.scaling.original_context_length"))
     elif scaling not in ("none", None):
         raise ConfigError(f"GGUF rope.scaling.type '{scaling}' is not supported")
-    eos = _value(r, "tokenizer.ggml.eos_token_id")
+    from llgraph.gguf_tokenizer import end_of_generation
     return LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
         num_layers=get("block_count"), num_heads=n_head, num_kv_heads=get("attention.head_count_kv", n_head),
@@ -206,7 +206,7 @@ def gguf_config(path: str | Path) -> LlamaConfig:
         tie_word_embeddings="output.weight" not in tensor_names,
         rope=RopeConfig(**{k: v for k, v in rope.items() if v is not None}),
         bos_token_id=_value(r, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (eos,),
+        eos_token_ids=end_of_generation(r),  # eos, eot, eom and the end-of-turn tokens llama.cpp stops on
         name=_value(r, "general.name") or "gguf",
         family="llama" if arch == "llama" else arch,
         attention_bias=any(n.endswith("attn_q.bias") for n in tensor_names),

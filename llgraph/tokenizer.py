@@ -8,14 +8,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from llgraph.errors import LlgraphError
-
-# llama.cpp's byte-level pre-tokenizer types that `tokenizers` expresses exactly
-_GGUF_PRE = {"default", "gpt2", "smollm"}
-
-
-class TokenizerError(LlgraphError):
-    pass
+from llgraph.gguf_tokenizer import TokenizerError  # noqa: F401 (its one error type, re-exported)
 
 
 class Tokenizer:
@@ -42,37 +35,13 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
-        """Byte-level BPE from `tokenizer.ggml.*`: tokens, merges, token types (3 = control -> special)."""
-        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as TK
-
+        """The GGUF's own tokenizer, tokenizing as llama.cpp does (llgraph/gguf_tokenizer.py)."""
+        from llgraph import gguf_tokenizer
         from llgraph.gguf_source import gguf_reader
 
-        r = gguf_reader(path)
-
-        def field(key, default=None):
-            f = r.fields.get(key)
-            return default if f is None else f.contents()
-
-        kind, pre = field("tokenizer.ggml.model"), field("tokenizer.ggml.pre", "default")
-        if kind != "gpt2" or pre not in _GGUF_PRE:
-            raise TokenizerError(f"GGUF tokenizer '{kind}'/'{pre}' is not supported (llgraph builds byte-level BPE "
-                                 f"of pre-types {sorted(_GGUF_PRE)}); export from an HF folder with tokenizer.json")
-        tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
-        merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
-        tk = TK(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        if pre == "smollm":  # llama.cpp splits every digit on its own before the GPT-2 regex
-            tk.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), byte_level])
-        else:
-            tk.pre_tokenizer = byte_level
-        tk.decoder = decoders.ByteLevel()
-        tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                               for t, kind in zip(tokens, types) if kind == 3])
-        bos, eos = field("tokenizer.ggml.bos_token_id"), field("tokenizer.ggml.eos_token_id")
-        return cls(tk, field("tokenizer.chat_template"), tokens[bos] if bos is not None else "",
-                   tokens[eos] if eos is not None else "")
+        reader = gguf_reader(path)
+        tk, bos, eos = gguf_tokenizer.build(reader)
+        return cls(tk, gguf_tokenizer._field(reader, "tokenizer.chat_template"), bos, eos)
 
     @classmethod
     def find(cls, ref: str | Path | None) -> Tokenizer | None:
@@ -95,6 +64,8 @@ class Tokenizer:
         # thread, a server's event loop included, for 0.6 s): the same pipeline, the same ids. Its _fast form skips
         # the offsets: 2.4x faster on a 7 MB text, and the result's list and its freeing hold the GIL 0.1 s, not 0.6
         encode = getattr(self.tk, "encode_batch_fast", self.tk.encode_batch)
+        if add_special_tokens and self.bos_token and text.startswith(self.bos_token):
+            add_special_tokens = False  # a chat template's text starts with its BOS: not a second one
         return encode([text], add_special_tokens=add_special_tokens)[0].ids
 
     @functools.cached_property

@@ -141,10 +141,11 @@ def finish_gguf(w) -> None:
     w.close()
 
 
-def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
+def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of, fields=None) -> dict:
     """A llama GGUF written with gguf's own writer: config metadata, every tensor of `source` in
-    `qtype_of(index, hf_name, array)`, q/k rows permuted as llama.cpp's converter does. Returns, per HF name,
-    (gguf's own dequantization of what was written, its type, the head count for q/k rows or None)."""
+    `qtype_of(index, hf_name, array)`, q/k rows permuted as llama.cpp's converter does; `fields(writer)` adds more
+    metadata (a tokenizer). Returns, per HF name, (gguf's own dequantization of what was written, its type, the head
+    count for q/k rows or None)."""
     import gguf.quants as gq
 
     from llgraph.gguf_source import _GGUF_NAMES
@@ -166,6 +167,8 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of) -> dict:
         m = stem.split(".")
         gname = (f"blk.{m[2]}.{to_gguf['.'.join(m[3:])]}" if stem.startswith("model.layers.") else to_gguf[stem])
         w.add_tensor(f"{gname}.{kind}", data, raw_shape=data.shape, raw_dtype=qtype)
+    if fields is not None:
+        fields(w)
     finish_gguf(w)
     return expected
 

@@ -1,0 +1,183 @@
+"""A GGUF file's own tokenizer as a `tokenizers` object, tokenizing as llama.cpp does (the reference: tests hold the
+ids to llama.cpp's on a corpus of hard text, tests/data/gguf_tokenizers/).
+
+    tk, bos, eos = build(reader)        # reader: gguf.GGUFReader of the file
+
+Two kinds of `tokenizer.ggml.model`:
+- `gpt2`, byte-level BPE: the text split by the regexes of `tokenizer.ggml.pre` (each regex in turn splits every
+  piece into its matches and the text between them, as llama.cpp's `unicode_regex_split`), then GPT-2's byte
+  alphabet and the merges. The regexes are the models' own (their tokenizer.json pre-tokenizers); a pre-type whose
+  regexes llgraph does not carry is refused in one line naming it, before anything is exported.
+- `llama`, SentencePiece BPE: spaces as `▁` (one prepended to every text between special tokens where
+  `add_space_prefix`, as llama.cpp), merges in the order of the merged piece's score, bytes without a piece as
+  `<0xNN>`.
+Control, user-defined and unknown tokens are split out of the text first (special tokens); `add_bos_token`/
+`add_eos_token` are honoured by the post-processor.
+"""
+
+from __future__ import annotations
+
+from llgraph.errors import LlgraphError
+
+# the regexes of each pre-tokenizer (byte-level BPE), in the order they split
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+           r"|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+_CASED = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+{s}"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*{s}"
+          r"|\p{N}{n}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = _CASED.replace("{s}", "").replace("{n}", "")
+_GPT4O = _CASED.replace("{s}", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?").replace("{n}", "{1,3}")
+# DeepSeek LLM's letters (its tokenizer.json's class), by code point: some of them change under Unicode normalization
+_DEEPSEEK_LETTERS = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+    "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481"
+    "\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b"
+    "\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b"
+    "\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb"
+    "\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128"
+    "\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4"
+    "\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
+    "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943")
+PRE_SPLITS: dict[str, tuple[str, ...]] = {
+    "gpt2": (_GPT2,),
+    "llama3": (_LLAMA3,),
+    "qwen2": (_QWEN2,),
+    "tekken": (_TEKKEN,),
+    "gpt4o": (_GPT4O,),
+    "smollm": (r"\p{N}", _GPT2),  # every digit alone, then GPT-2's (StarCoder's)
+    "deepseek-llm": (r"[\r\n]", rf"\s?[{_DEEPSEEK_LETTERS}]+", "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f"
+                     "\u3000-\u3002]+", r"\s+$", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}+"),
+    "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),  # llama.cpp's for an unnamed one
+}
+# tokenizer.ggml.pre as llama.cpp's converter writes it -> its splits (llama.cpp's llama-vocab.cpp groups them so)
+PRE_NAMES = {
+    **{n: "llama3" for n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "dbrx",
+                             "smaug-bpe", "lfm2", "midm-2.0")},
+    **{n: "qwen2" for n in ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan")},
+    **{n: "gpt2" for n in ("gpt-2", "gpt2", "phi-2", "olmo", "mpt", "jais", "roberta-bpe", "exaone4")},
+    **{n: "smollm" for n in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")},
+    **{n: "gpt4o" for n in ("gpt-4o", "llama4", "kanana2")},
+    "tekken": "tekken", "deepseek-llm": "deepseek-llm", "default": "default",
+}
+IGNORE_MERGES = {"llama3", "tekken"}  # a piece that is a vocabulary token is that token, whatever the merges say
+SPECIAL_TYPES = {2, 3, 4}  # unknown, control, user-defined: split out of the text before the model runs
+BYTE = 6
+# end-of-generation tokens by their text, as llama.cpp knows them (beside the eos/eot/eom ids a GGUF names)
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+             "<|end_of_text|>", "<|return|>", "<|call|>")
+
+
+class TokenizerError(LlgraphError):
+    pass
+
+
+def check(reader) -> None:
+    """Refuses, in one line, a GGUF tokenizer llgraph cannot build (before any export starts)."""
+    kind, pre = _field(reader, "tokenizer.ggml.model"), _field(reader, "tokenizer.ggml.pre", "default")
+    if kind == "gpt2" and pre not in PRE_NAMES:
+        raise TokenizerError(f"GGUF pre-tokenizer '{pre}' is not supported (llgraph builds "
+                             f"{', '.join(sorted(PRE_NAMES))}); export from an HF folder with tokenizer.json")
+    if kind not in ("gpt2", "llama"):
+        raise TokenizerError(f"GGUF tokenizer model '{kind}' is not supported (llgraph builds 'gpt2' byte-level BPE "
+                             "and 'llama' SentencePiece); export from an HF folder with tokenizer.json")
+
+
+def build(reader):
+    """-> (tokenizers.Tokenizer, bos text, eos text) from the GGUF's `tokenizer.ggml.*` fields."""
+    from tokenizers import AddedToken, processors
+    from tokenizers import Tokenizer as TK
+
+    check(reader)
+    tokens, types = _field(reader, "tokenizer.ggml.tokens"), _field(reader, "tokenizer.ggml.token_type")
+    types = list(types) if types is not None else [1] * len(tokens)
+    if _field(reader, "tokenizer.ggml.model") == "gpt2":
+        tk = TK(_byte_level_bpe(reader, tokens))
+        _byte_level_pipeline(tk, _field(reader, "tokenizer.ggml.pre", "default"))
+        add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False))
+    else:
+        tk = TK(_sentencepiece_bpe(reader, tokens, types))
+        _sentencepiece_pipeline(tk, bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)))
+        add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", True))
+    rstrip = "phi-3" in str(_field(reader, "general.name", "")).lower() or \
+             "phi3" in str(_field(reader, "general.name", "")).lower()  # llama.cpp strips after Phi-3's specials
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False,
+                                      rstrip=rstrip and t not in ("<unk>", "<s>", "<|endoftext|>"))
+                           for t, kind in zip(tokens, types) if kind in SPECIAL_TYPES])
+    bos, eos = _field(reader, "tokenizer.ggml.bos_token_id"), _field(reader, "tokenizer.ggml.eos_token_id")
+    bos_text = tokens[bos] if bos is not None and bos < len(tokens) else ""
+    add_eos = bool(_field(reader, "tokenizer.ggml.add_eos_token", False))
+    eos_text = tokens[eos] if eos is not None and eos < len(tokens) else ""
+    single = ([bos_text] if add_bos and bos_text else []) + ["$A"] + ([eos_text] if add_eos and eos_text else [])
+    if len(single) > 1:
+        specials = [(t, tokens.index(t)) for t in {bos_text, eos_text} if t and t in single]
+        tk.post_processor = processors.TemplateProcessing(single=" ".join(single), special_tokens=specials)
+    return tk, bos_text, eos_text
+
+
+def end_of_generation(reader) -> tuple[int, ...]:
+    """Every id that ends a turn: the GGUF's eos, eot and eom ids, and the control tokens llama.cpp stops on."""
+    tokens, types = _field(reader, "tokenizer.ggml.tokens") or [], _field(reader, "tokenizer.ggml.token_type")
+    ids = {_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")} - {None}
+    ids |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS and (types is None or types[i] in SPECIAL_TYPES)}
+    return tuple(sorted(int(i) for i in ids))
+
+
+def _byte_level_bpe(reader, tokens):
+    from tokenizers import models
+
+    pre = PRE_NAMES[_field(reader, "tokenizer.ggml.pre", "default")]
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges") or []]
+    return models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False,
+                      ignore_merges=pre in IGNORE_MERGES)
+
+
+def _byte_level_pipeline(tk, pre: str) -> None:
+    from tokenizers import Regex, decoders, pre_tokenizers
+
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_SPLITS[PRE_NAMES[pre]]]
+    tk.pre_tokenizer = pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                   use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+
+
+def _sentencepiece_bpe(reader, tokens, types):
+    """SentencePiece BPE as tokenizers' BPE: a merge for every split of a normal piece into two pieces, ranked by
+    the merged piece's score (llama.cpp merges the adjacent pair whose union scores highest, leftmost first)."""
+    from tokenizers import models
+
+    scores = _field(reader, "tokenizer.ggml.scores")
+    scores = list(scores) if scores is not None else [-float(i) for i in range(len(tokens))]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for i, piece in enumerate(tokens):
+        if types[i] not in (1, 4) or len(piece) < 2:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                merges.append((-scores[i], i, vocab[left], (left, right)))
+    merges.sort()
+    unk = _field(reader, "tokenizer.ggml.unknown_token_id", 0)
+    return models.BPE(vocab, [m[-1] for m in merges], unk_token=tokens[unk] if unk is not None else None,
+                      fuse_unk=True, byte_fallback=any(t == BYTE for t in types))
+
+
+def _sentencepiece_pipeline(tk, add_space_prefix: bool) -> None:
+    from tokenizers import decoders, normalizers
+
+    replace = normalizers.Replace(" ", "▁")
+    tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace]) if add_space_prefix else replace
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tk.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if add_space_prefix else steps)
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    v = f.contents()
+    return v.item() if hasattr(v, "item") else v

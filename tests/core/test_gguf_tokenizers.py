@@ -1,0 +1,76 @@
+"""Every GGUF tokenizer llama.cpp's converter writes for the families llgraph runs: byte-level BPE of each pre-type
+(SmolLM2's vocabulary relabelled: the splitting is what differs) and SentencePiece BPE (a real model trained with
+`sentencepiece`, with and without the space prefix), token for token equal to llama.cpp's ids on a corpus of hard
+text (digits, runs of spaces and newlines, code, CJK, emoji, accents, special-token text, a leading space), kept as
+test data (`python tests/gguf_vocab.py` regenerates it with llama-cpp-python). Decoding round-trips; a pre-type
+llgraph does not carry is refused in one line before any export; `llgraph generate` answers on a model of each."""
+
+import json
+
+import pytest
+from gguf_vocab import CORPUS, DATA, PRE_TYPES, SENTENCEPIECE, relabelled, with_weights
+from test_quant import llgraph
+
+from llgraph.gguf_source import gguf_reader
+from llgraph.gguf_tokenizer import end_of_generation
+from llgraph.tokenizer import Tokenizer
+
+LLAMA_CPP = json.loads((DATA / "llama_cpp_ids.json").read_text())
+NAMES = [*PRE_TYPES, *SENTENCEPIECE]
+
+
+@pytest.fixture(scope="module")
+def vocabularies(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vocab")
+    return {**{pre: relabelled(root / f"{pre}.gguf", pre) for pre in PRE_TYPES}, **SENTENCEPIECE}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ids_equal_llama_cpp_s_on_the_corpus(vocabularies, name):
+    tok = Tokenizer.load(vocabularies[name])
+    got = [tok.tk.encode(text).ids for text in CORPUS]  # as llama.cpp's tokenize(add_bos=True, special=True)
+    differing = [(text, want, ids) for text, want, ids in zip(CORPUS, LLAMA_CPP[name], got) if ids != want]
+    print(f"{name}: {len(CORPUS) - len(differing)} of {len(CORPUS)} texts tokenized as llama.cpp does "
+          f"({sum(map(len, got))} tokens)")
+    assert not differing, differing[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decoding_round_trips(vocabularies, name):
+    tok = Tokenizer.load(vocabularies[name])
+    plain = [t for t in CORPUS if "<" not in t]  # special tokens are left out of decoded text
+    for text in plain:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text, text
+
+
+def test_bos_as_the_gguf_says_and_never_twice(vocabularies):
+    llama3 = Tokenizer.load(vocabularies["llama-bpe"])  # add_bos_token true, as Llama 3's GGUFs
+    bos = llama3.token_id(llama3.bos_token)
+    assert llama3.encode("Hi")[0] == bos and llama3.encode("Hi", add_special_tokens=False)[0] != bos
+    templated = llama3.bos_token + "Hi"  # a chat template's text already starts with it
+    assert llama3.encode(templated).count(bos) == 1
+    assert Tokenizer.load(vocabularies["qwen2"]).encode("Hi")[0] != bos  # add_bos_token false
+
+
+def test_every_end_of_turn_id_stops(vocabularies):
+    """eos, and the control tokens llama.cpp ends a turn on (SmolLM2's <|endoftext|> and <|im_end|>)."""
+    tok = Tokenizer.load(vocabularies["qwen2"])
+    ids = end_of_generation(gguf_reader(vocabularies["qwen2"]))
+    assert {tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")} <= set(ids), ids
+
+
+def test_an_unknown_pre_type_is_refused_in_one_line_before_export(tmp_path):
+    model = with_weights(tmp_path / "m.gguf", relabelled(tmp_path / "v.gguf", "made-up-pre"))
+    r = llgraph("export", "--checkpoint", str(model), "-o", str(tmp_path / "out"))
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    print(lines)
+    assert r.returncode == 2 and len(lines) == 1 and "'made-up-pre'" in lines[0] and "llama-bpe" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "qwen2", "tekken", "gpt-4o", "deepseek-llm", "spm"])
+def test_generate_answers_on_a_gguf_of_each_tokenizer(vocabularies, name, tmp_path):
+    model = with_weights(tmp_path / f"{name}.gguf", vocabularies[name])
+    r = llgraph("generate", str(model), "--prompt", "Once upon a time", "--max-new-tokens", "4", "--raw")
+    print(name, repr(r.stdout))
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr

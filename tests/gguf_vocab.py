@@ -1,0 +1,151 @@
+"""Vocabulary-only GGUFs for the tokenizer tests, and the reference ids llama.cpp gives for them.
+
+    relabelled(path, pre)            SmolLM2's byte-level BPE vocabulary (the bundled GGUF's) under another
+                                     `tokenizer.ggml.pre`: enough to check each pre-type's splitting
+    SENTENCEPIECE                    a real SentencePiece BPE model (trained here, 800 pieces, byte fallback) as
+                                     llama.cpp's converter writes one: tests/data/gguf_tokenizers/*.gguf
+
+    python tests/gguf_vocab.py       regenerates tests/data/gguf_tokenizers/llama_cpp_ids.json with llama.cpp
+                                     (llama-cpp-python, `Llama(path, vocab_only=True).tokenize`)
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import gguf
+
+DATA = Path(__file__).resolve().parent / "data" / "gguf_tokenizers"
+CORPUS = json.loads((DATA / "corpus.json").read_text())
+PRE_TYPES = ("llama-bpe", "qwen2", "tekken", "dbrx", "olmo", "deepseek-llm", "gpt-4o", "default", "gpt-2", "smollm")
+SENTENCEPIECE = {"spm": DATA / "sentencepiece-bpe-800.gguf", "spm-no-prefix": DATA / "sentencepiece-bpe-800-np.gguf"}
+BOS_PRE = {"llama-bpe", "dbrx"}  # Llama 3's GGUFs add a BOS
+
+
+def _hparams(w: gguf.GGUFWriter, vocab: int) -> None:
+    """What llama.cpp reads of a llama model before its vocabulary (no tensors: vocab_only)."""
+    w.add_context_length(256)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(16)
+    w.add_vocab_size(vocab)
+
+
+def _write(path: Path, fill) -> Path:
+    w = gguf.GGUFWriter(str(path), "llama")
+    fill(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def relabelled(path: Path, pre: str) -> Path:
+    """SmolLM2's vocabulary, merges and token types under `tokenizer.ggml.pre` = `pre`."""
+    from llgraph.bundled import bundled_model
+
+    r = gguf.GGUFReader(str(bundled_model("smollm2")))
+
+    def field(key):
+        return r.fields[key].contents()
+
+    def fill(w):
+        tokens = field("tokenizer.ggml.tokens")
+        _hparams(w, len(tokens))
+        w.add_name(f"smollm2 vocabulary as {pre}")
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(field("tokenizer.ggml.token_type"))
+        w.add_token_merges(field("tokenizer.ggml.merges"))
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(pre in BOS_PRE)
+    return _write(path, fill)
+
+
+def with_weights(path: Path, vocab: Path) -> Path:
+    """A tiny random-weight llama GGUF (Q8_0) carrying `vocab`'s tokenizer fields: a model `llgraph generate` runs."""
+    import gguf.quants  # noqa: F401
+    from reference import tiny, write_gguf
+
+    from llgraph.checkpoint import random_weights
+
+    r = gguf.GGUFReader(str(vocab))
+    keys = [k for k in r.fields if k.startswith("tokenizer.")]
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    cfg = tiny(vocab_size=len(tokens), hidden_size=64, intermediate_size=128, head_dim=16)
+
+    def copy(w):
+        for key in keys:
+            f = r.fields[key]
+            kind = f.types[0]
+            if kind == gguf.GGUFValueType.ARRAY:
+                w.add_array(key, f.contents())
+            else:
+                w.add_key_value(key, f.contents(), kind)
+    write_gguf(path, cfg, random_weights(cfg, seed=3, std=0.25),
+               lambda i, name, x: gguf.GGMLQuantizationType.Q8_0 if x.ndim == 2 else gguf.GGMLQuantizationType.F32,
+               fields=copy)
+    return path
+
+
+def sentencepiece(model_file: Path, path: Path, add_space_prefix: bool) -> Path:
+    """A SentencePiece model written as llama.cpp's convert_hf_to_gguf.py writes one (tokens, scores, types)."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    proto = pb.ModelProto()
+    proto.ParseFromString(model_file.read_bytes())
+    kinds = {pb.ModelProto.SentencePiece.NORMAL: 1, pb.ModelProto.SentencePiece.UNKNOWN: 2,
+             pb.ModelProto.SentencePiece.CONTROL: 3, pb.ModelProto.SentencePiece.USER_DEFINED: 4,
+             pb.ModelProto.SentencePiece.UNUSED: 5, pb.ModelProto.SentencePiece.BYTE: 6}
+
+    def fill(w):
+        _hparams(w, sp.vocab_size())
+        w.add_name("sentencepiece bpe 800")
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list([p.piece for p in proto.pieces])
+        w.add_token_scores([p.score for p in proto.pieces])
+        w.add_token_types([kinds[p.type] for p in proto.pieces])
+        w.add_bos_token_id(sp.bos_id())
+        w.add_eos_token_id(sp.eos_id())
+        w.add_unk_token_id(sp.unk_id())
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_add_space_prefix(add_space_prefix)
+    return _write(path, fill)
+
+
+def reference(tmp: Path) -> dict:
+    """{gguf name: [llama.cpp's ids of each corpus text, BOS as the file says, special tokens parsed]}."""
+    from llama_cpp import Llama
+
+    files = {pre: relabelled(tmp / f"{pre}.gguf", pre) for pre in PRE_TYPES}
+    files.update(SENTENCEPIECE)
+    out = {}
+    for name, path in files.items():
+        llm = Llama(str(path), vocab_only=True, verbose=False)
+        out[name] = [llm.tokenize(text.encode(), add_bos=True, special=True) for text in CORPUS]
+    return out
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    model = DATA / "sentencepiece-bpe-800.model"
+    if model.exists():  # the trained model, turned into the committed GGUFs once
+        sentencepiece(model, SENTENCEPIECE["spm"], True)
+        sentencepiece(model, SENTENCEPIECE["spm-no-prefix"], False)
+    with tempfile.TemporaryDirectory() as tmp:
+        ids = reference(Path(tmp))
+    (DATA / "llama_cpp_ids.json").write_text(json.dumps(ids, separators=(",", ":")) + "\n")
+    print(f"wrote {DATA / 'llama_cpp_ids.json'}: {len(ids)} tokenizers x {len(CORPUS)} texts")
