@@ -70,12 +70,17 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32", kv: str | None = None)
 
     embed_w = weight("model.embed_tokens.weight", cfg.vocab_size, h)
     (x,) = b.add("Embedding", (ids, embed_w), ("embed",), scale=float(cfg.embedding_scale))
-    inv_freq, scaling = rope_inv_freq(cfg)
-    inv = b.param("rope.inv_freq", "float32", inv_freq.shape, constant=inv_freq.astype(np.float32))
-    r = cfg.rope
-    cos, sin = b.add("RotaryCosSin", (pos, inv), ("rope.cos", "rope.sin"), scaling=float(scaling),
+    def cos_sin(r, name):  # one table pair per RoPE of the config (Gemma 3: its sliding layers' own)
+        inv_freq, scaling = rope_inv_freq(cfg, rope=r)
+        inv = b.param(f"{name}.inv_freq", "float32", inv_freq.shape, constant=inv_freq.astype(np.float32))
+        return b.add("RotaryCosSin", (pos, inv), (f"{name}.cos", f"{name}.sin"), scaling=float(scaling),
                      dynamic_factor=float(r.factor) if r.type == "dynamic" else 0.0,
                      original_max_position=r.original_max_position_embeddings or cfg.max_position_embeddings)
+
+    r = cfg.rope
+    tables = {id(r): cos_sin(r, "rope")}
+    if cfg.rope_local is not None:
+        tables[id(cfg.rope_local)] = cos_sin(cfg.rope_local, "rope_local")
 
     def norm(x, name, size, out, group=None):
         return b.add("RMSNorm", (x, weight(name, size)), (out,), eps=cfg.rms_norm_eps, group=group or size)[0]
@@ -96,6 +101,7 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32", kv: str | None = None)
             q = norm(q, f"{p}.self_attn.q_norm.weight", d if per_head else cfg.q_size, f"{v}.q_norm")
             k = norm(k, f"{p}.self_attn.k_norm.weight", d if per_head else cfg.kv_size, f"{v}.k_norm")
         interleaved = r.layout == "interleaved"
+        cos, sin = tables[id(cfg.layer_rope(i))]
         (q,) = b.add("Rotary", (q, cos, sin), (f"{v}.q_rot",), num_heads=cfg.num_heads, interleaved=interleaved)
         (k,) = b.add("Rotary", (k, cos, sin), (f"{v}.k_rot",), num_heads=cfg.num_kv_heads, interleaved=interleaved)
         attn, _, _ = b.add("GroupedAttention", (q, k, vv, pos, pk, pv), (f"{v}.attn", ok, ov),

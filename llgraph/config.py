@@ -14,7 +14,7 @@ from typing import Any
 
 from llgraph.errors import LlgraphError
 
-FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma2")  # the Llama block, its variants
+FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma2", "gemma3")  # the Llama block, its variants
 QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k before RoPE: per head (Qwen3), whole (OLMo 2)
 NORM_PLACEMENTS = ("pre", "post", "sandwich")  # before attention and MLP (Llama), on their outputs (OLMo 2),
 # or both (Gemma 2)
@@ -79,11 +79,15 @@ class LlamaConfig:
     final_softcap: float | None = None  # the output logits, likewise
     norm_weight_offset: float = 0.0  # RMSNorm multiplies by (offset + weight): Gemma stores weight - 1
     parallel_block: bool = False  # attention and MLP both read the layer's one norm; both add to the residual
+    rope_local: RopeConfig | None = None  # the sliding-window layers' own RoPE (Gemma 3: theta 10,000 there,
+    # 1,000,000 and any scaling on the global layers); None: every layer uses `rope`
 
     def __post_init__(self):
         # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
         if isinstance(self.rope, dict):
             object.__setattr__(self, "rope", from_fields(RopeConfig, self.rope, "rope."))
+        if isinstance(self.rope_local, dict):
+            object.__setattr__(self, "rope_local", from_fields(RopeConfig, self.rope_local, "rope_local."))
         if self.sliding_layers is not None:
             object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))
         if isinstance(self.eos_token_ids, int):
@@ -100,6 +104,10 @@ class LlamaConfig:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.rope.rotary_dim is None:
             object.__setattr__(self, "rope", dataclasses.replace(self.rope, rotary_dim=self.head_dim))
+        if self.rope_local is not None:  # the same weights: the same pairs and rotated dims as `rope`
+            local = self.rope_local
+            object.__setattr__(self, "rope_local", dataclasses.replace(
+                local, layout=self.rope.layout, rotary_dim=local.rotary_dim or self.rope.rotary_dim))
         if self.attention_out_bias is None:
             object.__setattr__(self, "attention_out_bias", self.attention_bias)
         self._validate()
@@ -139,25 +147,32 @@ class LlamaConfig:
             raise ConfigError(f"embedding_scale ({self.embedding_scale}) must be > 0")
         if not self.rms_norm_eps > 0:
             raise ConfigError(f"rms_norm_eps ({self.rms_norm_eps}) must be > 0")
-        r = self.rope
-        if r.type not in ROPE_TYPES:
-            raise ConfigError(f"rope.type '{r.type}' is unknown; use one of {', '.join(ROPE_TYPES)}")
-        if r.layout not in ROPE_LAYOUTS:
-            raise ConfigError(f"rope.layout '{r.layout}' is unknown; use 'half' (HF) or 'interleaved' (Meta/GGUF)")
-        if not r.theta > 0:
-            raise ConfigError(f"rope.theta ({r.theta}) must be > 0")
-        if r.rotary_dim <= 0 or r.rotary_dim % 2 or r.rotary_dim > self.head_dim:
-            raise ConfigError(f"rope.rotary_dim ({r.rotary_dim}) must be even and in 2..head_dim ({self.head_dim})")
-        if r.type != "default" and not r.factor > 0:
-            raise ConfigError(f"rope.factor ({r.factor}) must be > 0 for rope.type '{r.type}'")
-        if r.type in ("llama3", "yarn") and not r.original_max_position_embeddings:
-            raise ConfigError(f"rope.type '{r.type}' needs rope.original_max_position_embeddings")
-        if r.type == "llama3" and not r.high_freq_factor > r.low_freq_factor:
-            raise ConfigError(f"rope.high_freq_factor ({r.high_freq_factor}) must exceed "
-                              f"rope.low_freq_factor ({r.low_freq_factor})")
+        for name, r in (("rope", self.rope), ("rope_local", self.rope_local)):
+            if r is not None:
+                self._check_rope(name, r)
+        if self.rope_local is not None and not self.sliding_window:
+            raise ConfigError("rope_local is the sliding-window layers' RoPE, but the config has no sliding_window; "
+                              "drop rope_local or set the window")
         for t in (self.bos_token_id, *self.eos_token_ids):
             if t is not None and not 0 <= t < self.vocab_size:
                 raise ConfigError(f"special token id {t} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    def _check_rope(self, name: str, r: RopeConfig) -> None:
+        if r.type not in ROPE_TYPES:
+            raise ConfigError(f"{name}.type '{r.type}' is unknown; use one of {', '.join(ROPE_TYPES)}")
+        if r.layout not in ROPE_LAYOUTS:
+            raise ConfigError(f"{name}.layout '{r.layout}' is unknown; use 'half' (HF) or 'interleaved' (Meta/GGUF)")
+        if not r.theta > 0:
+            raise ConfigError(f"{name}.theta ({r.theta}) must be > 0")
+        if r.rotary_dim <= 0 or r.rotary_dim % 2 or r.rotary_dim > self.head_dim:
+            raise ConfigError(f"{name}.rotary_dim ({r.rotary_dim}) must be even and in 2..head_dim ({self.head_dim})")
+        if r.type != "default" and not r.factor > 0:
+            raise ConfigError(f"{name}.factor ({r.factor}) must be > 0 for rope.type '{r.type}'")
+        if r.type in ("llama3", "yarn") and not r.original_max_position_embeddings:
+            raise ConfigError(f"{name}.type '{r.type}' needs rope.original_max_position_embeddings")
+        if r.type == "llama3" and not r.high_freq_factor > r.low_freq_factor:
+            raise ConfigError(f"{name}.high_freq_factor ({r.high_freq_factor}) must exceed "
+                              f"{name}.low_freq_factor ({r.low_freq_factor})")
 
     # -- derived sizes --------------------------------------------------------------------------------------------
     def layer_window(self, layer: int) -> int:
@@ -165,6 +180,10 @@ class LlamaConfig:
         if not self.sliding_window or (self.sliding_layers is not None and layer not in self.sliding_layers):
             return 0
         return self.sliding_window
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        """The RoPE of `layer`: rope_local on a sliding-window layer where the config has one, else rope."""
+        return self.rope_local if self.rope_local is not None and self.layer_window(layer) else self.rope
 
     @property
     def q_size(self) -> int:

@@ -9,7 +9,8 @@ import dataclasses
 
 from llgraph.config import FAMILIES, ROPE_TYPES, ConfigError, LlamaConfig, RopeConfig, from_fields
 
-_HF_LLAMA_TYPES = FAMILIES
+_HF_MODEL_TYPES = {"gemma3_text": "gemma3"}  # HF model_type -> llgraph family, where the names differ
+_HF_LLAMA_TYPES = tuple(next((t for t, f in _HF_MODEL_TYPES.items() if f == family), family) for family in FAMILIES)
 # HF keys that carry no semantics for inference of a Llama block (training or bookkeeping).
 _HF_IGNORED = {
     "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range",
@@ -17,7 +18,7 @@ _HF_IGNORED = {
     "quantization_config", "sliding_window", "is_llama_config", "rope_interleaved", "transformers.js_config",
     "output_attentions", "output_hidden_states", "return_dict", "tie_word_embeddings", "bos_token_id",
     "eos_token_id", "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "max_window_layers",
-    "use_sliding_window",
+    "use_sliding_window", "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern",
 }
 
 
@@ -70,12 +71,13 @@ def from_hf_dict(d: dict) -> LlamaConfig:
     if mt not in _HF_LLAMA_TYPES:
         raise ConfigError(f"model_type '{mt}' is not supported; llgraph builds {', '.join(_HF_LLAMA_TYPES)} "
                           "(the Llama block and the families that share it)")
+    mt = _HF_MODEL_TYPES.get(mt, mt)
     act = d.get("hidden_activation") or d.get("hidden_act", "silu")
     activation = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}.get(act)
     if activation is None:
         raise ConfigError(f"hidden_act '{act}' is not supported; llgraph's gated MLPs are SwiGLU ('silu') and GeGLU "
                           "('gelu_pytorch_tanh')")
-    gemma = mt == "gemma2"
+    gemma = mt in ("gemma2", "gemma3")
     # Qwen2/Qwen3 window only with use_sliding_window, then the layers >= max_window_layers; Mistral and Phi-3
     # every layer whenever sliding_window is set. transformers 5 spells the layers out in layer_types.
     qwen = mt in ("qwen2", "qwen3")
@@ -85,6 +87,9 @@ def from_hf_dict(d: dict) -> LlamaConfig:
         layers = tuple(i for i, t in enumerate(d["layer_types"]) if t == "sliding_attention")
     elif window and mt == "gemma2":  # transformers 4.x: every other layer from the first
         layers = tuple(range(0, d["num_hidden_layers"], 2))
+    elif window and mt == "gemma3":  # transformers 4.x: five local layers, then a global one
+        pattern = d.get("sliding_window_pattern", 6)
+        layers = tuple(i for i in range(d["num_hidden_layers"]) if (i + 1) % pattern)
     elif window and qwen:
         layers = tuple(range(d.get("max_window_layers", 0), d["num_hidden_layers"]))
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -92,31 +97,45 @@ def from_hf_dict(d: dict) -> LlamaConfig:
     if missing:
         raise ConfigError(f"HF config is missing {', '.join(missing)}")
     eos = d.get("eos_token_id")
+    head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
     return LlamaConfig(
         vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
         num_layers=d["num_hidden_layers"], num_heads=d["num_attention_heads"],
         num_kv_heads=d.get("num_key_value_heads"), head_dim=d.get("head_dim"),
         rms_norm_eps=d.get("rms_norm_eps", 1e-6), max_position_embeddings=d.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", mt == "gemma2")),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),
         attention_bias=bool(d.get("attention_bias", mt == "qwen2")), mlp_bias=bool(d.get("mlp_bias", False)),
         attention_out_bias=False if mt == "qwen2" else None, family=mt, sliding_window=window,
         sliding_layers=layers,
-        qk_norm={"qwen3": "head", "olmo2": "projection"}.get(mt, "none"),
-        norm_placement={"olmo2": "post", "gemma2": "sandwich"}.get(mt, "pre"), mlp_activation=activation,
+        qk_norm={"qwen3": "head", "gemma3": "head", "olmo2": "projection"}.get(mt, "none"),
+        norm_placement={"olmo2": "post", "gemma2": "sandwich", "gemma3": "sandwich"}.get(mt, "pre"),
+        mlp_activation=activation,
         embedding_scale=float(d["hidden_size"]) ** 0.5 if gemma else 1.0,
         attention_scale=float(d["query_pre_attn_scalar"]) ** -0.5 if d.get("query_pre_attn_scalar") else None,
         attention_softcap=d.get("attn_logit_softcapping"), final_softcap=d.get("final_logit_softcapping"),
         norm_weight_offset=1.0 if gemma else 0.0,
-        rope=_hf_rope(d, d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]),
+        rope=_hf_rope(d, head_dim, "full_attention"),
+        rope_local=_hf_local_rope(d, head_dim) if window and mt == "gemma3" else None,
         bos_token_id=d.get("bos_token_id"),
         eos_token_ids=() if eos is None else (tuple(eos) if isinstance(eos, list) else (eos,)),
         name=d.get("_name_or_path") or mt,
     )
 
 
-def _hf_rope(d: dict, head_dim: int) -> RopeConfig:
-    """transformers 4.x spells it `rope_theta` + `rope_scaling`; 5.x `rope_parameters` (theta inside)."""
+def _hf_local_rope(d: dict, head_dim: int) -> RopeConfig:
+    """Gemma 3's sliding layers' RoPE: transformers 5.x's rope_parameters['sliding_attention'], 4.x's
+    rope_local_base_freq (unscaled)."""
+    if "sliding_attention" in (d.get("rope_parameters") or {}):
+        return _hf_rope(d, head_dim, "sliding_attention")
+    return RopeConfig(theta=float(d.get("rope_local_base_freq", 10000.0)), rotary_dim=head_dim)
+
+
+def _hf_rope(d: dict, head_dim: int, layer_type: str | None = None) -> RopeConfig:
+    """transformers 4.x spells it `rope_theta` + `rope_scaling`; 5.x `rope_parameters` (theta inside), per layer
+    type where the layers differ (Gemma 3: `layer_type`'s)."""
     params = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    if layer_type in params and isinstance(params[layer_type], dict):
+        params = dict(params[layer_type])
     theta = params.pop("rope_theta", d.get("rope_theta", 10000.0))
     rtype = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)

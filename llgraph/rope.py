@@ -8,15 +8,17 @@ import math
 from llgraph.config import LlamaConfig, RopeConfig
 
 
-def rope_inv_freq(cfg: LlamaConfig, seq_len: int | None = None):
-    """(inv_freq[rotary_dim/2] float64 numpy, attention_scaling) for the config's RoPE variant.
+def rope_inv_freq(cfg: LlamaConfig, seq_len: int | None = None, rope: RopeConfig | None = None):
+    """(inv_freq[rotary_dim/2] float64 numpy, attention_scaling) for the config's RoPE variant (`rope`: another of
+    its RoPEs, e.g. cfg.rope_local).
 
     Written from the papers' formulas (position interpolation, NTK-aware, dynamic NTK, YaRN, Llama 3.1); the tests
     check each against transformers' `modeling_rope_utils`. `seq_len` only matters for 'dynamic'.
     """
     import numpy as np
 
-    r, d = cfg.rope, cfg.rope.rotary_dim
+    r = rope or cfg.rope
+    d = r.rotary_dim
     exponent = np.arange(0, d, 2, dtype=np.float64) / d
     base, scaling = r.theta, 1.0
     if r.type == "ntk":  # NTK-aware static: stretch the base so the lowest frequency is interpolated by `factor`

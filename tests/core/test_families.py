@@ -29,6 +29,14 @@ FAMILIES = {
     # sqrt(hidden) embeddings, (1 + w) norms, query_pre_attn_scalar != head_dim, tied embeddings
     "gemma2": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 5,
                                 "attn_logit_softcapping": 4.0, "final_logit_softcapping": 10.0}),
+    # a local layer (window 5, RoPE base 10,000) and a global one (base 1,000,000, linear scaling x2), QK-norm per
+    # head with (1 + w), sandwich norms, GeGLU, sqrt(hidden) embeddings, query_pre_attn_scalar, tied head
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 5,
+                                    "layer_types": ["sliding_attention", "full_attention"],
+                                    "rope_parameters": {
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                        "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                           "rope_theta": 1000000.0}}}),
 }
 
 
@@ -80,9 +88,11 @@ def test_family_equals_transformers(family, backend, tmp_path, report):
     name, folder, want, ids = family
     cfg = load_config(folder)
     assert cfg.family == name.split("-")[0]
-    assert bool(cfg.sliding_window) == (name.endswith("window") or name == "gemma2")
+    assert bool(cfg.sliding_window) == (name.endswith("window") or name.startswith("gemma"))
     assert (cfg.qk_norm, cfg.norm_placement) == {"qwen3": ("head", "pre"), "olmo2": ("projection", "post"),
-                                                 "gemma2": ("none", "sandwich")}.get(cfg.family, ("none", "pre"))
+                                                 "gemma2": ("none", "sandwich"),
+                                                 "gemma3": ("head", "sandwich")}.get(cfg.family, ("none", "pre"))
+    assert (cfg.rope_local is not None) == (name == "gemma3")
     if backend == "torch":
         ours = Stepper(cfg, open_checkpoint(folder, cfg), batch=2, max_seq=64)
     else:
@@ -123,7 +133,9 @@ def test_phi3_fused_tensors_are_split_by_the_weight_mapping(tmp_path):
 
 @pytest.mark.parametrize("family, switch", [("mistral-window", {"sliding_window": None}),
                                             ("gemma2", {"attention_softcap": None}),
-                                            ("gemma2", {"final_softcap": None})])
+                                            ("gemma2", {"final_softcap": None}),
+                                            ("gemma3", {"rope_local": None}),  # the global RoPE everywhere
+                                            ("gemma3", {"sliding_layers": (1,)})])  # the window on the other
 def test_each_switch_matters(family, switch, tmp_path):
     """The model run without one of its switches differs from transformers by far more than the tolerance: the
     parity above is the switch's, not an accident of small logits or short prompts."""
