@@ -78,6 +78,8 @@ class TokenizerError(LlgraphError):
 def check(reader) -> None:
     """Refuses, in one line, a GGUF tokenizer llgraph cannot build (before any export starts)."""
     kind, pre = _field(reader, "tokenizer.ggml.model"), _field(reader, "tokenizer.ggml.pre", "default")
+    if kind is None:  # a GGUF without a vocabulary: token ids only
+        return
     if kind == "gpt2" and pre not in PRE_NAMES:
         raise TokenizerError(f"GGUF pre-tokenizer '{pre}' is not supported (llgraph builds "
                              f"{', '.join(sorted(PRE_NAMES))}); export from an HF folder with tokenizer.json")
