@@ -100,8 +100,11 @@ def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, see
         raise WeightError(f"checkpoint {p} does not exist; pass an HF folder, a .safetensors or a .gguf file")
     if p.suffix == ".gguf":
         from llgraph.gguf_source import GGUFSource
+        from llgraph.source_views import FusedSplitSource
 
-        return GGUFSource(p)
+        source = GGUFSource(p)  # Phi-3's fused qkv and gate/up, as llama.cpp keeps them, seen under Llama's names
+        fused = cfg is not None and any(FusedSplitSource.FUSED.fullmatch(n) for n in source.names())
+        return FusedSplitSource(source, cfg) if fused else source
     if p.is_dir() or p.suffix == ".safetensors":
         from llgraph.source_views import FusedSplitSource, NormOffsetSource
 

@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 
 from llgraph.config import ConfigError, LlamaConfig, RopeConfig
+from llgraph.gguf_tokenizer import end_of_generation
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
 from llgraph.weights import CARRIED, WeightError, WeightSource
 
-GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # general.architecture values read (Mistral GGUFs are 'llama')
+# general.architecture values read (Mistral GGUFs are 'llama'), as llama.cpp's converter writes them
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3")
 
 
 def stored_rope_layout(arch: str) -> str:
@@ -31,15 +33,24 @@ _GGUF_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
+# where an architecture's names mean other HF tensors: the norms after a sublayer (OLMo 2, Gemma) make llama's
+# ffn_norm Gemma's pre-MLP norm; Phi-3 keeps its fused projections
+_ARCH_NAMES = {
+    "gemma": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+              "post_ffw_norm": "post_feedforward_layernorm"},
+    "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, arch: str = "llama") -> str:
+    names = {**_GGUF_NAMES, **_ARCH_NAMES.get("gemma" if arch.startswith("gemma") else arch, {})}
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
     if m:
-        part = _GGUF_NAMES.get(m[2])
+        part = names.get(m[2])
         return f"model.layers.{m[1]}.{part}.{m[3]}" if part else gguf_name
     stem, _, kind = gguf_name.rpartition(".")
-    return f"{_GGUF_NAMES[stem]}.{kind}" if stem in _GGUF_NAMES else gguf_name
+    return f"{names[stem]}.{kind}" if stem in names else gguf_name
 
 
 @functools.lru_cache(maxsize=4)
@@ -97,7 +108,7 @@ class GGUFSource(WeightSource):
         self.rope_layout = rope_layout
         self._unpermute = rope_layout != stored
         self.description = f"GGUF {self.path.name}"
-        self._tensors = {_hf_name(t.name): t for t in self._reader.tensors}
+        self._tensors = {_hf_name(t.name, self.arch): t for t in self._reader.tensors if t.name not in _NOT_WEIGHTS}
         heads = self._reader.fields.get(f"{self.arch}.attention.head_count")
         kv = self._reader.fields.get(f"{self.arch}.attention.head_count_kv")
         self._heads = int(heads.contents()) if heads else None
@@ -169,8 +180,14 @@ def interleaved_to_half(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+_NOT_WEIGHTS = {"rope_freqs.weight"}  # Llama 3.1's RoPE factors: read into the config, not a graph weight
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales their queries by hidden / heads, not head_dim
+
+
 def gguf_config(path: str | Path) -> LlamaConfig:
-    """Config from a GGUF file's metadata; rope.layout is the layout its rows are stored in (stored_rope_layout)."""
+    """Config from a GGUF file's metadata, as llama.cpp reads each architecture (what its converter leaves out,
+    llama.cpp fixes per architecture, and so does this); rope.layout is the layout its rows are stored in
+    (stored_rope_layout)."""
     r = gguf_reader(path)
     arch = _value(r, "general.architecture")
     if arch not in GGUF_ARCHS:
@@ -184,11 +201,54 @@ def gguf_config(path: str | Path) -> LlamaConfig:
     n_head = get("attention.head_count")
     hidden = get("embedding_length")
     tokens = r.fields.get("tokenizer.ggml.tokens")
-    vocab = get("vocab_size") or (len(tokens.data) if tokens is not None else None)
     tensor_names = {t.name for t in r.tensors}
-    scaling = get("rope.scaling.type", "none")
+    embedding = next((t for t in r.tensors if t.name == "token_embd.weight"), None)
+    vocab = get("vocab_size") or (len(tokens.data) if tokens is not None else
+                                  int(embedding.shape[-1]) if embedding is not None else None)
+    if any(n.startswith("rope_factors_") for n in tensor_names):
+        raise ConfigError("this GGUF's RoPE is LongRoPE (rope_factors_long/short: Phi-3 128k), which llgraph does not "
+                          "build; use the 4k-context model, or an HF folder of a model with a supported RoPE")
+    n_layers, head_dim = get("block_count"), get("attention.key_length") or hidden // n_head
+    gemma = arch.startswith("gemma")
+    window, layers, rope_local = get("attention.sliding_window") or None, None, None  # 0: none (Phi-3's converter)
+    if window and arch == "gemma2":  # llama.cpp: every other layer from the first
+        layers = tuple(range(0, n_layers, 2))
+    elif window and arch == "gemma3":  # llama.cpp: five local layers (RoPE base 10,000, unscaled), one global
+        layers = tuple(i for i in range(n_layers) if (i + 1) % 6)
+        rope_local = RopeConfig(theta=float(get("rope.freq_base_swa", 10000.0)))
+    scale = None
+    if gemma:
+        scale = (hidden / n_head if n_layers == GEMMA_27B_LAYERS[arch] else head_dim) ** -0.5
+    return LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
+        num_layers=n_layers, num_heads=n_head, num_kv_heads=get("attention.head_count_kv", n_head),
+        head_dim=head_dim, rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=get("context_length", 2048),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        rope=_rope(r, arch, get, tensor_names),
+        bos_token_id=_value(r, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=end_of_generation(r),  # eos, eot, eom and the end-of-turn tokens llama.cpp stops on
+        name=_value(r, "general.name") or "gguf",
+        family="llama" if arch == "llama" else arch,
+        attention_bias=any(n.endswith("attn_q.bias") for n in tensor_names),
+        attention_out_bias=any(n.endswith("attn_output.bias") for n in tensor_names),
+        qk_norm=("projection" if arch == "olmo2" else "head")
+        if any(n.endswith("attn_q_norm.weight") for n in tensor_names) else "none",
+        sliding_window=window, sliding_layers=layers, rope_local=rope_local,
+        norm_placement="sandwich" if gemma else "post" if arch == "olmo2" else "pre",
+        mlp_activation="gelu_tanh" if gemma else "silu",
+        embedding_scale=float(hidden) ** 0.5 if gemma else 1.0,  # the norms are stored as 1 + w: no offset
+        attention_scale=scale, attention_softcap=get("attn_logit_softcapping"),
+        final_softcap=get("final_logit_softcapping"),
+    )
+
+
+def _rope(r, arch: str, get, tensor_names) -> RopeConfig:
+    """The global RoPE: base, rotated dims, linear/YaRN scaling from the metadata; Llama 3.1's frequency factors
+    (`rope_freqs.weight`, what llama.cpp multiplies the wavelengths by) recognised as its llama3 scaling."""
     rope = dict(theta=float(get("rope.freq_base", 10000.0)), layout=stored_rope_layout(arch),
                 rotary_dim=get("rope.dimension_count"))
+    scaling = get("rope.scaling.type", "none")
     if scaling == "linear":
         rope.update(type="linear", factor=float(get("rope.scaling.factor")))
     elif scaling == "yarn":
@@ -196,24 +256,30 @@ def gguf_config(path: str | Path) -> LlamaConfig:
                     original_max_position_embeddings=get("rope.scaling.original_context_length"))
     elif scaling not in ("none", None):
         raise ConfigError(f"GGUF rope.scaling.type '{scaling}' is not supported")
-    from llgraph.gguf_tokenizer import end_of_generation
-    return LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
-        num_layers=get("block_count"), num_heads=n_head, num_kv_heads=get("attention.head_count_kv", n_head),
-        head_dim=get("attention.key_length") or hidden // n_head,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=get("context_length", 2048),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        rope=RopeConfig(**{k: v for k, v in rope.items() if v is not None}),
-        bos_token_id=_value(r, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=end_of_generation(r),  # eos, eot, eom and the end-of-turn tokens llama.cpp stops on
-        name=_value(r, "general.name") or "gguf",
-        family="llama" if arch == "llama" else arch,
-        attention_bias=any(n.endswith("attn_q.bias") for n in tensor_names),
-        attention_out_bias=any(n.endswith("attn_output.bias") for n in tensor_names),
-        qk_norm="head" if any(n.endswith("attn_q_norm.weight") for n in tensor_names) else "none",
-        sliding_window=get("attention.sliding_window"),
-    )
+    if "rope_freqs.weight" in tensor_names:
+        rope.update(_llama3_rope(r, rope["theta"]))
+    return RopeConfig(**{k: v for k, v in rope.items() if v is not None})
+
+
+def _llama3_rope(r, theta: float) -> dict:
+    """Llama 3.1's scaling from the factors llama.cpp's converter stores: factor is their largest; low/high
+    frequency factors 1 and 4 over 8,192 original positions, as every Llama 3.1/3.2 ships — checked against the
+    stored factors, else refused in one line."""
+    from gguf.quants import dequantize
+
+    t = next(t for t in r.tensors if t.name == "rope_freqs.weight")
+    factors = dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)
+    d = 2 * len(factors)
+    llama3 = dict(type="llama3", factor=float(factors.max()), low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position_embeddings=8192)
+    base = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    wavelen = 2 * math.pi / base
+    smooth = np.clip((8192 / wavelen - 1.0) / (4.0 - 1.0), 0.0, 1.0)
+    want = 1.0 / ((1 - smooth) / llama3["factor"] + smooth)  # the wavelengths' multipliers of llama3's formula
+    if not np.allclose(factors, want, rtol=1e-5):
+        raise ConfigError("this GGUF's rope_freqs are not Llama 3.1's scaling (factor, 1, 4, 8192), which is what "
+                          "llgraph builds from them; convert the model from its HF folder instead")
+    return llama3
 
 
 def _value(reader, key):

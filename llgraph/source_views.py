@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -137,6 +138,22 @@ class FusedSplitSource(WeightSource):
             return self.base.load(name, dtype)
         fused, start, rows = self._parts[name]
         return self.base.load(fused, dtype)[start:start + rows].copy()
+
+    def tensor_type(self, name) -> str:
+        return self.base.tensor_type(self._parts[name][0] if name in self._parts else name)
+
+    def quant_format(self, name):
+        return self.base.quant_format(self._parts[name][0] if name in self._parts else name)
+
+    def load_quantized(self, name):
+        """A part's blocks: the fused tensor's rows, as stored (a GGUF's Phi-3 keeps its bits)."""
+        if name not in self._parts:
+            return self.base.load_quantized(name)
+        fused, start, rows = self._parts[name]
+        q = self.base.load_quantized(fused)
+        cut = slice(start, start + rows)
+        return dataclasses.replace(q, codes=q.codes[cut], scales=None if q.scales is None else q.scales[cut],
+                                   mins=None if q.mins is None else q.mins[cut])
 
     def tokenizer_files(self):
         return self.base.tokenizer_files()

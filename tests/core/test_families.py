@@ -3,10 +3,12 @@ o bias), Mistral, Phi-3 (fused qkv_proj and gate_up_proj tensors) — and with v
 per head), OLMo 2 (QK-norm over the projection, norms after attention and MLP). Each is a random tiny checkpoint
 made and saved by transformers' own class, held to that class on every backend, prefill + 8 cached decode steps."""
 
+import numpy as np
 import onnx
 import pytest
 import torch
 from reference import OrtStepper, Stepper, finish_gguf, gguf_writer
+from test_export import compare_steps
 
 from llgraph.checkpoint import load_config, open_checkpoint
 from llgraph.config import ConfigError
@@ -46,7 +48,7 @@ def hf_checkpoint(family: str, folder, **overrides):
     import transformers
 
     cls, extra = FAMILIES[family]
-    config = getattr(transformers, cls)(**DIMS, **{**extra, **overrides})
+    config = getattr(transformers, cls)(**{**DIMS, **extra, **overrides})
     torch.manual_seed(7)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():
@@ -275,3 +277,65 @@ def test_gguf_of_the_family_equals_transformers(family, tmp_path, report):
     first = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert (theirs(first).logits - want[0]).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "phi3", "olmo2"])
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_llama_cpp_s_gguf_of_the_family_equals_transformers(family, backend, tmp_path, report):
+    """A GGUF as llama.cpp's own converter writes the family (tests/gguf_families.py: Gemma's norms stored as
+    1 + w, Phi-3's fused qkv and gate/up, OLMo 2's and Gemma's post-sublayer norms, Gemma 3's local RoPE base and
+    window pattern) == transformers on the checkpoint it was converted from, prefill + 8 decode steps."""
+    from gguf_families import DATA
+    from transformers import AutoModelForCausalLM
+
+    folder = DATA / family
+    model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), attn_implementation="eager").float().eval()
+    gguf, hf_cfg = folder / "model.gguf", load_config(folder / "hf")
+    cfg = load_config(gguf)
+    assert (cfg.family, cfg.qk_norm, cfg.norm_placement, cfg.sliding_layers, cfg.rope_local) == (
+        hf_cfg.family, hf_cfg.qk_norm, hf_cfg.norm_placement, hf_cfg.sliding_layers, hf_cfg.rope_local)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    want = hf_steps(model, ids, 8)
+    if backend == "torch":
+        ours = Stepper(cfg, open_checkpoint(gguf, cfg), batch=2, max_seq=64)
+    else:
+        ours = OrtStepper(export_model(gguf, checkpoint=gguf, out=tmp_path / "ort", max_seq_len=64), cfg, batch=2,
+                          max_seq=64)
+    worst = 0.0
+    for logits in want:
+        worst = max(worst, (ours.step(ids)["logits"] - logits).abs().max().item())
+        ids = logits[:, -1:].argmax(-1)
+    report(f"llama.cpp's {family} GGUF on {backend} vs transformers", worst, TOL)
+
+
+def test_phi3_s_fused_blocks_are_carried_as_stored(tmp_path, report):
+    """A Q8_0 Phi-3 GGUF: its fused qkv and gate/up blocks are split by rows, not dequantized (every Linear a
+    QLinear on the export), and the export equals the executor on gguf's own dequantization of the same file."""
+    import gguf
+    import gguf.quants as gq
+    from gguf_families import DATA
+
+    r = gguf.GGUFReader(str(DATA / "phi3" / "model.gguf"))
+    w = gguf.GGUFWriter(str(tmp_path / "q8.gguf"), "phi3")
+    for key, f in r.fields.items():
+        if key.startswith("phi3.") or key == "general.name":
+            if f.types[0] == gguf.GGUFValueType.ARRAY:
+                w.add_array(key, f.contents())
+            else:
+                w.add_key_value(key, f.contents(), f.types[0])
+    for t in r.tensors:
+        x = np.asarray(t.data).reshape([int(d) for d in reversed(t.shape)])
+        if x.ndim == 2:
+            q = gq.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(t.name, x)
+    finish_gguf(w)
+    path = tmp_path / "q8.gguf"
+    cfg = load_config(path)
+    out = export_model(path, checkpoint=path, out=tmp_path / "ort", max_seq_len=64,
+                       weights=Weights(kernels="llgraph", accuracy_level=0))
+    nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+    assert len([n for n in nodes if n.op_type == "QLinear"]) == 4 * cfg.num_layers + 1
+    truth = Stepper(cfg, open_checkpoint(path, cfg), batch=2, max_seq=64)
+    compare_steps(cfg, truth, OrtStepper(out, cfg, batch=2, max_seq=64), report, "phi3 Q8_0 on llgraph's kernels")
