@@ -102,9 +102,9 @@ def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, see
         from llgraph.gguf_source import GGUFSource
         from llgraph.source_views import FusedSplitSource
 
-        source = GGUFSource(p)  # Phi-3's fused qkv and gate/up, as llama.cpp keeps them, seen under Llama's names
-        fused = cfg is not None and any(FusedSplitSource.FUSED.fullmatch(n) for n in source.names())
-        return FusedSplitSource(source, cfg) if fused else source
+        gguf = GGUFSource(p)  # Phi-3's fused qkv and gate/up, as llama.cpp keeps them, seen under Llama's names
+        fused = cfg is not None and any(FusedSplitSource.FUSED.fullmatch(n) for n in gguf.names())
+        return FusedSplitSource(gguf, cfg) if cfg is not None and fused else gguf
     if p.is_dir() or p.suffix == ".safetensors":
         from llgraph.source_views import FusedSplitSource, NormOffsetSource
 
@@ -183,7 +183,7 @@ def _check_stored_formats(source) -> None:
     from llgraph.quant import GGUF_FORMATS
     from llgraph.weights import QUANTIZABLE
 
-    if not isinstance(source, GGUFSource):
+    if not isinstance(getattr(source, "base", source), GGUFSource):  # a GGUF, or its fused parts (Phi-3)
         return
     for name in source.names():
         kind = source.tensor_type(name)

@@ -270,12 +270,13 @@ def _llama3_rope(r, theta: float) -> dict:
     t = next(t for t in r.tensors if t.name == "rope_freqs.weight")
     factors = dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)
     d = 2 * len(factors)
-    llama3 = dict(type="llama3", factor=float(factors.max()), low_freq_factor=1.0, high_freq_factor=4.0,
+    factor = float(factors.max())
+    llama3 = dict(type="llama3", factor=factor, low_freq_factor=1.0, high_freq_factor=4.0,
                   original_max_position_embeddings=8192)
     base = 1.0 / theta ** (np.arange(0, d, 2) / d)
     wavelen = 2 * math.pi / base
     smooth = np.clip((8192 / wavelen - 1.0) / (4.0 - 1.0), 0.0, 1.0)
-    want = 1.0 / ((1 - smooth) / llama3["factor"] + smooth)  # the wavelengths' multipliers of llama3's formula
+    want = 1.0 / ((1 - smooth) / factor + smooth)  # the wavelengths' multipliers of llama3's formula
     if not np.allclose(factors, want, rtol=1e-5):
         raise ConfigError("this GGUF's rope_freqs are not Llama 3.1's scaling (factor, 1, 4, 8192), which is what "
                           "llgraph builds from them; convert the model from its HF folder instead")

@@ -140,7 +140,8 @@ class FusedSplitSource(WeightSource):
         return self.base.load(fused, dtype)[start:start + rows].copy()
 
     def tensor_type(self, name) -> str:
-        return self.base.tensor_type(self._parts[name][0] if name in self._parts else name)
+        """A GGUF base's stored type of the tensor (a part's: its fused tensor's)."""
+        return self.base.tensor_type(self._parts[name][0] if name in self._parts else name)  # type: ignore[attr-defined]
 
     def quant_format(self, name):
         return self.base.quant_format(self._parts[name][0] if name in self._parts else name)

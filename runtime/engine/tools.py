@@ -149,8 +149,12 @@ class ToolSpec:
         found = _parse_llama3(text) if style(template) == "llama3" else _parse_hermes(text)
         if found is None or not all(name in names for name, _, _ in found) or not found:
             return text, []
-        calls = [Call(name, json.dumps(args, ensure_ascii=False), f"call_{uuid.uuid4().hex[:24]}")
-                 for name, args, _ in found]
+        calls, seen = [], set()
+        for name, args, _ in found:  # a call repeated word for word (a small model looping) is one call
+            text_args = json.dumps(args, ensure_ascii=False)
+            if (name, text_args) not in seen:
+                seen.add((name, text_args))
+                calls.append(Call(name, text_args, f"call_{uuid.uuid4().hex[:24]}"))
         if not self.many:
             calls = calls[:1]
         rest = "".join(piece for _, _, piece in found)
@@ -262,7 +266,8 @@ def _literal(tag: str, tokenizer) -> str:
 def _parse_hermes(text: str):
     """[(name, arguments, the content text before it)], the text after the last call added to the last one's; None
     when a <tool_call> block holds no valid call (the whole text is then content)."""
-    found, at = [], 0
+    found: list[tuple] = []
+    at = 0
     while (start := text.find(OPEN, at)) >= 0:
         end = text.find(CLOSE, start)
         body = text[start + len(OPEN): end if end >= 0 else len(text)]
@@ -287,7 +292,8 @@ def _parse_llama3(text: str):
     body = body[len(PYTHON_TAG):].lstrip() if body.startswith(PYTHON_TAG) else body
     if not body.startswith("{"):
         return None
-    found, decoder, at = [], json.JSONDecoder(), 0
+    found: list[tuple] = []
+    decoder, at = json.JSONDecoder(), 0
     while at < len(body):
         try:
             obj, at = decoder.raw_decode(body, at)

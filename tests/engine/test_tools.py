@@ -226,5 +226,7 @@ def test_a_named_choice_is_one_call_and_a_cut_call_keeps_the_complete_ones():
     content, calls = spec.parse(cut, "")
     paris = {"city": "Paris", "unit": "celsius"}
     assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", paris)]
+    twice = one + "\n" + one + "\n" + one.replace("Paris", "Lyon")  # the same call again, then another
+    assert [json.loads(c.arguments)["city"] for c in spec.parse(twice, "")[1]] == ["Paris", "Lyon"]
     llama = '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}; {"name": "get_ti'
     assert [name for name, _, _ in _parse_llama3(llama)] == ["get_weather"]

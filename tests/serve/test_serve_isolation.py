@@ -87,3 +87,36 @@ def test_a_client_leaving_a_non_streamed_completion_leaves_no_traceback(server):
     log = "".join(server.lines)
     assert "Traceback" not in log and "aclose()" not in log, log[-3000:]
     assert server.client.completions.create(model="m", prompt="Hi", max_tokens=2).choices
+
+
+def test_served_loglikelihoods_equal_llgraph_lm_eval_s_whatever_the_order(smollm2_export):
+    """lm-eval's `local-completions` requests (token ids, echo, logprobs 1, max_tokens 0), several at once in two
+    orders, on the default server (SmolLM2's blocks on llgraph's kernels, f16 KV cache, chunked prefill): each
+    continuation's summed log-probability equals Runner.score_batch's (what `llgraph lm-eval` computes: right-padded
+    batches of 8 in one forward) on the same export and cache format."""
+    from llgraph.runtime import ORTRunner
+
+    folder = smollm2_export("ort", quantized=True)
+    runner = ORTRunner(folder, max_seq_len=256)
+    assert runner.backend.kv.name == "float16"
+    pairs = [([5 + (3 * i + k) % 90 for i in range(20 + 9 * k)], [7 + (5 * k + i) % 80 for i in range(1 + k % 3)])
+             for k in range(8)]
+    want = [s.logprob for s in runner.score_batch(pairs)]
+    s = Server(str(folder), "--name", "m", "--slots", "4", "--max-seq-len", "256", "--prefill-chunk", "32")
+    try:
+        def served(k):
+            context, continuation = pairs[k]
+            r = httpx.post(f"{s.url}/v1/completions", timeout=120, json={
+                "model": "m", "prompt": context + continuation, "max_tokens": 0, "echo": True, "logprobs": 1})
+            assert r.status_code == 200, r.text
+            scores = r.json()["choices"][0]["logprobs"]["token_logprobs"]
+            return sum(scores[len(context):])
+        worst = 0.0
+        for order in (list(range(8)), [7, 2, 5, 0, 3, 6, 1, 4]):
+            with ThreadPoolExecutor(4) as pool:
+                got = dict(zip(order, pool.map(served, order)))
+            worst = max(worst, max(abs(got[k] - want[k]) for k in range(8)))
+    finally:
+        assert s.stop() == 0, "".join(s.lines)
+    print(f"served loglikelihoods vs Runner.score_batch (f16 KV cache), two orders: max|diff| = {worst:.3e}")
+    assert worst <= 1e-5
