@@ -2,9 +2,11 @@
 going, a long prompt (`--prompt-tokens`, from the shipped passage) arrives. The figure is the largest gap between two
 consecutive tokens of any running stream while that prompt is prefilled, with whole prefills (chunk 0) and with
 `--chunks` (same runner, one process, the settings in turn `--repeats` times, the best of each), beside the time to
-the long request's first token.
+the long request's first token (or end). `--kinds`: what the long request is — a prompt to answer, an embedding of 3
+inputs of that length, or a prompt scored alone (prompt log-probabilities) — each written in chunks alike.
 
     python -m llgraph.runtime.bench.chunked [--model smollm2] [--threads 2] [--prompt-tokens 2000] [--chunks 256]
+                                            [--kinds prompt,embedding,scored]
 """
 
 from __future__ import annotations
@@ -17,11 +19,17 @@ from llgraph.bundled import PASSAGE
 STREAMS = 7
 
 
-def _run(runner, chunk: int, long_prompt: list[int], new_tokens: int) -> tuple[float, float]:
-    """-> (the largest inter-token gap of the streams while the long prompt is prefilled, its time to first token)."""
+KINDS = {"prompt": lambda s, ids: [s.submit(ids, 1)],
+         "embedding": lambda s, ids: [s.submit(ids[k:] + ids[:k], 0, pooling="last") for k in range(3)],
+         "scored": lambda s, ids: [s.submit(ids, 0, prompt_logprobs=True)]}
+
+
+def _run(runner, chunk: int, long_prompt: list[int], new_tokens: int, kind: str = "prompt") -> tuple[float, float]:
+    """-> (the largest inter-token gap of the streams while the long request is written, its time to its first
+    event)."""
     from llgraph.runtime.engine.scheduler import Scheduler
 
-    scheduler = Scheduler(runner, slots=STREAMS + 1, prefill_chunk=chunk).start()
+    scheduler = Scheduler(runner, slots=STREAMS + 3, prefill_chunk=chunk).start()
     times: list[list[float]] = [[] for _ in range(STREAMS)]
     try:
         handles = [scheduler.submit([1 + s, 2 + s, 3 + s], new_tokens) for s in range(STREAMS)]
@@ -36,7 +44,8 @@ def _run(runner, chunk: int, long_prompt: list[int], new_tokens: int) -> tuple[f
         while min(len(t) for t in times) < 8:  # every stream is decoding
             time.sleep(0.01)
         start = time.perf_counter()
-        first = scheduler.submit(long_prompt, 1).events.get()
+        longs = KINDS[kind](scheduler, long_prompt)
+        first = [h.events.get() for h in longs][-1]
         ttft, end = time.perf_counter() - start, time.perf_counter()
         for h in handles:
             h.cancel()
@@ -55,22 +64,24 @@ def main(argv=None) -> int:
     def extra(p):
         p.add_argument("--prompt-tokens", type=int, default=2000)
         p.add_argument("--chunks", type=int, nargs="+", default=[256])
+        p.add_argument("--kinds", default="prompt", help="comma-separated: prompt, embedding, scored")
 
     args, runner = runner_from_args(__doc__.split("\n\n")[0], argv, max_seq_len=4096, extra=extra)
     passage = PASSAGE.read_text()
     ids = runner.encode(passage * (1 + args.prompt_tokens // len(runner.encode(passage))))[:args.prompt_tokens]
     new_tokens = 4000 - len(ids)
-    settings = [0, *args.chunks]
-    best = {c: (float("inf"), float("inf")) for c in settings}
+    settings = [(kind, c) for kind in args.kinds.split(",") for c in [0, *args.chunks]]
+    best = {s: (float("inf"), float("inf")) for s in settings}
     for _ in range(args.repeats):
-        for c in settings:
-            gap, ttft = _run(runner, c, ids, new_tokens)
-            best[c] = (min(best[c][0], gap), min(best[c][1], ttft))
-    print(f"{args.model}: {STREAMS} streams decoding, a {len(ids)}-token prompt arrives (best of {args.repeats})")
-    print("| prefill chunk | largest inter-token gap of the streams | the long prompt's time to first token |")
-    print("|---|---|---|")
-    for c in settings:
-        print(f"| {c or 'whole'} | {best[c][0] * 1000:.0f} ms | {best[c][1]:.2f} s |")
+        for kind, c in settings:
+            gap, ttft = _run(runner, c, ids, new_tokens, kind)
+            best[kind, c] = (min(best[kind, c][0], gap), min(best[kind, c][1], ttft))
+    print(f"{args.model}: {STREAMS} streams decoding, a {len(ids)}-token request arrives (best of {args.repeats})")
+    print("| the long request | prefill chunk | largest inter-token gap of the streams | its first event |")
+    print("|---|---|---|---|")
+    for kind, c in settings:
+        what = {"embedding": f"3 x {len(ids)}-token embedding"}.get(kind, f"{len(ids)}-token {kind}")
+        print(f"| {what} | {c or 'whole'} | {best[kind, c][0] * 1000:.0f} ms | {best[kind, c][1]:.2f} s |")
     return 0
 
 
