@@ -4,9 +4,12 @@
     python -m llgraph.runtime.bench.gguf 1b OUT.gguf      # Llama-3.2-1B shapes (hidden 2048, 16 layers, ffn 8192)
     python -m llgraph.runtime.bench.gguf 8b OUT.gguf      # Llama-3.1-8B shapes (4096, 32 layers, ffn 14336)
     python -m llgraph.runtime.bench.gguf 1b OUT.gguf --vocab 128256   # Llama 3's vocabulary size
+    python -m llgraph.runtime.bench.gguf gemma3-270m OUT.gguf          # Gemma 3 270M / 1B shapes (gemma3 arch)
+    python -m llgraph.runtime.bench.gguf qwen2.5-0.5b OUT.gguf         # Qwen2.5-0.5B (q/k/v biases, tied)
 
 The layout: Q4_K for every Linear and the embedding, Q6_K for `output` and for every other layer's `attn_v` and
-`ffn_down` (llama.cpp's Q4_K_M gives those more bits), F32 norms. Super-blocks hold uniform random codes and
+`ffn_down` (llama.cpp's Q4_K_M gives those more bits), F32 norms; a tensor whose rows are not whole super-blocks
+(Gemma 3's and Qwen2.5's hidden sizes) in Q8_0, as llama.cpp falls back. Super-blocks hold uniform random codes and
 sub-block scales and mins, with float16 d and dmin chosen so the weights are about zero-mean with std ~0.02 (a real
 model's). The tokenizer is SmolLM2's (from the bundled GGUF: BPE vocabulary, merges, chat template), so llama.cpp,
 ik_llama.cpp and llgraph all load the same file; `--vocab` past its 49,152 tokens pads it with reserved control
@@ -23,7 +26,14 @@ import numpy as np
 SHAPES = {  # hidden, layers, heads, kv heads, ffn
     "1b": (2048, 16, 32, 8, 8192),
     "8b": (4096, 32, 32, 8, 14336),
+    "gemma3-270m": (640, 18, 4, 1, 2048),
+    "gemma3-1b": (1152, 26, 4, 1, 6912),
+    "qwen2.5-0.5b": (896, 24, 14, 2, 4864),
 }
+# the architecture, head_dim and vocabulary of the shapes that are not Llama's
+FAMILY = {"gemma3-270m": ("gemma3", 256, 262144), "gemma3-1b": ("gemma3", 256, 262144),
+          "qwen2.5-0.5b": ("qwen2", 64, 151936)}
+Q8_0 = (34, {0: 2.7e-4})  # 32 int8 codes after a float16 d
 # (bytes per 256-weight super-block, {byte offset of a float16 field: its value}); Q4_K/Q5_K: d, dmin; Q6_K: d
 K_BLOCKS = {"Q4_K": (144, {0: 8e-5, 2: 6e-4}), "Q6_K": (210, {208: 1.6e-5})}
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.merges", "tokenizer.chat_template",
@@ -41,23 +51,56 @@ def random_k_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator) 
     return raw.reshape(rows, -1)
 
 
-def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int):
-    """(gguf name, [rows, cols], type) of every tensor, in llama.cpp's order."""
-    kv = hidden // heads * kv_heads
-    yield "token_embd.weight", (vocab, hidden), "Q4_K"
+def random_q8_0(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, cols / 32 * 34] uint8: Q8_0 blocks of random int8 codes after the float16 d of Q8_0."""
+    size, halves = Q8_0
+    raw = rng.integers(0, 256, size=(rows, cols // 32, size), dtype=np.uint8)
+    raw[..., 0:2] = np.full(raw.shape[:-1] + (1,), halves[0], np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, arch: str = "llama",
+            head_dim: int | None = None):
+    """(gguf name, [rows, cols], type) of every tensor, in llama.cpp's order: Gemma 3's QK-norms and post-sublayer
+    norms, Qwen2's q/k/v biases, and both with a tied head (no `output`)."""
+    d = head_dim or hidden // heads
+    q, kv = heads * d, kv_heads * d
+
+    def k_quant(kind, cols):  # llama.cpp's fallback for rows that are not whole super-blocks
+        return kind if cols % 256 == 0 else "Q8_0"
+    tied = arch != "llama"
+    yield "token_embd.weight", (vocab, hidden), k_quant("Q6_K" if tied else "Q4_K", hidden)
     for i in range(layers):
         more = "Q6_K" if i % 2 == 0 else "Q4_K"
         yield f"blk.{i}.attn_norm.weight", (hidden,), "F32"
-        yield f"blk.{i}.attn_q.weight", (hidden, hidden), "Q4_K"
-        yield f"blk.{i}.attn_k.weight", (kv, hidden), "Q4_K"
-        yield f"blk.{i}.attn_v.weight", (kv, hidden), more
-        yield f"blk.{i}.attn_output.weight", (hidden, hidden), "Q4_K"
+        yield f"blk.{i}.attn_q.weight", (q, hidden), k_quant("Q4_K", hidden)
+        yield f"blk.{i}.attn_k.weight", (kv, hidden), k_quant("Q4_K", hidden)
+        yield f"blk.{i}.attn_v.weight", (kv, hidden), k_quant(more, hidden)
+        if arch == "qwen2":
+            for name, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+                yield f"blk.{i}.{name}.bias", (rows,), "F32"
+        if arch == "gemma3":
+            yield f"blk.{i}.attn_q_norm.weight", (d,), "F32"
+            yield f"blk.{i}.attn_k_norm.weight", (d,), "F32"
+        yield f"blk.{i}.attn_output.weight", (hidden, q), k_quant("Q4_K", q)
+        if arch == "gemma3":
+            yield f"blk.{i}.post_attention_norm.weight", (hidden,), "F32"
         yield f"blk.{i}.ffn_norm.weight", (hidden,), "F32"
-        yield f"blk.{i}.ffn_gate.weight", (ffn, hidden), "Q4_K"
-        yield f"blk.{i}.ffn_up.weight", (ffn, hidden), "Q4_K"
-        yield f"blk.{i}.ffn_down.weight", (hidden, ffn), more
+        yield f"blk.{i}.ffn_gate.weight", (ffn, hidden), k_quant("Q4_K", hidden)
+        yield f"blk.{i}.ffn_up.weight", (ffn, hidden), k_quant("Q4_K", hidden)
+        yield f"blk.{i}.ffn_down.weight", (hidden, ffn), k_quant(more, ffn)
+        if arch == "gemma3":
+            yield f"blk.{i}.post_ffw_norm.weight", (hidden,), "F32"
     yield "output_norm.weight", (hidden,), "F32"
-    yield "output.weight", (vocab, hidden), "Q6_K"
+    if not tied:
+        yield "output.weight", (vocab, hidden), "Q6_K"
+
+
+def _bytes(shape, kind) -> int:
+    if kind == "F32":
+        return 4 * shape[0]
+    size, per = (Q8_0[0], 32) if kind == "Q8_0" else (K_BLOCKS[kind][0], 256)
+    return shape[0] * shape[1] // per * size
 
 
 def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path:
@@ -68,6 +111,8 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
     from llgraph.gguf_source import gguf_reader
 
     hidden, layers, heads, kv_heads, ffn = SHAPES[size]
+    arch, head_dim, family_vocab = FAMILY.get(size, ("llama", hidden // heads, None))
+    vocab = vocab or family_vocab
     source = gguf_reader(bundled_model("smollm2"))
     tokens = [bytes(source.fields["tokenizer.ggml.tokens"].parts[i]).decode()
               for i in source.fields["tokenizer.ggml.tokens"].data]
@@ -78,7 +123,7 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
     tokens += [f"<|reserved_special_token_{i}|>" for i in range(vocab - len(tokens))]
     types += [gguf.TokenType.CONTROL] * (vocab - len(types))
 
-    w = gguf.GGUFWriter(str(out), "llama")
+    w = gguf.GGUFWriter(str(out), arch)
     w.add_name(f"llgraph-bench-{size}")
     w.add_context_length(8192)
     w.add_embedding_length(hidden)
@@ -86,8 +131,12 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
     w.add_feed_forward_length(ffn)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_rope_dimension_count(hidden // heads)
-    w.add_rope_freq_base(500000.0)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base({"gemma3": 1e6, "qwen2": 1e6}.get(arch, 500000.0))
+    if arch == "gemma3":
+        w.add_sliding_window(512)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
@@ -99,24 +148,27 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
         if field is not None:
             value = field.contents()
             w.add_key_value(key, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
-    plan = list(tensors(hidden, layers, heads, kv_heads, ffn, vocab))
+    plan = list(tensors(hidden, layers, heads, kv_heads, ffn, vocab, arch, head_dim))
     for name, shape, kind in plan:
         qtype = gguf.GGMLQuantizationType[kind]
         if kind == "F32":
             w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
         else:
-            nbytes = shape[0] * shape[1] // 256 * K_BLOCKS[kind][0]
-            w.add_tensor_info(name, (shape[0], shape[1] // 256 * K_BLOCKS[kind][0]), np.dtype(np.uint8), nbytes,
-                              raw_dtype=qtype)
+            nbytes = _bytes(shape, kind)
+            w.add_tensor_info(name, (shape[0], nbytes // shape[0]), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    total = sum(4 * s[0] if k == "F32" else s[0] * s[1] // 256 * K_BLOCKS[k][0] for _, s, k in plan)
+    total = sum(_bytes(s, k) for _, s, k in plan)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {out.name}") as bar:
         for name, shape, kind in plan:
-            data = (1 + 0.02 * rng.standard_normal(shape[0], dtype=np.float32) if kind == "F32"
-                    else random_k_blocks(*shape, kind, rng))
+            if kind == "F32":  # norms about 1 (Gemma stores 1 + w), biases small
+                data = (0.0 if name.endswith("bias") else 1.0) + 0.02 * rng.standard_normal(shape[0], dtype=np.float32)
+            elif kind == "Q8_0":
+                data = random_q8_0(*shape, rng)
+            else:
+                data = random_k_blocks(*shape, kind, rng)
             w.write_tensor_data(data)
             bar.update(data.nbytes)
     w.close()
