@@ -122,7 +122,10 @@ def superblock_format(kind: str) -> QuantFormat:
 
 WIDENED = {"Q4_K": QuantFormat(4, 32, 0, True), "Q5_K": QuantFormat(8, 32, 0, True, 5),
            "Q6_K": QuantFormat(8, 16, 32, False, 6)}
+# Q5_0/Q5_1 (llama.cpp's fallback where a row is not whole super-blocks: Gemma 3's, Qwen2.5's hidden sizes) hold
+# their 5-bit codes in 8: exact, at 8.5 (9.0) bits a weight where the file spends 5.5 (6.0)
 GGUF_FORMATS = {"Q4_0": QuantFormat(4, 32, 8, False), "Q4_1": QuantFormat(4, 32, 0, True),
+                "Q5_0": QuantFormat(8, 32, 16, False, code_bits=5), "Q5_1": QuantFormat(8, 32, 0, True, code_bits=5),
                 "Q8_0": QuantFormat(8, 32, 128, False), **{k: superblock_format(k) for k in SUPERBLOCK_BYTES}}
 
 
@@ -198,8 +201,8 @@ def _from_k_blocks(blocks: np.ndarray, type_name: str):
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> QuantTensor:
-    """GGUF Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K block bytes of a [out, in] tensor -> QuantTensor, without rounding (the
-    K-quants' super-blocks as they are)."""
+    """GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K block bytes of a [out, in] tensor -> QuantTensor, without
+    rounding (the K-quants' super-blocks as they are)."""
     fmt = GGUF_FORMATS[type_name]
     out, n_in = shape
     if fmt.superblocks:  # as stored, byte for byte
@@ -210,6 +213,15 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) ->
     if type_name == "Q8_0":
         q = (blocks[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         mins = None
+    elif type_name in ("Q5_0", "Q5_1"):  # d, (m), 32 high bits, 16 bytes of low nibbles: element j, j + 16
+        at = 4 if type_name == "Q5_1" else 2
+        qh = blocks[..., at:at + 4].copy().view("<u4")[..., 0]
+        qs = blocks[..., at + 4:at + 20]
+        high = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+        q = np.concatenate((qs & 0x0F, qs >> 4), axis=-1) | high
+        mins = blocks[..., 2:4].copy().view(np.float16)[..., 0] if type_name == "Q5_1" else None
+        if mins is not None:
+            q = np.where((d == 0)[..., None], 0, q)
     else:
         qs = blocks[..., 4:20] if type_name == "Q4_1" else blocks[..., 2:18]
         q = np.concatenate((qs & 0x0F, qs >> 4), axis=-1)  # GGUF: element j low nibble, j + 16 high nibble

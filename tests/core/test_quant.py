@@ -40,7 +40,7 @@ def tiny_gguf(path, qtype, cfg=None):
 
 EXACT = {"ort": 0}  # MatMulNBits' exact-compute accuracy level (the default; 4 quantizes activations to int8)
 K_CFG = dict(hidden_size=256, intermediate_size=512, head_dim=64)  # K-quant rows are super-blocks of 256
-BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q8_0: 8, T.Q4_K: 4, T.Q5_K: 8, T.Q6_K: 8}
+BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 8, T.Q5_1: 8, T.Q8_0: 8, T.Q4_K: 4, T.Q5_K: 8, T.Q6_K: 8}
 
 
 @pytest.mark.parametrize("qtype", list(BITS))
@@ -267,10 +267,10 @@ def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
 
 
 def test_bad_quantization_requests(tmp_path):
-    path = tmp_path / "q5.gguf"
-    tiny_gguf(path, T.Q5_0)
+    path = tmp_path / "tq2.gguf"
+    tiny_gguf(path, T.TQ2_0, tiny(**K_CFG))  # a ternary type llgraph does not carry
     r = llgraph("export", "--checkpoint", str(path), "-o", "out", cwd=tmp_path)
-    assert r.returncode == 2 and "stored as GGUF Q5_0" in r.stderr and "--dequantize" in r.stderr, r.stderr
+    assert r.returncode == 2 and "stored as GGUF TQ2_0" in r.stderr and "--dequantize" in r.stderr, r.stderr
     assert r.stderr.count("llgraph: error:") == 1
     assert llgraph("export", "--checkpoint", str(path), "--dequantize", "-o", "out", cwd=tmp_path).returncode == 0
     for args, message in ((["--quantize", "int4", "--block-size", "48"], "must be a power of 2"),
@@ -283,7 +283,7 @@ def test_bad_quantization_requests(tmp_path):
                            "only for --target ort")):
         r = llgraph("export", "--config", "tiny", *args, "-o", "bad", cwd=tmp_path)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "q5.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tq2.gguf"]
 
 
 def test_packed_qkv_keeps_one_format(tmp_path):

@@ -152,7 +152,7 @@ def test_every_instruction_set_path_equals_float64(library, isa, report):
         report(f"llgraph QLinear on {isa}, {layout}, vs float64, relative to max |y|", float(diff), 2e-6)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K])
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, report):
     """Prefill + 8 decode steps, batch 2, logits and caches: every Linear one llgraph QLinear node on the blocks
     as stored, vs the executor on the GGUF's dequantization (float64 for the K-quants' wide sums)."""
@@ -171,7 +171,7 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     layers = [n for n in ours if any(a.name == "interleave" for a in n.attribute)]
     assert len(layers) >= 4 * cfg.num_layers
     scale_types = {i.data_type for i in graph.initializer if i.name in {n.input[2] for n in layers if len(n.input) > 2}}
-    assert scale_types == ({10} if qtype.name in ("Q4_0", "Q4_1", "Q8_0") else set())  # FLOAT16; none
+    assert scale_types == ({10} if qtype.name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") else set())  # FLOAT16
     # each MLP's gate/up QLinear computes the SwiGLU itself, the norms and the residual Adds are the QLinears' too:
     # no Split, no separate activation, no norm, no Add; the attention is llgraph's GroupedAttention (rotary inside,
     # reading the positions itself: no sequence-length nodes)
