@@ -9,11 +9,11 @@
 
 The layout: Q4_K for every Linear and the embedding, Q6_K for `output` and for every other layer's `attn_v` and
 `ffn_down` (llama.cpp's Q4_K_M gives those more bits), F32 norms; a tensor whose rows are not whole super-blocks
-(Gemma 3's and Qwen2.5's hidden sizes) in Q8_0, as llama.cpp falls back. Super-blocks hold uniform random codes and
-sub-block scales and mins, with float16 d and dmin chosen so the weights are about zero-mean with std ~0.02 (a real
-model's). The tokenizer is SmolLM2's (from the bundled GGUF: BPE vocabulary, merges, chat template), so llama.cpp,
-ik_llama.cpp and llgraph all load the same file; `--vocab` past its 49,152 tokens pads it with reserved control
-tokens, as Llama 3's own are.
+(Gemma 3's and Qwen2.5's hidden sizes) in llama.cpp's fallbacks, Q5_0 for Q4_K and Q8_0 for Q6_K. Super-blocks hold
+uniform random codes and sub-block scales and mins, with float16 d and dmin chosen so the weights are about zero-
+mean with std ~0.02 (a real model's). The tokenizer is SmolLM2's (from the bundled GGUF: BPE vocabulary, merges,
+chat template), so llama.cpp, ik_llama.cpp and llgraph all load the same file; `--vocab` past its 49,152 tokens pads
+it with reserved control tokens, as Llama 3's own are.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ SHAPES = {  # hidden, layers, heads, kv heads, ffn
 FAMILY = {"gemma3-270m": ("gemma3", 256, 262144), "gemma3-1b": ("gemma3", 256, 262144),
           "qwen2.5-0.5b": ("qwen2", 64, 151936)}
 Q8_0 = (34, {0: 2.7e-4})  # 32 int8 codes after a float16 d
+Q5_0 = (22, {0: 4.3e-3})  # a float16 d, 32 high bits, 16 bytes of low nibbles
 # (bytes per 256-weight super-block, {byte offset of a float16 field: its value}); Q4_K/Q5_K: d, dmin; Q6_K: d
 K_BLOCKS = {"Q4_K": (144, {0: 8e-5, 2: 6e-4}), "Q6_K": (210, {208: 1.6e-5})}
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.merges", "tokenizer.chat_template",
@@ -51,9 +52,9 @@ def random_k_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator) 
     return raw.reshape(rows, -1)
 
 
-def random_q8_0(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """[rows, cols / 32 * 34] uint8: Q8_0 blocks of random int8 codes after the float16 d of Q8_0."""
-    size, halves = Q8_0
+def random_q8_0(rows: int, cols: int, rng: np.random.Generator, layout=Q8_0) -> np.ndarray:
+    """[rows, cols / 32 * bytes] uint8: Q8_0 (or Q5_0) blocks of random codes after their float16 d."""
+    size, halves = layout
     raw = rng.integers(0, 256, size=(rows, cols // 32, size), dtype=np.uint8)
     raw[..., 0:2] = np.full(raw.shape[:-1] + (1,), halves[0], np.float16).view(np.uint8)
     return raw.reshape(rows, -1)
@@ -67,7 +68,7 @@ def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab
     q, kv = heads * d, kv_heads * d
 
     def k_quant(kind, cols):  # llama.cpp's fallback for rows that are not whole super-blocks
-        return kind if cols % 256 == 0 else "Q8_0"
+        return kind if cols % 256 == 0 else "Q5_0" if kind == "Q4_K" else "Q8_0"
     tied = arch != "llama"
     yield "token_embd.weight", (vocab, hidden), k_quant("Q6_K" if tied else "Q4_K", hidden)
     for i in range(layers):
@@ -99,7 +100,7 @@ def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab
 def _bytes(shape, kind) -> int:
     if kind == "F32":
         return 4 * shape[0]
-    size, per = (Q8_0[0], 32) if kind == "Q8_0" else (K_BLOCKS[kind][0], 256)
+    size, per = (Q8_0[0], 32) if kind == "Q8_0" else (Q5_0[0], 32) if kind == "Q5_0" else (K_BLOCKS[kind][0], 256)
     return shape[0] * shape[1] // per * size
 
 
@@ -165,8 +166,8 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
         for name, shape, kind in plan:
             if kind == "F32":  # norms about 1 (Gemma stores 1 + w), biases small
                 data = (0.0 if name.endswith("bias") else 1.0) + 0.02 * rng.standard_normal(shape[0], dtype=np.float32)
-            elif kind == "Q8_0":
-                data = random_q8_0(*shape, rng)
+            elif kind in ("Q8_0", "Q5_0"):
+                data = random_q8_0(*shape, rng, Q8_0 if kind == "Q8_0" else Q5_0)
             else:
                 data = random_k_blocks(*shape, kind, rng)
             w.write_tensor_data(data)
