@@ -100,17 +100,12 @@ def open_checkpoint(path: str | Path | None, cfg: LlamaConfig | None = None, see
         raise WeightError(f"checkpoint {p} does not exist; pass an HF folder, a .safetensors or a .gguf file")
     if p.suffix == ".gguf":
         from llgraph.gguf_source import GGUFSource
-        from llgraph.source_views import FusedSplitSource
 
-        gguf = GGUFSource(p)  # Phi-3's fused qkv and gate/up, as llama.cpp keeps them, seen under Llama's names
-        fused = cfg is not None and any(FusedSplitSource.FUSED.fullmatch(n) for n in gguf.names())
-        return FusedSplitSource(gguf, cfg) if cfg is not None and fused else gguf
+        return _split_fused(GGUFSource(p), cfg)  # llama.cpp keeps Phi-3's projections fused too
     if p.is_dir() or p.suffix == ".safetensors":
-        from llgraph.source_views import FusedSplitSource, NormOffsetSource
+        from llgraph.source_views import NormOffsetSource
 
-        source: WeightSource = SafetensorsSource(p)
-        if cfg is not None and any(FusedSplitSource.FUSED.fullmatch(n) for n in source.names()):
-            source = FusedSplitSource(source, cfg)
+        source = _split_fused(SafetensorsSource(p), cfg)
         if cfg is not None and cfg.norm_weight_offset:
             source = NormOffsetSource(source, cfg.norm_weight_offset)
         return source
@@ -175,6 +170,15 @@ def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int 
     graph = plain if plain is not None and not weights.rounds else \
         model_graph(cfg, weights.dtype, None if weights.dequantize else source.quant_format)
     return Model(cfg, source, graph, None if checkpoint is None else Path(checkpoint))
+
+
+def _split_fused(source: WeightSource, cfg: LlamaConfig | None) -> WeightSource:
+    """`source`, with fused projections (Phi-3's qkv_proj, gate_up_proj) seen under the Llama names."""
+    from llgraph.source_views import FusedSplitSource
+
+    if cfg is None or not any(FusedSplitSource.FUSED.fullmatch(n) for n in source.names()):
+        return source
+    return FusedSplitSource(source, cfg)
 
 
 def _check_stored_formats(source) -> None:

@@ -1,6 +1,13 @@
 """GGUF checkpoints: gguf's reader (one parse per file per process), llama.cpp's tensor names mapped to HF's, and
 `GGUFSource` — tensors dequantized on load (rows at a time), or the blocks of the formats llgraph carries as stored
-(llgraph/quant.py)."""
+(llgraph/quant.py).
+
+Each architecture is read as llama.cpp reads it, including what its converter leaves out of the metadata: Gemma's
+norms stored as 1 + w (so no offset), its post-sublayer norms (`post_attention_norm`, `ffn_norm` as the pre-MLP norm,
+`post_ffw_norm`), soft-caps, query scale (head_dim, hidden/heads at 27B), windows on every other layer (Gemma 2) or
+five of six with RoPE base `freq_base_swa` (Gemma 3); Phi-3's fused `attn_qkv`/`ffn_up` (split by rows, blocks
+kept); OLMo 2's whole-projection QK-norm; Llama 3.1's `rope_freqs.weight` as its llama3 scaling; Qwen's q/k/v
+biases; a tied head where `output.weight` is absent. LongRoPE (Phi-3 128k) is refused in one line."""
 
 from __future__ import annotations
 
@@ -13,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 from llgraph.config import ConfigError, LlamaConfig, RopeConfig
-from llgraph.gguf_tokenizer import end_of_generation
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
 from llgraph.weights import CARRIED, WeightError, WeightSource
 
@@ -188,14 +194,16 @@ def gguf_config(path: str | Path) -> LlamaConfig:
     """Config from a GGUF file's metadata, as llama.cpp reads each architecture (what its converter leaves out,
     llama.cpp fixes per architecture, and so does this); rope.layout is the layout its rows are stored in
     (stored_rope_layout)."""
+    from llgraph.gguf_tokenizer import end_of_generation
+
     r = gguf_reader(path)
-    arch = _value(r, "general.architecture")
+    arch = metadata(r, "general.architecture")
     if arch not in GGUF_ARCHS:
         raise ConfigError(f"GGUF architecture '{arch}' is not supported; llgraph reads {', '.join(GGUF_ARCHS)} GGUF "
                           "files (and the other families from their HF folders)")
 
     def get(key, default=None):
-        v = _value(r, f"{arch}.{key}")
+        v = metadata(r, f"{arch}.{key}")
         return default if v is None else v
 
     n_head = get("attention.head_count")
@@ -226,9 +234,9 @@ def gguf_config(path: str | Path) -> LlamaConfig:
         max_position_embeddings=get("context_length", 2048),
         tie_word_embeddings="output.weight" not in tensor_names,
         rope=_rope(r, arch, get, tensor_names),
-        bos_token_id=_value(r, "tokenizer.ggml.bos_token_id"),
+        bos_token_id=metadata(r, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=end_of_generation(r),  # eos, eot, eom and the end-of-turn tokens llama.cpp stops on
-        name=_value(r, "general.name") or "gguf",
+        name=metadata(r, "general.name") or "gguf",
         family="llama" if arch == "llama" else arch,
         attention_bias=any(n.endswith("attn_q.bias") for n in tensor_names),
         attention_out_bias=any(n.endswith("attn_output.bias") for n in tensor_names),
@@ -283,9 +291,10 @@ def _llama3_rope(r, theta: float) -> dict:
     return llama3
 
 
-def _value(reader, key):
+def metadata(reader, key: str, default=None):
+    """A GGUF metadata field's value (a Python scalar, string or list), or `default` where the file has none."""
     f = reader.fields.get(key)
     if f is None:
-        return None
+        return default
     v = f.contents()
     return v.item() if hasattr(v, "item") else v

@@ -18,6 +18,7 @@ Control, user-defined and unknown tokens are split out of the text first (specia
 from __future__ import annotations
 
 from llgraph.errors import LlgraphError
+from llgraph.gguf_source import metadata
 
 # the regexes of each pre-tokenizer (byte-level BPE), in the order they split
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -77,7 +78,7 @@ class TokenizerError(LlgraphError):
 
 def check(reader) -> None:
     """Refuses, in one line, a GGUF tokenizer llgraph cannot build (before any export starts)."""
-    kind, pre = _field(reader, "tokenizer.ggml.model"), _field(reader, "tokenizer.ggml.pre", "default")
+    kind, pre = metadata(reader, "tokenizer.ggml.model"), metadata(reader, "tokenizer.ggml.pre", "default")
     if kind is None:  # a GGUF without a vocabulary: token ids only
         return
     if kind == "gpt2" and pre not in PRE_NAMES:
@@ -94,24 +95,24 @@ def build(reader):
     from tokenizers import Tokenizer as TK
 
     check(reader)
-    tokens, types = _field(reader, "tokenizer.ggml.tokens"), _field(reader, "tokenizer.ggml.token_type")
+    tokens, types = metadata(reader, "tokenizer.ggml.tokens"), metadata(reader, "tokenizer.ggml.token_type")
     types = list(types) if types is not None else [1] * len(tokens)
-    if _field(reader, "tokenizer.ggml.model") == "gpt2":
+    if metadata(reader, "tokenizer.ggml.model") == "gpt2":
         tk = TK(_byte_level_bpe(reader, tokens))
-        _byte_level_pipeline(tk, _field(reader, "tokenizer.ggml.pre", "default"))
-        add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False))
+        _byte_level_pipeline(tk, metadata(reader, "tokenizer.ggml.pre", "default"))
+        add_bos = bool(metadata(reader, "tokenizer.ggml.add_bos_token", False))
     else:
         tk = TK(_sentencepiece_bpe(reader, tokens, types))
-        _sentencepiece_pipeline(tk, bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)))
-        add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", True))
-    rstrip = "phi-3" in str(_field(reader, "general.name", "")).lower() or \
-             "phi3" in str(_field(reader, "general.name", "")).lower()  # llama.cpp strips after Phi-3's specials
+        _sentencepiece_pipeline(tk, bool(metadata(reader, "tokenizer.ggml.add_space_prefix", True)))
+        add_bos = bool(metadata(reader, "tokenizer.ggml.add_bos_token", True))
+    name = str(metadata(reader, "general.name", "")).lower()
+    rstrip = "phi-3" in name or "phi3" in name  # llama.cpp strips the space after Phi-3's special tokens
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False,
                                       rstrip=rstrip and t not in ("<unk>", "<s>", "<|endoftext|>"))
                            for t, kind in zip(tokens, types) if kind in SPECIAL_TYPES])
-    bos, eos = _field(reader, "tokenizer.ggml.bos_token_id"), _field(reader, "tokenizer.ggml.eos_token_id")
+    bos, eos = metadata(reader, "tokenizer.ggml.bos_token_id"), metadata(reader, "tokenizer.ggml.eos_token_id")
     bos_text = tokens[bos] if bos is not None and bos < len(tokens) else ""
-    add_eos = bool(_field(reader, "tokenizer.ggml.add_eos_token", False))
+    add_eos = bool(metadata(reader, "tokenizer.ggml.add_eos_token", False))
     eos_text = tokens[eos] if eos is not None and eos < len(tokens) else ""
     single = ([bos_text] if add_bos and bos_text else []) + ["$A"] + ([eos_text] if add_eos and eos_text else [])
     if len(single) > 1:
@@ -122,8 +123,8 @@ def build(reader):
 
 def end_of_generation(reader) -> tuple[int, ...]:
     """Every id that ends a turn: the GGUF's eos, eot and eom ids, and the control tokens llama.cpp stops on."""
-    tokens, types = _field(reader, "tokenizer.ggml.tokens") or [], _field(reader, "tokenizer.ggml.token_type")
-    ids = {_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")} - {None}
+    tokens, types = metadata(reader, "tokenizer.ggml.tokens") or [], metadata(reader, "tokenizer.ggml.token_type")
+    ids = {metadata(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")} - {None}
     ids |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS and (types is None or types[i] in SPECIAL_TYPES)}
     return tuple(sorted(int(i) for i in ids))
 
@@ -131,8 +132,8 @@ def end_of_generation(reader) -> tuple[int, ...]:
 def _byte_level_bpe(reader, tokens):
     from tokenizers import models
 
-    pre = PRE_NAMES[_field(reader, "tokenizer.ggml.pre", "default")]
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges") or []]
+    pre = PRE_NAMES[metadata(reader, "tokenizer.ggml.pre", "default")]
+    merges = [tuple(m.split(" ", 1)) for m in metadata(reader, "tokenizer.ggml.merges") or []]
     return models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False,
                       ignore_merges=pre in IGNORE_MERGES)
 
@@ -151,7 +152,7 @@ def _sentencepiece_bpe(reader, tokens, types):
     the merged piece's score (llama.cpp merges the adjacent pair whose union scores highest, leftmost first)."""
     from tokenizers import models
 
-    scores = _field(reader, "tokenizer.ggml.scores")
+    scores = metadata(reader, "tokenizer.ggml.scores")
     scores = list(scores) if scores is not None else [-float(i) for i in range(len(tokens))]
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
@@ -163,7 +164,7 @@ def _sentencepiece_bpe(reader, tokens, types):
             if left in vocab and right in vocab:
                 merges.append((-scores[i], i, vocab[left], (left, right)))
     merges.sort()
-    unk = _field(reader, "tokenizer.ggml.unknown_token_id", 0)
+    unk = metadata(reader, "tokenizer.ggml.unknown_token_id", 0)
     return models.BPE(vocab, [m[-1] for m in merges], unk_token=tokens[unk] if unk is not None else None,
                       fuse_unk=True, byte_fallback=any(t == BYTE for t in types))
 
@@ -175,11 +176,3 @@ def _sentencepiece_pipeline(tk, add_space_prefix: bool) -> None:
     tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace]) if add_space_prefix else replace
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     tk.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if add_space_prefix else steps)
-
-
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    v = f.contents()
-    return v.item() if hasattr(v, "item") else v

@@ -36,12 +36,12 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
         """The GGUF's own tokenizer, tokenizing as llama.cpp does (llgraph/gguf_tokenizer.py)."""
-        from llgraph import gguf_tokenizer
-        from llgraph.gguf_source import gguf_reader
+        from llgraph.gguf_source import gguf_reader, metadata
+        from llgraph.gguf_tokenizer import build
 
         reader = gguf_reader(path)
-        tk, bos, eos = gguf_tokenizer.build(reader)
-        return cls(tk, gguf_tokenizer._field(reader, "tokenizer.chat_template"), bos, eos)
+        tk, bos, eos = build(reader)
+        return cls(tk, metadata(reader, "tokenizer.chat_template"), bos, eos)
 
     @classmethod
     def find(cls, ref: str | Path | None) -> Tokenizer | None:

@@ -313,8 +313,9 @@ def _check_schema(fn: dict) -> None:
         from jsonschema import exceptions, validators
     except ImportError:
         return
+    schema = fn.get("parameters") or {}
     try:
-        validators.validator_for(fn.get("parameters") or {}).check_schema(fn.get("parameters") or {})
+        validators.validator_for(schema).check_schema(schema)
     except exceptions.SchemaError as e:
         raise RequestError(f"'tools': the parameters of {fn['name']!r} are not a valid JSON schema: "
                            f"{' '.join(e.message.split())[:150]}") from None
