@@ -14,6 +14,30 @@ uniform random codes and sub-block scales and mins, with float16 d and dmin chos
 mean with std ~0.02 (a real model's). The tokenizer is SmolLM2's (from the bundled GGUF: BPE vocabulary, merges,
 chat template), so llama.cpp, ik_llama.cpp and llgraph all load the same file; `--vocab` past its 49,152 tokens pads
 it with reserved control tokens, as Llama 3's own are.
+
+Measured (2026-11-27, this 2-core AVX-512 host, read probe 31-34 GB/s):
+
+The families' GGUFs (`python -m llgraph.runtime.bench.gguf gemma3-270m|qwen2.5-0.5b OUT.gguf`: random weights in
+llama.cpp's Q4_K_M layout; Gemma's and Qwen's hidden sizes are not whole super-blocks, so those rows take llama.cpp's
+fallbacks, Q5_0 and Q8_0 — llgraph carries Q5_0's codes in 8 bits, so it reads more bytes a token), on a host whose
+read probe gave 31-34 GB/s (slow memory hides kernel differences at 2 threads, so 1 thread is shown too), `llgraph
+bench GGUF -p 128 -n 64 --repeats 2 --threads T --peer 'llama-bench=PATH'` (llama.cpp 0.3.36's vendored source,
+built natively):
+
+| model (bytes a token: llgraph / llama.cpp) | threads | llgraph pp / tg | llama.cpp pp / tg | ratio pp / tg |
+|---|---|---|---|---|
+| Gemma 3 270M shapes, Q4_K + Q5_0 + Q8_0 + Q6_K (0.287 / 0.247 GB) | 1 | 375 / 59.7 | 402 / 58.6 | 0.93 / 1.02 |
+| | 2 | 689 / 93.2 | 735 / 86.9 | 0.94 / 1.07 |
+| Gemma 3 270M shapes, Q8_0 for Q5_0 (0.287 / 0.270 GB) | 1 | 381 / 62.8 | 483 / 77.1 | 0.79 / 0.82 |
+| | 2 | 688 / 97.8 | 895 / 92.7 | 0.77 / 1.06 |
+| Qwen2.5-0.5B shapes, Q8_0 for Q5_0 (0.488 / 0.486 GB) | 1 | 120 / 34.4 | 158 / 44.8 | 0.76 / 0.77 |
+| | 2 | 234 / 61.1 | 300 / 58.6 | 0.78 / 1.04 |
+
+The Q8_0 rows run on the exact fp32 kernel (the blocked formats' default) where llama.cpp multiplies int8: the
+kernels' pace on one thread is issue 50's work. Mean KL from the float64 reference over 254 positions
+(`python -m llgraph.runtime.bench.kl GGUF --text README.md --ctx 256 --chunks 2 --llama-perplexity PATH`, the Q8_0
+files): Gemma 3 270M llgraph 0.00002, llama.cpp 0.00010; Qwen2.5-0.5B 0.00003 and 0.00019 — both engines read the
+files alike.
 """
 
 from __future__ import annotations
