@@ -194,8 +194,6 @@ def gguf_config(path: str | Path) -> LlamaConfig:
     """Config from a GGUF file's metadata, as llama.cpp reads each architecture (what its converter leaves out,
     llama.cpp fixes per architecture, and so does this); rope.layout is the layout its rows are stored in
     (stored_rope_layout)."""
-    from llgraph.gguf_tokenizer import end_of_generation
-
     r = gguf_reader(path)
     arch = metadata(r, "general.architecture")
     if arch not in GGUF_ARCHS:
@@ -289,6 +287,21 @@ def _llama3_rope(r, theta: float) -> dict:
         raise ConfigError("this GGUF's rope_freqs are not Llama 3.1's scaling (factor, 1, 4, 8192), which is what "
                           "llgraph builds from them; convert the model from its HF folder instead")
     return llama3
+
+
+SPECIAL_TYPES = {2, 3, 4}  # token types unknown, control, user-defined: split out of the text before the model runs
+# end-of-generation tokens by their text, as llama.cpp knows them (beside the eos/eot/eom ids a GGUF names)
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+             "<|end_of_text|>", "<|return|>", "<|call|>")
+
+
+def end_of_generation(reader) -> tuple[int, ...]:
+    """Every id that ends a turn: the GGUF's eos, eot and eom ids, and the control tokens llama.cpp stops on."""
+    tokens, types = metadata(reader, "tokenizer.ggml.tokens") or [], metadata(reader, "tokenizer.ggml.token_type")
+    ids = {metadata(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")} - {None}
+    ids |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS and (types is None or types[i] in SPECIAL_TYPES)}
+    return tuple(sorted(int(i) for i in ids))
+
 
 
 def metadata(reader, key: str, default=None):

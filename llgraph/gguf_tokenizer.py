@@ -18,7 +18,7 @@ Control, user-defined and unknown tokens are split out of the text first (specia
 from __future__ import annotations
 
 from llgraph.errors import LlgraphError
-from llgraph.gguf_source import metadata
+from llgraph.gguf_source import SPECIAL_TYPES, metadata
 
 # the regexes of each pre-tokenizer (byte-level BPE), in the order they split
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -65,11 +65,7 @@ PRE_NAMES = {
     "tekken": "tekken", "deepseek-llm": "deepseek-llm", "default": "default",
 }
 IGNORE_MERGES = {"llama3", "tekken"}  # a piece that is a vocabulary token is that token, whatever the merges say
-SPECIAL_TYPES = {2, 3, 4}  # unknown, control, user-defined: split out of the text before the model runs
-BYTE = 6
-# end-of-generation tokens by their text, as llama.cpp knows them (beside the eos/eot/eom ids a GGUF names)
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
-             "<|end_of_text|>", "<|return|>", "<|call|>")
+BYTE = 6  # the token type of a byte-fallback piece <0xNN>
 
 
 class TokenizerError(LlgraphError):
@@ -119,14 +115,6 @@ def build(reader):
         specials = [(t, tokens.index(t)) for t in {bos_text, eos_text} if t and t in single]
         tk.post_processor = processors.TemplateProcessing(single=" ".join(single), special_tokens=specials)
     return tk, bos_text, eos_text
-
-
-def end_of_generation(reader) -> tuple[int, ...]:
-    """Every id that ends a turn: the GGUF's eos, eot and eom ids, and the control tokens llama.cpp stops on."""
-    tokens, types = metadata(reader, "tokenizer.ggml.tokens") or [], metadata(reader, "tokenizer.ggml.token_type")
-    ids = {metadata(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")} - {None}
-    ids |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS and (types is None or types[i] in SPECIAL_TYPES)}
-    return tuple(sorted(int(i) for i in ids))
 
 
 def _byte_level_bpe(reader, tokens):
