@@ -9,6 +9,11 @@
 network), `HF_TOKEN` (gated and private repos), `HF_ENDPOINT` (a mirror), progress bars, resuming a cut download.
 A revision (branch, tag or commit) comes from `--revision` or `org/name@REV`. Each failure is one line: no network
 and nothing cached, no such repo, a gated repo without a token, no such revision, no file of that quantization.
+
+Nothing is written outside the Hub cache, whatever the id or the endpoint says: a repo id is checked by
+huggingface_hub's own validator, a revision as git checks a ref name (no `..`, no leading `/`, no control
+characters), a tag as one file name; and every answer of the endpoint passes a check before huggingface_hub turns
+it into a path (a commit is 40 hex digits, an ETag one bare name): a hostile mirror or proxy cannot name a place.
 """
 
 from __future__ import annotations
@@ -30,7 +35,43 @@ class HubError(ExportError):
 
 def is_hub_id(ref) -> bool:
     """Whether `ref` reads as a Hub id (`org/name[@REV][:TAG]`) and names no existing local path."""
-    return isinstance(ref, str) and not Path(ref).exists() and HUB_ID.match(ref) is not None
+    if not isinstance(ref, str) or HUB_ID.match(ref) is None:
+        return False
+    try:
+        return not Path(ref).exists()
+    except OSError:  # a name too long to be a path
+        return True
+
+
+_REF_BAD = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//")
+
+
+def check_revision(revision: str) -> None:
+    """A branch, tag or commit as git allows its name (`git check-ref-format`): no `..`, `//`, leading or trailing
+    `/`, component starting with `.` or ending in `.lock`, control character or `~^:?*[\\`; at most 255 characters."""
+    parts = revision.split("/")
+    if (not revision or len(revision) > 255 or _REF_BAD.search(revision) or revision == "@"
+            or any(not p or p.startswith(".") or p.endswith((".lock", ".")) for p in parts)):
+        raise HubError(f"revision {_short(revision)} is not a branch, tag or commit name (no '..', no leading '/', "
+                       "no control characters); give one the repo has")
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:80] + "...")
+
+
+def _check_ref(repo: str, revision: str | None, tag: str | None) -> None:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        raise HubError(f"{_short(repo)} is not a Hub repo id (org/name of letters, digits, '-', '_', '.', at most 96 "
+                       "characters, no '--' or '..'); check the id") from None
+    if revision is not None:
+        check_revision(revision)
+    if tag is not None and (len(tag) > 255 or tag.startswith(".") or "\\" in tag):
+        raise HubError(f"{_short(tag)} is not a GGUF file name or quantization tag; give e.g. {repo}:Q4_K_M")
 
 
 _FETCHED: dict[tuple[str, str | None], Path] = {}  # this process's answers: a reference is resolved more than once
@@ -50,6 +91,8 @@ def _fetch(ref: str, revision: str | None) -> Path:
                        "org/name:FILE.gguf)")
     repo, tag = match["repo"], match["tag"]
     revision = revision or match["revision"]
+    _check_ref(repo, revision, tag)
+    _guard_endpoint()
     try:
         offline = not _online()
         files = _files(repo, revision, offline)
@@ -62,6 +105,48 @@ def _fetch(ref: str, revision: str | None) -> Path:
         raise
     except Exception as e:
         raise HubError(_explain(e, repo, revision)) from None
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_ETAG = re.compile(r'(W/)?"?[\w\-]{1,128}"?')
+
+
+def _guard_endpoint() -> None:
+    """Every response huggingface_hub gets passes `_check_answer` first: its client factory, wrapped once."""
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import _http
+
+    if getattr(_http, "_llgraph_guarded", False):
+        return
+
+    def guarded():
+        client = _http.default_client_factory()
+        hooks = client.event_hooks
+        client.event_hooks = {**hooks, "response": [*hooks.get("response", []), _check_answer]}
+        return client
+
+    set_client_factory(guarded)
+    _http._llgraph_guarded = True
+
+
+def _check_answer(response) -> None:
+    """Refuses an answer whose commit or ETag is not a bare name (huggingface_hub builds `snapshots/<commit>` and
+    `blobs/<etag>` from them), and a revision answer whose `sha` is not a commit."""
+    commit = response.headers.get("X-Repo-Commit")
+    bad = [f"commit {_short(commit)}"] if commit is not None and not _COMMIT.fullmatch(commit) else []
+    bad += [f"ETag {_short(e)}" for e in (response.headers.get(h) for h in ("X-Linked-Etag", "ETag"))
+            if e is not None and not _ETAG.fullmatch(e)]
+    if not bad and "/revision/" in response.request.url.path and response.status_code == 200:
+        response.read()
+        try:
+            sha = response.json().get("sha")
+        except Exception:
+            sha = None
+        if sha is not None and not (isinstance(sha, str) and _COMMIT.fullmatch(sha)):
+            bad.append(f"commit {_short(str(sha))}")
+    if bad:
+        raise HubError(f"the Hub endpoint {_endpoint()} answered {bad[0]}, which is no commit or file name; nothing "
+                       "was written from it — check HF_ENDPOINT (a mirror or proxy you trust)")
 
 
 def _online() -> bool:
@@ -103,8 +188,9 @@ def _files(repo: str, revision: str | None, offline: bool) -> list[str]:
 
 
 def _gguf(repo: str, ggufs: list[str], tag: str | None, files: list[str]) -> str:
+    ggufs = [f for f in ggufs if _safe_name(f)]
     if tag is not None and tag.lower().endswith(".gguf"):
-        if tag not in files:
+        if tag not in files or not _safe_name(tag):
             raise HubError(f"{repo} has no file {tag}; it has {_listing(ggufs)}")
         return tag
     if not ggufs:
@@ -117,6 +203,11 @@ def _gguf(repo: str, ggufs: list[str], tag: str | None, files: list[str]) -> str
     if tag is None:
         return ggufs[0]
     raise HubError(f"{repo} has no GGUF file of quantization {tag}; it has {_listing(ggufs)}")
+
+
+def _safe_name(name: str) -> bool:
+    """A file name of the repo that stays inside it: relative, no `..` component, no backslash."""
+    return not name.startswith("/") and "\\" not in name and ".." not in name.split("/")
 
 
 def _listing(ggufs: list[str]) -> str:

@@ -2,7 +2,8 @@
 the Hub's URL layout (`/api/models/{repo}/revision/{rev}`, `/api/models/{repo}/tree/{rev}`,
 `/{repo}/resolve/{rev}/{file}` with X-Repo-Commit, ETag and byte ranges), a gated repo that wants a token, the Hub's
 X-Error-Code answers for a missing repo, revision or file, and a connection cut halfway through a file's first
-download (resumed by a Range request). Loopback only."""
+download (resumed by a Range request), and a hostile endpoint: any revision resolved, and chosen commit and ETag
+answers (`lies`). Loopback only."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ TOKEN = "hf_test_token"
 
 
 class Hub:
-    def __init__(self, repos: dict[str, Path], gated: tuple[str, ...] = (), cut: tuple[str, ...] = ()):
+    def __init__(self, repos: dict[str, Path], gated: tuple[str, ...] = (), cut: tuple[str, ...] = (),
+                 any_revision: bool = False, lies: dict[str, dict[str, str]] | None = None):
         """repos: id -> folder (or a single file, served under its name); gated: ids that need TOKEN; cut: file names
-        whose first full download is cut halfway."""
+        whose first full download is cut halfway; any_revision: every revision resolves (a proxy that asks no
+        questions); lies: id -> {"commit"|"etag"|"sha": the value answered instead of the true one}."""
         self.repos, self.gated, self.to_cut = repos, set(gated), set(cut)
+        self.any_revision, self.lies = any_revision, lies or {}
         self.ranges: list[str] = []  # the Range headers received, in order
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -82,7 +86,7 @@ class Hub:
                 if repo in hub.gated and self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     self._error(401, "GatedRepo", f"Access to model {repo} is restricted.")
                     return False
-                if revision not in ("main", hub.commit(repo)):
+                if revision not in ("main", hub.commit(repo)) and not hub.any_revision:
                     self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
                     return False
                 return True
@@ -96,7 +100,8 @@ class Hub:
                         return
                     files = hub.files(repo)
                     if kind == "revision":
-                        return self._json({"id": repo, "modelId": repo, "sha": hub.commit(repo), "private": False,
+                        sha = hub.lies.get(repo, {}).get("sha", hub.commit(repo))
+                        return self._json({"id": repo, "modelId": repo, "sha": sha, "private": False,
                                            "siblings": [{"rfilename": f} for f in files]}, body)
                     return self._json([{"type": "file", "path": f, "size": p.stat().st_size,
                                         "oid": hashlib.sha1(f.encode()).hexdigest()} for f, p in files.items()], body)
@@ -116,8 +121,9 @@ class Hub:
                     hub.ranges.append(wanted)
                     start = int(re.match(r"bytes=(\d+)-", wanted)[1])
                 self.send_response(206 if start else 200)
-                self.send_header("X-Repo-Commit", hub.commit(repo))
-                self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+                lie = hub.lies.get(repo, {})
+                self.send_header("X-Repo-Commit", lie.get("commit", hub.commit(repo)))
+                self.send_header("ETag", f'"{lie.get("etag", hashlib.sha256(data).hexdigest())}"')
                 self.send_header("Content-Length", str(len(data) - start))
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")

@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hub_server import TOKEN, Hub
@@ -92,3 +93,50 @@ def test_a_gated_repo_opens_with_a_token(hub, tmp_path):
     r = llgraph(_env(tmp_path, server.url, HF_TOKEN=TOKEN), "generate", "test-org/gated", "--tokens", "1,5",
                 "--max-new-tokens", "2", "--revision", server.commit("test-org/gated"))
     assert r.returncode == 0, r.stderr
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory, hub):
+    """An endpoint that resolves any revision and answers paths as commits and ETags (a mirror or proxy turned)."""
+    _, hf = hub
+    escape = "../../../../../../../../../../../../../../escaped"
+    server = Hub({"test-org/tiny-hf": hf, "test-org/etag": hf, "test-org/commit": hf, "test-org/sha": hf},
+                 any_revision=True, lies={"test-org/etag": {"etag": escape}, "test-org/commit": {"commit": escape},
+                                          "test-org/sha": {"sha": escape}})
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["generate", "test-org/tiny-hf@{victim}", "--tokens", "1"], ["is not a branch, tag or commit name"]),
+    (["generate", "test-org/tiny-hf", "--revision", "../../../made", "--tokens", "1"], ["not a branch, tag"]),
+    (["generate", "test-org/tiny-hf", "--revision", "../../../../../../../../../../../../../../../escaped",
+      "--tokens", "1"], ["not a branch, tag"]),
+    (["generate", "test-org/tiny-hf", "--revision", "/abs", "--tokens", "1"], ["not a branch, tag"]),
+    (["generate", "test-org/etag", "--tokens", "1"], ["answered ETag", "HF_ENDPOINT"]),
+    (["generate", "test-org/commit", "--tokens", "1"], ["answered commit", "HF_ENDPOINT"]),
+    (["generate", "test-org/sha", "--tokens", "1"], ["answered commit", "HF_ENDPOINT"]),
+    (["inspect", "test-org/" + "x" * 3000], ["is not a Hub repo id"]),
+    (["inspect", "test-org/tiny-hf@" + "r" * 3000], ["not a branch, tag"]),
+])
+def test_a_hostile_endpoint_or_id_writes_nothing_outside_the_cache(hostile, tmp_path, args, words):
+    """A revision or an answer naming a path outside the Hub cache is refused in one line and writes nothing there
+    (before: `@../../<dir>/victim.txt` overwrote the victim with a commit hash; `--revision ../X` created files)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    victim = work / "victim.txt"
+    victim.write_text("precious\n")
+    home = tmp_path / "hf-home"
+    depth = len(home.parts) + 3  # enough `..` to leave the cache and reach the root
+    args = [a.replace("{victim}", "../" * depth + str(victim).lstrip("/")) for a in args]
+    before = _tree(tmp_path)
+    r = llgraph(_env(tmp_path, hostile.url), *args)
+    one_line_error(r, *words)
+    after = {k: v for k, v in _tree(tmp_path).items() if not k.startswith("hf-home/")}
+    assert after == {k: v for k, v in before.items() if not k.startswith("hf-home/")}
+    assert not any(p.name in ("escaped", "made") for p in tmp_path.rglob("*")) and not Path("/escaped").exists()
+    assert victim.read_text() == "precious\n"
