@@ -359,8 +359,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "a forward of its own)")
     add_draft_max(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    s.add_argument("--api-key", help="every /v1/* request must send `Authorization: Bearer KEY` (default: "
-                   "$LLGRAPH_API_KEY, else none; a warning when listening beyond loopback without one)")
+    s.add_argument("--api-key", help="every request but /health must send `Authorization: Bearer KEY` or `X-Api-Key: "
+                   "KEY` (default: $LLGRAPH_API_KEY, else none; a warning when listening beyond loopback without one)")
+    s.add_argument("--api-key-file", metavar="PATH", help="the API key, read from this file's first line (not shown "
+                   "by `ps`, unlike --api-key)")
+    s.add_argument("--allowed-hosts", nargs="+", default=(), metavar="NAME", help="Host header names answered "
+                   "besides localhost, 127.0.0.1 and [::1] ('*': any); bound to loopback, any other Host is a 421 "
+                   "(DNS rebinding)")
+    s.add_argument("--cors-origins", nargs="+", default=(), metavar="ORIGIN", help="browser origins allowed to call "
+                   "the API (CORS, preflights answered), e.g. https://app.example; default none")
+    s.add_argument("--open-metrics", action="store_true", help="/metrics answers without the API key (for a "
+                   "scraper without credentials)")
     s.add_argument("--pooling", choices=("last", "mean"), default="last", help="/v1/embeddings: pool the last "
                    "hidden states by the last token's (default) or their mean")
     s.add_argument("--prefill-chunk", type=int, default=256, help="a longer prompt is prefilled this many tokens at "

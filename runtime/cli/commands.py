@@ -82,10 +82,12 @@ def cmd_serve(args) -> int:
 
     for flag, value, low in (("--slots", args.slots, 1), ("--max-queue", args.max_queue, 0),
                              ("--prefill-chunk", args.prefill_chunk, 0),
-                             ("--replicas", args.replicas, 1), ("--port", args.port, 0),
+                             ("--replicas", args.replicas, 1), ("--port", args.port, 0), ("--grace", args.grace, 0),
                              ("--max-request-bytes", args.max_request_bytes, 1024)):
         if value < low:
             raise LlgraphError(f"{flag} ({value}) must be at least {low}")
+    if args.port > 65535:
+        raise LlgraphError(f"--port ({args.port}) must be at most 65535")
     if args.timeout is not None and args.timeout <= 0:
         raise LlgraphError(f"--timeout ({args.timeout}) must be a positive number of seconds")
     from llgraph.runtime.backends import check_weights
@@ -97,8 +99,10 @@ def cmd_serve(args) -> int:
                            cache_dir=args.cache_dir, tensorrt=args.tensorrt, weights=weights,
                            max_request_bytes=args.max_request_bytes, threads=args.threads,
                            speculative="draft" if draft else args.speculative, draft_max=args.draft_max, draft=draft,
-                           api_key=api_key(args.api_key), pooling=args.pooling, prefill_chunk=args.prefill_chunk,
-                           kv_cache=args.kv_cache)
+                           api_key=api_key(args.api_key, args.api_key_file), pooling=args.pooling,
+                           prefill_chunk=args.prefill_chunk, kv_cache=args.kv_cache, host=args.host,
+                           allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_origins),
+                           open_metrics=args.open_metrics)
     if args.ray:
         serve_on_ray(options, args.replicas, host=args.host, port=args.port, address=args.ray_address)
     else:

@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 try:
-    from fastapi import Depends, FastAPI, Request
+    from fastapi import FastAPI, Request
     from fastapi.responses import PlainTextResponse, Response
     from starlette.exceptions import HTTPException
 except ImportError as e:
@@ -35,7 +35,7 @@ except ImportError as e:
 
 from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 from llgraph.runtime.engine.speculative import MAX_DRAFT
-from llgraph.runtime.serve.access import check_key
+from llgraph.runtime.serve.access import Guard
 from llgraph.runtime.serve.body import read_json, start_worker, stop_worker
 from llgraph.runtime.serve.completions import answer, parse
 from llgraph.runtime.serve.embeddings import embeddings as embed
@@ -62,7 +62,11 @@ class ServeOptions:
     # "speculative" overrides it
     draft_max: int = MAX_DRAFT  # requests' default most drafted tokens a step; "speculative.n_max" overrides it
     draft: str | None = None  # the draft model (a MODEL as for `model`), opened beside it: requests may ask "draft"
-    api_key: str | None = None  # every /v1/* route wants `Authorization: Bearer api_key` (access.py); None: open
+    api_key: str | None = None  # every route but /health wants it (access.py); None: open
+    host: str = "127.0.0.1"  # the address listened on: bound to loopback, only loopback's Host names are answered
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides loopback's ("*": any)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call (CORS); none by default
+    open_metrics: bool = False  # /metrics answers without the key (for a scraper without credentials)
     pooling: str = "last"  # /v1/embeddings' pooling of the last hidden states: "last" token or "mean"
     prefill_chunk: int = 256  # a longer prompt is written this many tokens between two decode steps (0: whole)
     kv_cache: str | None = None  # the KV cache's format (llgraph/kv_cache.py); None: the backend's default
@@ -174,10 +178,14 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         stop_worker()
 
     app = FastAPI(title="llgraph", lifespan=lifespan)
+    # Host and key of every request, before any route reads a byte (access.py); CORS outermost, only when asked
+    app.add_middleware(Guard, key=options.api_key, bound=options.host, allowed_hosts=options.allowed_hosts,
+                       open_metrics=options.open_metrics)
+    if options.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
 
-    async def authorized(request: Request):  # the /v1/* routes' dependency: the API key, before the body is read
-        check_key(request.headers.get("authorization"), options.api_key)
-    v1 = [Depends(authorized)]
+        app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600)
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
@@ -200,16 +208,16 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
 
         return PlainTextResponse(generate_latest(state["metrics"].registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", dependencies=v1)
+    @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": options.served_name, "object": "model",
                                             "created": state["created"], "owned_by": "llgraph"}]}
 
-    @app.post("/v1/completions", dependencies=v1)
+    @app.post("/v1/completions")
     async def completions(request: Request):
         return await _serve(request, chat=False)
 
-    @app.post("/v1/chat/completions", dependencies=v1)
+    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await _serve(request, chat=True)
 
@@ -224,7 +232,7 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
                 "model": options.served_name}
         return await answer(request, ask, runner, scheduler, meta)
 
-    @app.post("/v1/embeddings", dependencies=v1)
+    @app.post("/v1/embeddings")
     async def embeddings(request: Request):
         body = await read_json(request, options.max_request_bytes)
         _check_model(body)

@@ -1,6 +1,7 @@
 """The server's KV memory, planned at startup rather than discovered when the slots fill: without --max-seq-len, each
 slot's context is the longest that lets every slot's cache fit a share of the memory free once the model is loaded
-(up to the model's own context); with it, a cache that would not fit is said at startup. The plan is stated in the
+(up to the model's own context); with it, a cache beyond that share is warned of at startup, and one beyond the
+memory free is refused. The plan is stated in the
 startup line ("8 slots x 16384 tokens (KV cache 8.86 GB int8, planned from 19.4 GB free)") and /metrics shows the
 cache's bytes in use.
 
@@ -55,6 +56,11 @@ def plan(backends: list, slots: int, asked: int | None) -> None:
     budget = KV_SHARE * max(0, free - sum(mapped_weight_bytes(b) for b in backends))
     if asked is not None or None in limits:
         need = slots * backend.max_seq_len * per_token
+        room = free - sum(mapped_weight_bytes(b) for b in backends)
+        if asked is not None and None not in limits and need > room:  # a host cache that cannot fit even alone
+            raise RequestError(f"{slots} slots x {backend.max_seq_len} tokens need {need / 1e9:.2f} GB of KV cache "
+                               f"({backend.kv_format().name}), more than the {max(room, 0) / 1e9:.1f} GB free besides "
+                               "the weights; lower --slots or --max-seq-len, or use --kv-cache int8")
         if need > budget:
             print(f"llgraph serve: warning: {slots} slots x {backend.max_seq_len} tokens need {need / 1e9:.2f} GB of "
                   f"KV cache, more than {KV_SHARE:.0%} of the {free / 1e9:.1f} GB free; when the slots fill the "

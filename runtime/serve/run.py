@@ -51,7 +51,7 @@ def serve(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, g
         async def startup(self, sockets=None):
             await super().startup(sockets)  # the model loaded (lifespan), then the socket bound
             if self.started:
-                _announce(options, f"http://{host}:{port}", memory(runner.backend, options.slots))
+                _announce(options, _url(host, port), memory(runner.backend, options.slots))
 
         def handle_exit(self, sig, frame):
             scheduler = getattr(app.state, "scheduler", None)
@@ -101,7 +101,7 @@ def serve_on_ray(options: ServeOptions, replicas: int, *, host: str = "127.0.0.1
                                       ray_actor_options={"num_cpus": 0})
     ray_serve.run(deployment.bind(), name="llgraph", route_prefix="/", blocking=False)
     try:
-        wait_for_interrupt(ready=lambda: _announce(options, f"http://{host}:{port}",
+        wait_for_interrupt(ready=lambda: _announce(options, _url(host, port),
                                                    f", {replicas} Ray Serve replicas"))
     finally:
         ray_serve.shutdown()
@@ -122,6 +122,11 @@ def wait_for_interrupt(ready=lambda: None, tick: float = 0.5) -> None:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _url(host: str, port: int) -> str:
+    """The address to announce: an IPv6 host in brackets (`http://[::]:8000`), as URLs write it."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _announce(options: ServeOptions, url: str, extra: str = "") -> None:

@@ -56,10 +56,14 @@ def test_slots_that_cannot_fit_are_refused_and_an_asked_length_warned_of(free, c
     free(1 * GB)
     with pytest.raises(RequestError, match="lower --slots, use --kv-cache int8"):
         planning.plan([Shaped("f32")], 64, None)
-    asked = Shaped("f32", max_seq_len=32768)
-    planning.plan([asked], 8, 32768)
-    assert asked.max_seq_len == 32768  # as asked, and said
+    asked = Shaped("f32", max_seq_len=384)  # 8 x 384 x 262,144 bytes = 0.81 GB: beyond the 60% share, within 1 GB
+    planning.plan([asked], 8, 384)
+    assert asked.max_seq_len == 384  # as asked, and said
     assert "may run out of memory" in capsys.readouterr().err
+    # beyond all the memory free (64 slots x 8192 f32 of the 8B: 4.4 TB here; 24.2 GB of SmolLM2 on 23 GB before):
+    # refused, where it used to start with a warning
+    with pytest.raises(RequestError, match="more than the 1.0 GB free besides the weights; lower --slots"):
+        planning.plan([Shaped("f32", max_seq_len=8192)], 64, 8192)
 
 
 def test_an_engine_of_fixed_length_is_left_as_built(free):
