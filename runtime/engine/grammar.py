@@ -116,6 +116,12 @@ class Matcher:
         self._words = (ll_tokenizer.vocab_size + 31) // 32
         self._bits = np.zeros(self._words, np.int32)
         self._check()
+        # the first mask, computed now: a grammar that admits no document (a schema whose only branch refers to
+        # itself, `{"$ref": "#"}`) is the request's error when it is submitted, not the model's at its first token
+        self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if self._m.is_error():
+            raise RequestError(f"the grammar admits no output (e.g. a schema that only refers to itself): "
+                               f"{self._m.get_error().splitlines()[0][:120]}")
 
     def allowed(self, vocab_size: int) -> np.ndarray:
         """[vocab_size] bool: the tokens that keep the output valid."""

@@ -136,8 +136,11 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
 async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
     context = runner.backend.max_seq_len
     if ask.grammar is not None:  # its first use builds llguidance's view of the vocabulary (~0.4 s): not on the loop
-        await asyncio.to_thread(ask.grammar.matcher, runner.tokenizer, runner.backend.vocab_size,
-                                runner.eos_token_ids)
+        try:  # and a grammar that admits no output is the request's error
+            await asyncio.to_thread(ask.grammar.matcher, runner.tokenizer, runner.backend.vocab_size,
+                                    runner.eos_token_ids)
+        except RequestError as e:
+            raise ApiError(400, str(e)) from None
     ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context, ask.key) for p in ask.prompts])
     handles: list = []
     with submitting(handles):

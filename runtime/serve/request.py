@@ -198,11 +198,26 @@ def check_json(content_type: str | None) -> None:
                        code="unsupported_media_type")
 
 
+def _constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is beyond a double")
+    return value
+
+
 def decoded(data: bytes) -> dict:
+    """The body as a JSON object; anything else a 400 — invalid UTF-8 or JSON, nesting past Python's recursion
+    limit, an integer of more digits than Python converts (4,300), NaN/Infinity (not JSON) or a float beyond a
+    double."""
     try:
-        body = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise ApiError(400, "the body is not valid JSON (or nests too deeply)") from None
+        body = json.loads(data, parse_constant=_constant, parse_float=_finite)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        why = "" if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)) else f" ({str(e)[:80]})"
+        raise ApiError(400, f"the body is not valid JSON (or nests too deeply){why}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     try:  # JSON may escape a lone UTF-16 surrogate ("\ud800"), which no tokenizer (and no UTF-8 reply) can hold
