@@ -23,9 +23,10 @@ BASES = {
     "/tokenize": {"model": "m", "prompt": "Hi"},
     "/detokenize": {"model": "m", "tokens": [1, 2]},
 }
-FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
-          "n", "stream", "stream_options", "stop", "seed", "logprobs", "top_logprobs", "echo", "presence_penalty",
-          "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "tools", "tool_choice",
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+          "min_p", "n", "stream", "stream_options", "stop", "seed", "logprobs", "top_logprobs", "echo",
+          "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "tools",
+          "tool_choice",
           "parallel_tool_calls", "speculative", "input", "encoding_format", "dimensions", "tokens",
           "add_special_tokens", "best_of", "suffix", "user"]
 NESTED = {  # (route, a body with a hole): the hole filled by each hostile value
