@@ -13,6 +13,7 @@ modules) is one line naming the field.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -42,7 +43,9 @@ class Adapter:
         try:
             value = float(scale) if scale else 1.0
         except ValueError:
-            raise LoraError(f"--lora {spec}: the scale after ':' must be a number (DIR or DIR:0.5)") from None
+            value = float("nan")
+        if not math.isfinite(value):
+            raise LoraError(f"--lora {spec}: the scale after ':' must be a finite number (DIR or DIR:0.5)")
         adapter = cls(Path(path), value)
         adapter.check()
         return adapter
@@ -71,9 +74,11 @@ class Adapter:
         if config.get("bias", "none") != "none":
             raise LoraError(f"--lora {self.path}: trained biases (bias {config['bias']!r}) cannot be merged by "
                             "llgraph; merge with PEFT's merge_and_unload and export the merged checkpoint")
-        for key in ("r", "lora_alpha"):
-            if not isinstance(config.get(key), (int, float)) or config[key] <= 0:
-                raise LoraError(f"--lora {self.path}: {CONFIG} needs a positive '{key}'")
+        r, alpha = config.get("r"), config.get("lora_alpha")
+        if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+            raise LoraError(f"--lora {self.path}: {CONFIG} needs a positive integer 'r', not {r!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
+            raise LoraError(f"--lora {self.path}: {CONFIG} needs a positive finite 'lora_alpha', not {alpha!r}")
         return config
 
     @property
@@ -107,6 +112,32 @@ class Adapter:
             raise LoraError(f"--lora {self.path}: {WEIGHTS} holds no lora_A/lora_B tensors")
         return pairs
 
+    def validate(self) -> None:
+        """Everything that can be checked without the base model, before anything is written: the scale finite,
+        the config's r and alpha, each A [r, in] and B [out, r] two-dimensional with the config's r, every value
+        finite (a NaN would turn every merged weight into NaN and the answer into nothing). Raises LoraError."""
+        self._validated
+
+    @cached_property
+    def _validated(self) -> bool:
+        from safetensors import safe_open
+
+        if not math.isfinite(self.scale):
+            raise LoraError(f"--lora {self.path}: the scale ({self.scale}) must be a finite number")
+        r = self.config["r"]
+        with safe_open(self.path / WEIGHTS, "np") as f:
+            for a_key, b_key in self.pairs.values():
+                a, b = f.get_slice(a_key).get_shape(), f.get_slice(b_key).get_shape()
+                if len(a) != 2 or len(b) != 2 or a[0] != r or b[1] != r:
+                    raise LoraError(f"--lora {self.path}: {a_key} is {list(a)} and {b_key} is {list(b)}; LoRA "
+                                    f"wants A [r, in] and B [out, r] with r = {r} ({CONFIG}); the adapter's file is "
+                                    "damaged or not PEFT's")
+                for key in (a_key, b_key):
+                    if not np.isfinite(f.get_tensor(key)).all():
+                        raise LoraError(f"--lora {self.path}: {key} holds NaN or infinite values; the adapter's "
+                                        "training diverged or its file is damaged")
+        return True
+
     def delta_shape(self, name: str) -> tuple[int, int]:
         """[out, in] of the delta for `name` (B's rows, A's columns), read from the file's header."""
         from safetensors import safe_open
@@ -138,6 +169,7 @@ class LoraSource(SourceView):
                             "GGUF blocks with permuted Q/K rows: export the adapter's HF base model instead")
         names = set(base.names())
         for adapter in adapters:
+            adapter.validate()
             missing = sorted(set(adapter.pairs) - names)
             if missing:
                 raise LoraError(f"--lora {adapter.path} adapts {missing[0]}, which this checkpoint does not have "

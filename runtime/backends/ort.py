@@ -258,6 +258,8 @@ def _open(path: Path, options: RunOptions) -> ORTRunner:
     from llgraph.runtime.backends.cache import cache_dir, entry_for, heal
 
     load_config(path)  # a folder or file that is no checkpoint fails here, before "exporting ..." is said
+    for adapter in options.weights.lora:  # and an adapter that cannot be merged
+        adapter.validate()
     weights = resolve_kernels(options.weights, "ort", path)  # its kernels are part of the cache key
     folder = entry_for(path, cache_dir(options.cache_dir), "ort", weights.mode)
     why = heal(folder)

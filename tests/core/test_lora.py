@@ -117,7 +117,7 @@ def test_refusals_are_one_line(base, tmp_path):
     adapter = _adapter(_fresh(base), tmp_path / "a", 5, r=4, lora_alpha=8)
     with pytest.raises(LlgraphError, match="no adapter_config.json"):
         Adapter.parse(str(tmp_path))
-    with pytest.raises(LlgraphError, match="must be a number"):
+    with pytest.raises(LlgraphError, match="must be a finite number"):
         Adapter.parse(f"{adapter}:much")
     dora = tmp_path / "dora"
     dora.mkdir()
@@ -136,3 +136,56 @@ def test_refusals_are_one_line(base, tmp_path):
                 keyed.replace(lora=(Adapter.parse(f"{adapter}:2"),)).mode,
                 keyed.replace(dequantize=True, lora=(Adapter.parse(str(adapter)),)).mode,
                 keyed.replace(dequantize=True).mode}) == 5
+
+
+def _tamper(adapter, folder, case: str):
+    """A copy of `adapter` damaged as `case` says (issue 52: each wrote an export and answered nothing, or ended in a
+    traceback)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder.mkdir()
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    a_key = next(k for k in tensors if ".lora_A." in k)
+    b_key = a_key.replace(".lora_A.", ".lora_B.")
+    if case == "alpha NaN":
+        config["lora_alpha"] = float("nan")
+    elif case == "r true":
+        config["r"] = True
+    elif case in ("A nan", "B inf"):
+        key = a_key if case == "A nan" else b_key
+        tensors[key] = tensors[key].copy()
+        tensors[key].flat[3] = np.nan if case == "A nan" else np.inf
+    elif case == "B of another rank":  # A [4, in], B [out, 8]
+        tensors[b_key] = np.concatenate([tensors[b_key], tensors[b_key]], axis=1)
+    elif case == "A 1-D":
+        tensors[a_key] = tensors[a_key].reshape(-1).copy()
+    elif case == "B 3-D":
+        tensors[b_key] = tensors[b_key][None].copy()
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    save_file(tensors, folder / "adapter_model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("case, scale, words", [
+    ("good", ":nan", ["finite number"]), ("good", ":inf", ["finite number"]), ("good", ":-1e309", ["finite number"]),
+    ("alpha NaN", "", ["positive finite 'lora_alpha'"]), ("r true", "", ["positive integer 'r'", "True"]),
+    ("A nan", "", ["lora_A", "NaN or infinite"]), ("B inf", "", ["lora_B", "NaN or infinite"]),
+    ("B of another rank", "", ["lora_A", "is [4, ", ", 8]; LoRA wants A [r, in] and B [out, r]"]),
+    ("A 1-D", "", ["lora_A", "wants A [r, in]"]), ("B 3-D", "", ["lora_B", "wants A [r, in]"]),
+])
+def test_an_adapter_that_cannot_merge_is_one_line_before_anything_is_written(base, tmp_path, case, scale, words):
+    import subprocess
+    import sys
+
+    good = _adapter(_fresh(base), tmp_path / "good", 3, r=4, lora_alpha=8)
+    adapter = good if case == "good" else _tamper(good, tmp_path / "bad", case)
+    cache = tmp_path / "cache"
+    r = subprocess.run([sys.executable, "-m", "llgraph", "generate", str(base), "--lora", f"{adapter}{scale}",
+                        "--tokens", "1,2", "--max-new-tokens", "2", "--cache-dir", str(cache)],
+                       capture_output=True, text=True)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert all(w in errors[0] for w in words), errors[0]
+    assert "exporting" not in r.stderr  # refused before the export is announced
+    assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))  # and nothing written
