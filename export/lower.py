@@ -256,8 +256,7 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
                             inputs=tuple(v.name for v in graph.inputs), outputs=tuple(v.name for v in graph.outputs))
         target.extras(tmp, manifest)
         files = tuple(sorted({p.name for p in tmp.iterdir()} - {PARTIAL_MARK} | {MANIFEST}))
-        sizes, hashes = integrity_record(tmp, set(files) - {MANIFEST})
-        dataclasses.replace(manifest, files=files, sizes=sizes, sha256=hashes).write(tmp)
+        dataclasses.replace(manifest, files=files, **integrity_record(tmp, set(files) - {MANIFEST})).write(tmp)
     return out
 
 

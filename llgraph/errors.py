@@ -21,3 +21,8 @@ class MissingExtra(LlgraphError):
                   "install torch` takes a CUDA one of several GB)"
         super().__init__(f"{what} needs {packages} ({error.name or error}): {how}, or in llgraph's clone pip install "
                          f"--config-settings editable_mode=strict -e '.[{extra}]'")
+
+
+def described(e: BaseException) -> str:
+    """An error as a request's or a row's message: a user-facing one as it is, any other with its type."""
+    return str(e) if isinstance(e, LlgraphError) else f"{type(e).__name__}: {e}"

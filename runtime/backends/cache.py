@@ -24,7 +24,7 @@ from pathlib import Path
 
 from llgraph import __version__
 from llgraph.errors import LlgraphError
-from llgraph.export_folder import BUILD_FILES, LEGACY_FILES, MANIFEST, Manifest, damage, file_sha256
+from llgraph.export_folder import BUILD_FILES, CHECKED, LEGACY_FILES, MANIFEST, Manifest, damage, file_sha256
 from llgraph.outdir import remove_stale, user_cache
 from llgraph.plugins import cpu
 
@@ -78,7 +78,7 @@ def entry_for(checkpoint: Path, root: Path, target: str = "ort", dtype: str = "f
 
 def _export_files_only(folder: Path) -> bool:
     """A folder without a manifest holds only names an export writes: a damaged entry, not a user's folder."""
-    return all(p.is_file() and p.name in {*LEGACY_FILES, *BUILD_FILES, cpu.LIBRARY} for p in folder.iterdir())
+    return all(p.is_file() and p.name in {*LEGACY_FILES, *BUILD_FILES, CHECKED, cpu.LIBRARY} for p in folder.iterdir())
 
 
 def heal(folder: Path) -> str | None:

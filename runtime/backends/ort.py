@@ -20,7 +20,7 @@ import numpy as np
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
-from llgraph.export_folder import MODEL_FILE, Manifest, damage
+from llgraph.export_folder import MODEL_FILE, Checked, Manifest, check_damage, damage
 from llgraph.ir import Graph, value_order
 from llgraph.kv_cache import CPU_DEFAULT, FORMATS, KvFormat, kv_format, of_dtype, retype
 from llgraph.passes import HIDDEN, KEEP_INPUT, model_graph
@@ -62,10 +62,8 @@ class OrtBackend(Backend):
 
         self.folder = folder = Path(folder)
         manifest = Manifest.read(folder)
-        damaged = damage(folder, manifest)
-        if damaged:
-            raise LlgraphError(f"{folder} is damaged ({damaged}): export it again (llgraph export ... --force -o "
-                               f"{folder}); a cache entry: `llgraph cache clean {folder.name}`, then run again")
+        check_damage(folder, damage(folder, manifest))
+        checked = Checked(folder, manifest)  # every byte hashed while the session loads (export_folder.Checked)
         self.config, self.dtype = manifest.config, manifest.dtype
         if self.dtype == "bfloat16":
             raise LlgraphError(f"{folder} is a bf16 export and ONNX Runtime's CPU kernels have no bf16 MatMul; "
@@ -84,12 +82,22 @@ class OrtBackend(Backend):
             _register_kernels(opts, folder)
         own = manifest.options.get("kernels") == "llgraph" and self.dtype == "float32"
         self.kv = kv_format(kv_cache) if kv_cache else kv_format(CPU_DEFAULT) if own else of_dtype(self.dtype)
-        model = _model_with_cache(folder / (model_file or manifest.model), self.kv, manifest, opts)
-        self.session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        try:
+            model = _model_with_cache(folder / (model_file or manifest.model), self.kv, manifest, opts)
+            self.session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        except Exception:
+            check_damage(folder, checked.result())  # a damaged graph fails to load: say so, not ORT's words
+            raise
+        self._checked: Checked | None = checked  # waited for by ready(): after the first forward, before its answer
         self._ort, self._batch, self._binding = ort, None, None
         self._keeps = any(i.name == KEEP_INPUT for i in self.session.get_overridable_initializers())
         outputs = {o.name for o in self.session.get_outputs()}
         self._hidden = np.empty((0, self.config.hidden_size), self._np_dtype) if HIDDEN in outputs else None
+
+    def ready(self) -> None:
+        if self._checked is not None:  # the weights are what export wrote, or one line
+            checked, self._checked = self._checked, None
+            check_damage(self.folder, checked.result())
 
     def allocate(self, batch: int, zeroed: bool = False) -> None:
         if batch == self._batch and not zeroed:
@@ -131,6 +139,7 @@ class OrtBackend(Backend):
             self._binding.bind_ortvalue_output(HIDDEN, self._ort.OrtValue.ortvalue_from_numpy(self._hidden_out(
                 batch, seq)))
         self.session.run_with_iobinding(self._binding)
+        self.ready()  # the first forward ran beside the check of its weights; its answer waits for the verdict
         return logits
 
     def _hidden_out(self, batch: int, seq: int) -> np.ndarray:
@@ -155,6 +164,7 @@ class OrtBackend(Backend):
         feeds = {"input_ids": input_ids, "position_ids": position_ids, **self._arrays}
         names = [o.name for o in self.session.get_outputs()]
         values = dict(zip(names, self.session.run(names, feeds)))
+        self.ready()
         for past, present in cache_pairs(self.config):
             self._arrays[past][...] = values[present]
         return values

@@ -180,6 +180,8 @@ def cmd_generate(args) -> None:
         prompt = runner.render_chat([*system, {"role": "user", "content": prompt}])
     if runner.tokenizer is None:  # token ids in, token ids out
         result = runner.generate([prompt], args.max_new_tokens, **sampling_of(args, runner))[0]
+        if result.error:  # a batch's row ends alone with its error; here the batch is this one prompt
+            raise LlgraphError(result.error)
         print(",".join(str(t) for t in result.token_ids))
         return
     stats = {}

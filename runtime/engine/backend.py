@@ -36,6 +36,10 @@ class Backend:
     # cache length is fixed (a TensorRT engine's)
     context_limit: int | None = None
 
+    def ready(self) -> None:
+        """Returns once the backend may answer; raises (one line) when it must not: an OrtBackend's weights found
+        damaged by the check that runs while it loads (export_folder.Checked). allocate() calls it."""
+
     def allocate(self, batch: int) -> None:
         raise NotImplementedError
 

@@ -41,6 +41,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+from llgraph.errors import described
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import check_pooling
 from llgraph.runtime.engine.prefix import CachedRows
@@ -307,7 +308,7 @@ class Scheduler:
             except Exception as e:  # the batch's forward failed: no row can tell whose fault it was
                 with self._cond:
                     for r in list(self._active.values()):
-                        r.error = f"{type(e).__name__}: {e}"
+                        r.error = described(e)
                         r.decoding.finish_reason = "error"
                         self._failed(r)
                     self._active.clear()

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from llgraph.errors import described
 from llgraph.runtime.engine import speculative
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import pool
@@ -236,7 +237,7 @@ class Engine:
         try:
             return work(*args)
         except Exception as e:
-            r.error = f"{type(e).__name__}: {e}"
+            r.error = described(e)
             r.decoding.finish_reason = "error"
             self.on_error(r)
             return None

@@ -155,6 +155,9 @@ def load_runners(options: ServeOptions) -> tuple:
     draft = None if options.draft is None else open_draft(options.draft, runner, options.backend,
                                                           cache_dir=options.cache_dir, tensorrt=options.tensorrt,
                                                           threads=options.threads)
+    for r in (runner, draft):
+        if r is not None:
+            r.backend.ready()  # damaged weights are one line before the server listens
     plan([r.backend for r in (runner, draft) if r is not None], options.slots, options.max_seq_len)
     return runner, draft
 

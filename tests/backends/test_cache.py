@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from reference import tiny, write_hf_checkpoint
 
@@ -56,29 +57,57 @@ def test_a_damaged_entry_is_exported_again_with_the_same_answer(ckpt, tmp_path, 
     elif harm.startswith("truncated"):
         path = folder / (DATA_FILE if harm == "truncated data" else MODEL_FILE)
         path.write_bytes(path.read_bytes()[:100])
-    else:  # the same size, other bytes
+    else:  # the same size, other bytes, the mtime put back: found by the hash at open (its ctime moved)
+        stat = (folder / DATA_FILE).stat()
         data = bytearray((folder / DATA_FILE).read_bytes())
         data[4096:4104] = b"\xff" * 8
         (folder / DATA_FILE).write_bytes(bytes(data))
+        os.utime(folder / DATA_FILE, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         r = llgraph("cache", "verify", "--cache-dir", str(cache))
         print(r.stdout, r.stderr)
         assert r.returncode == 2 and "DAMAGED: model.onnx.data is not the file export wrote" in r.stdout
         assert f"llgraph cache clean {folder.name}" in r.stderr
+        r = llgraph("generate", str(ckpt), "--tokens", "1,2,3", "--max-new-tokens", "4", "--kernels", "standard",
+                    "--cache-dir", str(cache))
+        errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+        print(errors)
+        assert r.returncode == 2 and len(errors) == 1 and not r.stdout  # one line, never an answer
+        assert "model.onnx.data is not the file export wrote" in errors[0]
+        assert f"llgraph cache clean {folder.name}" in errors[0]
+        assert llgraph("cache", "clean", folder.name, "--cache-dir", str(cache)).returncode == 0
+        assert generate(ckpt, cache).stdout == first
+        return
     r = generate(ckpt, cache)
     print(harm, "->", [line for line in r.stderr.splitlines() if "exporting" in line])
     assert "again: the entry was damaged" in r.stderr and r.stdout == first
     assert llgraph("cache", "verify", "--cache-dir", str(cache)).returncode == 0
 
 
-def test_a_damaged_export_folder_is_one_line_naming_the_fix(tmp_path):
+@pytest.mark.parametrize("harm", ["truncated", "one flipped bit", "40 scrambled spans", "flipped graph byte"])
+def test_a_damaged_export_folder_is_one_line_naming_the_fix(tmp_path, harm):
+    """Every byte is checked at open (issue 52: a flipped byte in a large data file, not hashed at open, answered
+    `benef benef ...`); the same size with other bytes included, in the weights and in the graph."""
+    import random
+
     folder = export_model("tiny", out=tmp_path / "mine", weights=Weights(kernels="standard"))
     assert Manifest.read(folder).sizes[DATA_FILE] == (folder / DATA_FILE).stat().st_size
-    (folder / DATA_FILE).write_bytes((folder / DATA_FILE).read_bytes()[:-10])
+    path = folder / (MODEL_FILE if "graph" in harm else DATA_FILE)
+    data = bytearray(path.read_bytes())
+    if harm == "truncated":
+        data = data[:-10]
+    elif harm == "40 scrambled spans":
+        rng = random.Random(0)
+        for _ in range(40):
+            at = rng.randrange(len(data) - 64)
+            data[at:at + 64] = rng.randbytes(64)
+    else:
+        data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
     r = llgraph("generate", str(folder), "--tokens", "1,2", "--max-new-tokens", "2")
     errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
     print(errors)
-    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr
-    assert "is damaged (model.onnx.data is" in errors[0] and "--force -o" in errors[0] and "cache clean" in errors[0]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr and not r.stdout
+    assert f"is damaged ({path.name} is" in errors[0] and "--force -o" in errors[0] and "cache clean" in errors[0]
 
 
 def test_cache_clean_leaves_nothing_llgraph_wrote_and_list_counts_kernels(tmp_path):
@@ -156,3 +185,29 @@ def test_a_folder_without_a_manifest_holding_a_users_files_is_never_removed(ckpt
     assert r.returncode == 2 and len(errors) == 1 and "files llgraph did not write" in errors[0], r.stderr
     assert llgraph("cache", "clean", "--cache-dir", str(cache)).returncode == 0
     assert (entry.path / "notes.txt").read_text() == "mine"
+
+
+def test_a_warm_open_hashes_nothing_unchanged_and_every_change_is_hashed(tmp_path, monkeypatch):
+    """Checked's memo: a second open of an unchanged export hashes nothing; a file written since (even with its mtime
+    put back) is hashed again."""
+    from llgraph import export_folder
+    from llgraph.runtime.backends.ort import OrtBackend
+
+    folder = export_model("tiny", out=tmp_path / "mine", weights=Weights(kernels="standard"))
+    hashed = []
+    real = export_folder.file_xxh3
+    monkeypatch.setattr(export_folder, "file_xxh3", lambda path: hashed.append(path.name) or real(path))
+
+    def open_and_answer():
+        hashed.clear()
+        backend = OrtBackend(folder)
+        backend.allocate(1)
+        backend.forward(np.array([[1, 2]]), np.array([[0, 1]]))
+        return sorted(hashed)
+
+    assert open_and_answer() == sorted(Manifest.read(folder).xxh3)  # the first open: every file
+    assert open_and_answer() == []  # unchanged: nothing
+    stat = (folder / DATA_FILE).stat()
+    (folder / DATA_FILE).write_bytes((folder / DATA_FILE).read_bytes())  # the same bytes, written again
+    os.utime(folder / DATA_FILE, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert open_and_answer() == [DATA_FILE]
