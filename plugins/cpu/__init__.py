@@ -36,6 +36,10 @@ BUILDS, HEADERS = "kernels", "ort-headers"  # under the user cache: one folder p
 CHECKSUM = ".sha256"  # beside the built library: its sha256, checked before each use (a damaged one is rebuilt)
 SCRATCH = "tmp-fetch-"  # the headers' scratch folders: tmp-fetch-PID-…, removed by the next fetch once PID is dead
 ISA_ENV = "LLGRAPH_CPU_ISA"  # avx512vnni | avx512 | avx2 | scalar: the widest instruction set the kernels may use
+SANITIZE_ENV = "LLGRAPH_CPU_SANITIZE"  # 1: build (and use) the kernels under AddressSanitizer and UBSan, for tests
+# (the process must preload the compiler's libasan: tests/plugins/test_cpu_hardening.py)
+FLAGS = ["-std=c++17", "-O3", "-Wall", "-Wextra", "-fPIC", "-shared", "-fvisibility=hidden"]
+SANITIZED = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
 
 _why_not: str | None = None
 
@@ -124,7 +128,8 @@ def _built(progress: bool, build: bool = True) -> Path:
     key = hashlib.sha256()
     for path in SOURCES:
         key.update(path.read_bytes())
-    key.update(_version(compiler).encode() + (headers / "onnxruntime_c_api.h").read_bytes())
+    flags = FLAGS + (SANITIZED if os.environ.get(SANITIZE_ENV) == "1" else [])
+    key.update(_version(compiler).encode() + (headers / "onnxruntime_c_api.h").read_bytes() + " ".join(flags).encode())
     out = user_cache() / BUILDS / key.hexdigest()[:16] / LIBRARY
     damaged = out.exists() and not _intact(out)
     if out.exists() and not damaged:
@@ -138,8 +143,7 @@ def _built(progress: bool, build: bool = True) -> Path:
         why = "once" if not damaged or unrecorded else "again: the library there is damaged"
         print(f"building llgraph's CPU kernels ({why}, into {out.parent}) ...", file=sys.stderr, flush=True)
     partial = out.parent / f".{os.getpid()}.{os.urandom(4).hex()}.partial"
-    cmd = [compiler, "-std=c++17", "-O3", "-fPIC", "-shared", "-fvisibility=hidden", f"-I{headers}",
-           f"-I{SOURCE.parent}", str(SOURCE), "-o", str(partial)]
+    cmd = [compiler, *flags, f"-I{headers}", f"-I{SOURCE.parent}", str(SOURCE), "-o", str(partial)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:

@@ -120,6 +120,25 @@ struct BlockFormat {
   }
   // the bytes of one block of 16 interleaved rows (a super-block's, or block * bits / 8 of each row)
   int64_t GroupBytes() const { return sb_ ? kLayouts[sb_].bytes : 16 * block_ * bits_ / 8; }
+
+  // An optional input, when present, holds exactly `want` values of float (or, with `half_ok`, float16): a graph
+  // that disagrees with the node's shapes fails the node with a message, never reads past a buffer.
+  static void Expect(Ort::KernelContext& ctx, size_t index, int64_t want, const char* op, const char* name,
+                     bool half_ok) {
+    if (index >= ctx.GetInputCount()) return;
+    const Ort::ConstValue v = ctx.GetInput(index);
+    if (static_cast<const OrtValue*>(v) == nullptr) return;
+    const Ort::TensorTypeAndShapeInfo info = v.GetTensorTypeAndShapeInfo();
+    const ONNXTensorElementDataType type = info.GetElementType();
+    if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && !(half_ok && type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16))
+      ORT_CXX_API_THROW(std::string("llgraph ") + op + ": " + name + " must be float" + (half_ok ? " or float16" : ""),
+                        ORT_INVALID_ARGUMENT);
+    const int64_t have = static_cast<int64_t>(info.GetElementCount());
+    if (have != want)
+      ORT_CXX_API_THROW(std::string("llgraph ") + op + ": " + name + " holds " + std::to_string(have) +
+                            " values where the node's shapes need " + std::to_string(want),
+                        ORT_INVALID_ARGUMENT);
+  }
   int64_t bits_, block_, zero_point_;
   int sb_ = 0;
 };
@@ -186,6 +205,12 @@ struct QLinearKernel : BlockFormat {
     const int64_t K = xs.back(), N = glu_ ? cs[0] * 16 : interleave_ ? rows_ : cs[0], nb = cs[1];
     int64_t M = 1;
     for (size_t i = 0; i + 1 < xs.size(); ++i) M *= xs[i];
+    const int64_t per_block = cs[0] * nb * (interleave_ ? 16 : 1);  // a scale (and min) per row and block
+    Expect(ctx, 2, per_block, "QLinear", "scales", interleave_ != 0);
+    Expect(ctx, 3, per_block, "QLinear", "mins", interleave_ != 0);
+    Expect(ctx, 4, N, "QLinear", "bias", false);
+    Expect(ctx, 5, M * (glu_ ? rows_ : N), "QLinear", "residual", false);
+    Expect(ctx, 6, K, "QLinear", "norm weight", false);
     std::vector<int64_t> ys(xs);
     ys.back() = glu_ ? rows_ : N;
     float* out = ctx.GetOutput(0, ys).GetTensorMutableData<float>();
