@@ -198,6 +198,9 @@ def _gguf(repo: str, ggufs: list[str], tag: str | None, files: list[str]) -> str
                        "HF model or of GGUF files")
     wanted = (tag or DEFAULT_QUANT).lower()
     named = [f for f in ggufs if re.search(rf"(^|[\W_]){re.escape(wanted)}([\W_]|$)", Path(f).stem.lower())]
+    if len(named) > 1:
+        raise HubError(f"{repo} has {len(named)} GGUF files of quantization {tag or DEFAULT_QUANT}: "
+                       f"{_listing(named)}; name one, e.g. {repo}:{Path(named[0]).name}")
     if named:
         return named[0]
     if tag is None:

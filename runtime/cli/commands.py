@@ -119,13 +119,15 @@ def cmd_cache(args) -> None:
         builds, size = kernel_builds(root)
         print(f"{root}: {len(found)} entries, {sum(e.bytes for e in found) / 2**20:,.0f} MiB; CPU kernel builds and "
               f"headers: {builds} folders, {size / 2**20:,.1f} MiB")
+        width = max((len(e.name) for e in found), default=0) + 2  # a long name never runs into its size
         for e in found:
-            print(f"  {e.name:<56}{e.bytes / 2**20:>9,.0f} MiB  {e.source}")
+            print(f"  {e.name:<{width}}{e.bytes / 2**20:>9,.0f} MiB  {e.source}")
         return
     if args.action == "verify":
         results = verify(root, args.names)
+        width = max((len(e.name) for e, _ in results), default=0) + 2
         for e, why in results:
-            print(f"  {e.name:<56}{'ok' if why is None else 'DAMAGED: ' + why}")
+            print(f"  {e.name:<{width}}{'ok' if why is None else 'DAMAGED: ' + why}")
         bad = [e.name for e, why in results if why is not None]
         if bad:
             raise LlgraphError(f"{len(bad)} damaged cache entr{'y' if len(bad) == 1 else 'ies'}: `llgraph cache "
@@ -361,6 +363,19 @@ COMMANDS = {"inspect": cmd_inspect, "export": cmd_export, "build": cmd_build, "g
             "bench": cmd_bench, "cache": cmd_cache}
 
 
+def _options_first(argv: list[str]) -> list[str]:
+    """`cache verify --cache-dir D a b` as `cache --cache-dir D verify a b`: argparse ends a positional list at the
+    first option, so names given after one were refused."""
+    options, names, rest = [], [], argv[1:]
+    while rest:
+        token = rest.pop(0)
+        if token == "--cache-dir" and rest:
+            options += [token, rest.pop(0)]
+        else:
+            (options if token.startswith("-") else names).append(token)
+    return [argv[0], *options, *names]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # the harness's own parser reads the rest, --help included
@@ -368,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     elif argv[:1] == ["bench"]:  # so is the benchmark's
         args = argparse.Namespace(command="bench", func="bench", bench_args=argv[1:])
     else:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_options_first(argv) if argv[:1] == ["cache"] else argv)
     args.func = COMMANDS[args.func]  # the parser names the command; its function is here
     _one_line_warnings()
     if getattr(args, "command", None) == "export" and not (args.config or args.checkpoint):

@@ -83,6 +83,17 @@ def test_a_damaged_entry_is_exported_again_with_the_same_answer(ckpt, tmp_path, 
     assert llgraph("cache", "verify", "--cache-dir", str(cache)).returncode == 0
 
 
+def test_cache_verify_takes_names_after_its_options_and_spaces_its_columns(ckpt, tmp_path):
+    cache = tmp_path / "cache"
+    generate(ckpt, cache)
+    [entry] = entries(cache)
+    r = llgraph("cache", "verify", "--cache-dir", str(cache), entry.name)  # names after an option were refused
+    print(r.stdout)
+    assert r.returncode == 0 and f"  {entry.name}  ok" in r.stdout, r.stdout + r.stderr
+    r = llgraph("cache", "list", "--cache-dir", str(cache))
+    assert f"  {entry.name}  " in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("harm", ["truncated", "one flipped bit", "40 scrambled spans", "flipped graph byte"])
 def test_a_damaged_export_folder_is_one_line_naming_the_fix(tmp_path, harm):
     """Every byte is checked at open (issue 52: a flipped byte in a large data file, not hashed at open, answered

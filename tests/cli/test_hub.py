@@ -28,7 +28,12 @@ def hub(tmp_path_factory):
     (gguf / "SmolLM2-135M-Instruct.Q4_1.gguf").symlink_to(bundled_model("smollm2"))
     (gguf / "README.md").write_text("a GGUF repo\n")
     hf = write_hf_checkpoint(root / "tiny-hf", tiny(), random_weights(tiny(), seed=11, std=0.25))
-    server = Hub({"test-org/smollm2-gguf": gguf, "test-org/tiny-hf": hf, "test-org/gated": hf},
+    twins = root / "twins"  # two files of one quantization: which one is meant cannot be guessed
+    twins.mkdir()
+    for name in ("SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct-imat-Q4_1.gguf"):
+        (twins / name).symlink_to(bundled_model("smollm2"))
+    server = Hub({"test-org/smollm2-gguf": gguf, "test-org/tiny-hf": hf, "test-org/gated": hf,
+                  "test-org/twins": twins},
                  gated=("test-org/gated",), cut=("SmolLM2-135M-Instruct.Q4_1.gguf",))
     yield server, hf
     server.close()
@@ -82,6 +87,8 @@ def test_an_hf_repo_answers_as_its_local_folder(hub, tmp_path):
     (["generate", "test-org/tiny-hf", "--tokens", "1", "--revision", "v9"], {}, ["no revision 'v9'"]),
     (["inspect", "test-org/smollm2-gguf:Q6_K"], {}, ["no GGUF file of quantization Q6_K",
                                                       "SmolLM2-135M-Instruct.Q4_1.gguf"]),
+    (["inspect", "test-org/twins:Q4_1"], {}, ["2 GGUF files of quantization Q4_1", "imat-Q4_1.gguf",
+                                              "name one, e.g. test-org/twins:"]),
 ])
 def test_hub_failures_are_one_line(hub, tmp_path, args, extra_env, words):
     server, _ = hub
