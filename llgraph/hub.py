@@ -217,10 +217,47 @@ def _listing(ggufs: list[str]) -> str:
     return ", ".join(ggufs[:12]) + (f" and {len(ggufs) - 12} more" if len(ggufs) > 12 else "") if ggufs else "none"
 
 
+def cut_downloads(repo: str | None = None) -> list[Path]:
+    """What downloads killed midway left in the Hub cache (`blobs/<etag>.<id>.incomplete`, of `repo` or every repo)
+    that no live download holds (its etag's lock is free). huggingface_hub 1.x+ writes each download to a file of
+    its own and never resumes another process's, so these are only disk taken: `llgraph cache clean` and the next
+    download of their repo remove them."""
+    from filelock import FileLock, Timeout
+    from huggingface_hub import constants
+
+    root = Path(constants.HF_HUB_CACHE)
+    pattern = f"models--{repo.replace('/', '--')}/blobs/*.incomplete" if repo else "*/blobs/*.incomplete"
+    found = []
+    for blob in sorted(root.glob(pattern)):
+        lock = root / ".locks" / blob.parent.parent.name / f"{blob.name.split('.')[0]}.lock"
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(lock, timeout=0):
+                found.append(blob)
+        except (Timeout, OSError):
+            continue  # being written now, or not ours to judge
+    return found
+
+
+def remove_cut_downloads(repo: str | None = None) -> tuple[int, int]:
+    """Removes cut_downloads(repo): (files, bytes)."""
+    files, size = 0, 0
+    for blob in cut_downloads(repo):
+        try:
+            size += blob.stat().st_size
+            blob.unlink()
+            files += 1
+        except OSError:
+            pass
+    return files, size
+
+
 def _download(repo: str, filename: str, revision: str | None, offline: bool) -> str:
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     if not isinstance(try_to_load_from_cache(repo, filename, revision=revision), str):
+        if not offline:
+            _clear_cut(repo)
         _say(f"{repo}: {filename}")
     return hf_hub_download(repo, filename, revision=revision, local_files_only=offline)
 
@@ -232,8 +269,18 @@ def _snapshot(repo: str, revision: str | None, offline: bool) -> str:
         try:
             snapshot_download(repo, revision=revision, allow_patterns=HF_FILES, local_files_only=True)
         except Exception:
+            _clear_cut(repo)
             _say(f"{repo} (its safetensors, config and tokenizer files)")
     return snapshot_download(repo, revision=revision, allow_patterns=HF_FILES, local_files_only=offline)
+
+
+def _clear_cut(repo: str) -> None:
+    files, size = remove_cut_downloads(repo)
+    if files:
+        import sys
+
+        print(f"removed {size / 2**20:,.0f} MiB that {files} cut download{'s' if files > 1 else ''} of {repo} left "
+              "(huggingface_hub starts a download anew)", file=sys.stderr, flush=True)
 
 
 def _say(what: str) -> None:

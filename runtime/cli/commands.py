@@ -122,6 +122,10 @@ def cmd_cache(args) -> None:
         width = max((len(e.name) for e in found), default=0) + 2  # a long name never runs into its size
         for e in found:
             print(f"  {e.name:<{width}}{e.bytes / 2**20:>9,.0f} MiB  {e.source}")
+        cut = _cut_downloads()
+        if cut:
+            print(f"Hub downloads cut short: {len(cut)} files, {sum(p.stat().st_size for p in cut) / 2**20:,.0f} MiB "
+                  "(`llgraph cache clean` removes them)")
         return
     if args.action == "verify":
         results = verify(root, args.names)
@@ -136,6 +140,21 @@ def cmd_cache(args) -> None:
         return
     removed, freed = clean(root, args.names)
     print(f"removed {len(removed)} entries from {root}, freed {freed / 2**20:,.0f} MiB")
+    if not args.names and _cut_downloads():
+        from llgraph.hub import remove_cut_downloads
+
+        files, size = remove_cut_downloads()
+        print(f"removed {files} files Hub downloads cut short left, freed {size / 2**20:,.0f} MiB")
+
+
+def _cut_downloads() -> list:
+    """Files killed Hub downloads left (llgraph.hub.cut_downloads), or none without huggingface_hub."""
+    try:
+        from llgraph.hub import cut_downloads
+
+        return cut_downloads()
+    except ImportError:
+        return []
 
 
 def cmd_build(args) -> None:

@@ -147,3 +147,30 @@ def test_a_hostile_endpoint_or_id_writes_nothing_outside_the_cache(hostile, tmp_
     assert after == {k: v for k, v in before.items() if not k.startswith("hf-home/")}
     assert not any(p.name in ("escaped", "made") for p in tmp_path.rglob("*")) and not Path("/escaped").exists()
     assert victim.read_text() == "precious\n"
+
+
+def test_what_killed_downloads_left_is_removed_unless_a_download_holds_it(hub, tmp_path):
+    """`kill -9` during a download leaves `blobs/<etag>.<id>.incomplete` (huggingface_hub never resumes another
+    process's file): `cache list` counts them, `cache clean` removes them — not one whose download still runs (its
+    etag's lock held) — and the next download of their repo does too."""
+    from filelock import FileLock
+
+    server, _ = hub
+    env = _env(tmp_path, server.url)
+    blobs = tmp_path / "hf-home" / "hub" / "models--test-org--smollm2-gguf" / "blobs"
+    blobs.mkdir(parents=True)
+    dead, alive = blobs / "aaaa.0badc0de.incomplete", blobs / "bbbb.1badc0de.incomplete"
+    dead.write_bytes(b"\0" * (3 << 20))
+    alive.write_bytes(b"\0" * (1 << 20))
+    locks = tmp_path / "hf-home" / "hub" / ".locks" / "models--test-org--smollm2-gguf"
+    locks.mkdir(parents=True)
+    with FileLock(locks / "bbbb.lock"):  # a download in another process, still running
+        r = llgraph(env, "cache", "list", "--cache-dir", str(tmp_path / "cache"))
+        assert "Hub downloads cut short: 1 files, 3 MiB" in r.stdout, r.stdout + r.stderr
+        r = llgraph(env, "cache", "clean", "--cache-dir", str(tmp_path / "cache"))
+        assert r.returncode == 0 and "removed 1 files Hub downloads cut short left, freed 3 MiB" in r.stdout, r.stdout
+        assert not dead.exists() and alive.exists()
+    r = llgraph(env, "inspect", "test-org/smollm2-gguf:Q4_1")  # the lock free now: the next download removes it
+    assert r.returncode == 0 and "removed 1 MiB that 1 cut download of test-org/smollm2-gguf left" in r.stderr, \
+        r.stderr
+    assert not alive.exists()
