@@ -8,8 +8,10 @@ An entry is keyed on the checkpoint's *content* (sha256 of its files), llgraph's
 a reinstalled wheel or a copied checkpoint reuses the entry; a changed file or a new llgraph makes a new one.
 `llgraph cache list` shows each entry's size and source, and the kernel builds; `llgraph cache verify` hashes every
 file against the entry's integrity record; `llgraph cache clean` removes entries (all: the cache is left empty).
-An entry that is damaged (no manifest, a file of the wrong size or, for small files, content) is exported again by
-the next `generate` that needs it (`heal`).
+An entry that is damaged (no manifest, a file missing or of the wrong size) is exported again by the next `generate`
+that needs it (`heal`); a file of the right size whose bytes differ is found by the xxh3 check of every open
+(export_folder.Checked) and ends the run in one line naming `llgraph cache clean NAME` — never an answer.
+`cache list` and `cache clean` also see what killed Hub downloads left (llgraph/hub.py, cut_downloads).
 """
 
 from __future__ import annotations
