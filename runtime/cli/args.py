@@ -346,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (llgraph[serve])")
     add_runner_flags(s, "the runner (default ort)", "KV-cache length per slot (default: planned, the longest whose "
                      "caches for every slot fit 60%% of the memory free after loading, up to the model's context)")
-    s.add_argument("--name", help="the model id clients send (default: MODEL's file or folder name)")
+    s.add_argument("--name", help="the model id clients send, or several comma-separated (aliases: a client's fixed "
+                   "'gpt-4o-mini' too); default: MODEL's file or folder name")
     s.add_argument("--slots", type=int, default=8, help="requests decoded together: cache rows (default 8)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429 (default 64)")
     s.add_argument("--timeout", type=float, help="seconds a request may take before it is ended (default none)")

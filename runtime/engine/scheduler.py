@@ -96,6 +96,11 @@ class Handle:
         return self._request.prompt_scores
 
     @property
+    def cached(self) -> int:
+        """The prompt tokens a reused prefix held (0 until the prompt is written)."""
+        return self._request.cached
+
+    @property
     def decoding(self) -> Decoding:
         return self._request.decoding
 

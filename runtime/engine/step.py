@@ -74,6 +74,7 @@ class Row:
     embedding: np.ndarray | None = None  # [hidden] float32, an embedding row's (runtime/engine/embed.py)
     hidden: list[np.ndarray] | None = None  # an embedding row's hidden states [S, H] of the chunks written so far
     counted: bool = False  # its prefill's prefix-reuse figure reported (once, at its first chunk)
+    cached: int = 0  # the prompt tokens a reused prefix held (the API's usage.prompt_tokens_details.cached_tokens)
     first_token_at: float | None = None
     taken: list[int] = field(default_factory=list)  # the tokens its last step emitted
     error: str | None = None
@@ -158,7 +159,7 @@ class Engine:
 
     def _count_prefix(self, r: Row, prompt: int) -> None:
         if not r.counted:
-            r.counted = True
+            r.counted, r.cached = True, r.start
             self.metrics.prefix(r.start, prompt)
 
     def _batch_prefill(self, rows: list[Row], share: bool) -> np.ndarray:

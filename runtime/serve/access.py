@@ -14,9 +14,11 @@ One ASGI layer (`Guard`) sees every request before a route does:
   (a scraper without credentials). Compared in constant time; a 401 in OpenAI's shape (`invalid_api_key`) before
   the body is read. A key that no header could carry (surrounding whitespace, a character outside printable ASCII)
   is refused at startup in one line.
-- **Browsers.** No CORS headers unless `--cors-origins` lists origins (Starlette's CORSMiddleware answers their
-  preflights). Whatever the key, a POST body that is not `application/json` is a 415 (request.read_json): a web
-  page's CORS-simple `text/plain` POST gets no answer.
+- **Browsers.** A request whose `Origin` is neither the server's own (its Host) nor one `--cors-origins` lists is a
+  403, whatever its method and content type: a page elsewhere can send a CORS-simple POST (`text/plain`, no
+  preflight), and gets no answer. No CORS headers unless `--cors-origins` lists origins (Starlette's CORSMiddleware
+  answers their preflights). A body without `Origin` (curl, SDKs: no browser) may be sent untyped, as `curl -d`
+  does; with one it must be `application/json` (request.read_json).
 A server that listens beyond loopback without a key says at startup what anyone who reaches it can do.
 """
 
@@ -79,8 +81,8 @@ class Guard:
     """The ASGI layer that checks Host and key of every HTTP request before any route (see the module)."""
 
     def __init__(self, app, *, key: str | None, bound: str, allowed_hosts: tuple[str, ...] = (),
-                 open_metrics: bool = False):
-        self.app, self.key = app, key
+                 cors_origins: tuple[str, ...] = (), open_metrics: bool = False):
+        self.app, self.key, self.origins = app, key, {o.rstrip("/").lower() for o in cors_origins}
         self.open = OPEN_PATHS + (("/metrics",) if open_metrics else ())
         hosts = {h.lower() for h in allowed_hosts}
         if loopback(bound):
@@ -95,6 +97,12 @@ class Guard:
             return await _refuse(send, 421, f"this server answers Host {', '.join(sorted(self.hosts))}, not "
                                  f"{headers.get('host', '(none)')[:100]!r}; start it with --allowed-hosts NAME to "
                                  "serve that name", "misdirected_request")
+        origin = headers.get("origin")
+        if origin is not None and origin.rstrip("/").lower() not in self.origins and \
+                origin.lower().partition("://")[2].rstrip("/") != headers.get("host", "").lower():
+            return await _refuse(send, 403, f"a request from the web page at {origin[:100]!r} is refused: start the "
+                                 "server with --cors-origins ORIGIN to let pages of that origin call it",
+                                 "cross_origin_refused")
         if self.key is not None and scope["path"] not in self.open and scope["method"] != "OPTIONS":
             scheme, _, given = headers.get("authorization", "").partition(" ")
             given = given.strip() if scheme.lower() == "bearer" else headers.get("x-api-key", "").strip()

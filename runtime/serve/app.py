@@ -72,10 +72,16 @@ class ServeOptions:
     kv_cache: str | None = None  # the KV cache's format (llgraph/kv_cache.py); None: the backend's default
 
     @property
-    def served_name(self) -> str:
+    def served_names(self) -> list[str]:
+        """The model ids clients may send: --name's comma-separated aliases (default: MODEL's file or folder name);
+        the first is the one answers carry."""
         from pathlib import Path
 
-        return self.name or Path(str(self.model)).name
+        return [n.strip() for n in self.name.split(",") if n.strip()] if self.name else [Path(str(self.model)).name]
+
+    @property
+    def served_name(self) -> str:
+        return self.served_names[0]
 
 
 class PrometheusMetrics(Metrics):
@@ -183,7 +189,7 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
     app = FastAPI(title="llgraph", lifespan=lifespan)
     # Host and key of every request, before any route reads a byte (access.py); CORS outermost, only when asked
     app.add_middleware(Guard, key=options.api_key, bound=options.host, allowed_hosts=options.allowed_hosts,
-                       open_metrics=options.open_metrics)
+                       cors_origins=options.cors_origins, open_metrics=options.open_metrics)
     if options.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -211,16 +217,31 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
 
         return PlainTextResponse(generate_latest(state["metrics"].registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": options.served_name, "object": "model",
-                                            "created": state["created"], "owned_by": "llgraph"}]}
+    def _model(name: str) -> dict:
+        return {"id": name, "object": "model", "created": state["created"], "owned_by": "llgraph"}
 
-    @app.post("/v1/completions")
+    # each OpenAI route also without /v1 (clients given a base URL without it), kept out of the API docs
+    def route(method: str, path: str):
+        def register(handler):
+            getattr(app, method)(path)(handler)
+            getattr(app, method)(path.removeprefix("/v1"), include_in_schema=False)(handler)
+            return handler
+        return register
+
+    @route("get", "/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model(name) for name in options.served_names]}
+
+    @route("get", "/v1/models/{model_id:path}")  # the openai client's models.retrieve; ids may hold '/'
+    async def model(model_id: str):
+        _check_model({"model": model_id})
+        return _model(model_id)
+
+    @route("post", "/v1/completions")
     async def completions(request: Request):
         return await _serve(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @route("post", "/v1/chat/completions")
     async def chat_completions(request: Request):
         return await _serve(request, chat=True)
 
@@ -235,7 +256,7 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
                 "model": options.served_name}
         return await answer(request, ask, runner, scheduler, meta)
 
-    @app.post("/v1/embeddings")
+    @route("post", "/v1/embeddings")
     async def embeddings(request: Request):
         body = await read_json(request, options.max_request_bytes)
         _check_model(body)
@@ -289,9 +310,12 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
                 "chat_template": tokenizer.chat_template, "model_max_length": state["runner"].backend.max_seq_len}
 
     def _check_model(body: dict) -> None:
-        if body.get("model", options.served_name) != options.served_name:  # none named: the one served (as vLLM)
-            raise ApiError(400, f"model '{str(body.get('model'))[:100]}' is not served here; this server serves "
-                                f"'{options.served_name}' (GET /v1/models)", param="model", code="model_not_found")
+        """`model` absent or null: the one served (as vLLM); one of --name's aliases; else OpenAI's 404."""
+        name = body.get("model")
+        if name is not None and name not in options.served_names:
+            raise ApiError(404, f"the model '{str(name)[:100]}' does not exist here; this server serves "
+                                f"{', '.join(repr(n) for n in options.served_names)} (GET /v1/models; llgraph serve "
+                                "--name takes aliases: --name a,b)", param="model", code="model_not_found")
 
     return app
 

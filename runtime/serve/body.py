@@ -33,7 +33,7 @@ def stop_worker() -> None:
 async def read_json(request: Request, limit: int, context: int | None = None) -> dict:
     """The body as a JSON object, read no further than `limit` bytes (413 past it: a huge body costs neither
     memory nor anyone else's time); with `context` (the model's, in tokens), held to request.check_sizes."""
-    check_json(request.headers.get("content-type"))
+    check_json(request.headers.get("content-type"), request.headers.get("origin"))
     too_big = ApiError(413, f"the request body is larger than this server's limit of {limit} bytes "
                             "(llgraph serve --max-request-bytes)", code="request_too_large")
     declared = request.headers.get("content-length", "")

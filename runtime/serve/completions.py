@@ -141,11 +141,16 @@ async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
                                     runner.eos_token_ids)
         except RequestError as e:
             raise ApiError(400, str(e)) from None
-    ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context, ask.key) for p in ask.prompts])
+    field = "messages" if ask.chat else "prompt"
+    ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context, field) for p in ask.prompts])
     handles: list = []
     with submitting(handles):
         for prompt in ids:
-            max_tokens = max(1, context - len(prompt)) if ask.max_tokens is None else ask.max_tokens
+            if len(prompt) >= context and (ask.max_tokens is None or ask.max_tokens > 0):  # the prompt alone
+                raise ApiError(400, f"this model's context is {context} tokens and the {field} take {len(prompt)}, "
+                                    "leaving none to generate; shorten the prompt", param=field,
+                               code="context_length_exceeded")
+            max_tokens = context - len(prompt) if ask.max_tokens is None else ask.max_tokens
             room = len(prompt) + max_tokens if max_tokens else len(prompt) - 1  # scoring alone: the last is not input
             if room > context:
                 raise ApiError(400, f"this model's context is {context} tokens; the prompt takes {len(prompt)} and "
@@ -297,7 +302,9 @@ class Offsets:
 def _usage(handles, n: int) -> dict:
     prompt = sum(h.prompt_tokens for h in handles[::n])  # a prompt counts once, however many samples it has
     done = sum(h.decoding.steps for h in handles)
-    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+    cached = sum(h.cached for h in handles[::n])  # the prompt tokens a reused prefix held (prefix.py)
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _failure(handle, event) -> ApiError:

@@ -35,7 +35,7 @@ async def embeddings(request, body: dict, runner, scheduler, pooling: str, model
         raise ApiError(400, f"'encoding_format' ({encoding!r}) must be \"float\" or \"base64\"",
                        param="encoding_format")
     context = runner.backend.max_seq_len
-    ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context + 1, "input") for p in inputs])
+    ids = await asyncio.to_thread(lambda: [prompt_ids(runner, p, context, "input") for p in inputs])
     handles: list = []
     with submitting(handles):
         for p in ids:

@@ -190,10 +190,10 @@ def submitting(handles: list):
         raise
 
 
-def check_json(content_type: str | None) -> None:
-    """A POST body must declare itself JSON: a 415 otherwise, so that no web page's CORS-simple `text/plain` POST (sent
-    without a preflight) gets an answer from a local server."""
-    if (content_type or "").split(";")[0].strip().lower() != "application/json":
+def check_json(content_type: str | None, origin: str | None = None) -> None:
+    """A body from a web page (an `Origin` header: the server's own or a --cors-origins one, access.Guard refused the
+    rest) must declare itself JSON, else a 415; one without (curl -d, SDKs) is read as JSON whatever it declares."""
+    if origin is not None and (content_type or "").split(";")[0].strip().lower() != "application/json":
         raise ApiError(415, f"the request body must be application/json, not {content_type or 'untyped'}",
                        code="unsupported_media_type")
 
@@ -247,7 +247,7 @@ def check_sizes(body: dict, context: int) -> None:
                                 "ever fit; send fewer", param="messages", code="context_length_exceeded")
 
 
-def prompt_ids(runner, prompt, context: int, key: str) -> list[int]:
+def prompt_ids(runner, prompt, context: int, field: str) -> list[int]:
     """Token ids of a prompt (text or ids), refusing at once one that cannot fit the context whatever it
     tokenizes to: a text of more than context x the longest token's characters is never tokenized. Runs off the
     event loop (tokenizing a long text takes a while)."""
@@ -255,11 +255,11 @@ def prompt_ids(runner, prompt, context: int, key: str) -> list[int]:
             not isinstance(prompt, str) and len(prompt) > context:
         unit = "characters" if isinstance(prompt, str) else "token ids"
         raise ApiError(400, f"the prompt ({len(prompt)} {unit}) cannot fit this model's context of {context} "
-                            "tokens; shorten the prompt", param=key, code="context_length_exceeded")
+                            "tokens; shorten the prompt", param=field, code="context_length_exceeded")
     try:
         return runner.encode(prompt)
     except RequestError as e:
-        raise ApiError(400, str(e), param="prompt") from None
+        raise ApiError(400, str(e).replace("'prompt'", f"'{field}'"), param=field) from None
 
 
 async def unless_gone(request, awaitable, done: bool = False):

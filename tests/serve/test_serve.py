@@ -102,7 +102,7 @@ def test_16_concurrent_clients_get_their_solo_tokens(backend, serve_export, requ
 
 @pytest.mark.parametrize("body, status, fragment", [
     (b"{not json", 400, "not valid JSON"),
-    (json.dumps({"model": "gpt-4", "prompt": "hi"}).encode(), 400, "model 'gpt-4' is not served here"),
+    (json.dumps({"model": "gpt-4", "prompt": "hi"}).encode(), 404, "the model 'gpt-4' does not exist here"),
     (json.dumps({"model": "smollm2", "prompt": "hi", "max_tokens": 5000}).encode(), 400, "context is 256 tokens"),
     (json.dumps({"model": "smollm2", "prompt": "hi", "temperature": -1}).encode(), 400, "'temperature' (-1)"),
     (json.dumps({"model": "smollm2", "prompt": ""}).encode(), 400, "'prompt' must be"),
@@ -126,7 +126,7 @@ def test_a_request_naming_no_model_gets_the_served_one(server):
 def test_the_openai_client_sees_typed_errors(server):
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         server.client.completions.create(model="smollm2", prompt="hi", max_tokens=10_000)
-    with pytest.raises(openai.BadRequestError, match="not served here"):
+    with pytest.raises(openai.NotFoundError, match="does not exist here"):
         server.client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
 
 

@@ -38,24 +38,34 @@ def test_a_key_guards_every_v1_route_and_json_is_required(serve_export, monkeypa
         text = right.completions.create(model="m", prompt="The capital of France is", max_tokens=4, temperature=0)
         assert text.choices[0].text and right.models.list().data[0].id == "m"
         assert httpx.get(f"{s.url}/health").status_code == 200  # probes need no key
+        # a page elsewhere: its CORS-simple text/plain POST (no preflight) is refused, key or not
         r = httpx.post(f"{s.url}/v1/completions", content='{"prompt": "Hi", "max_tokens": 2}',
-                       headers={"content-type": "text/plain", "authorization": f"Bearer {KEY}"})
+                       headers={"content-type": "text/plain", "authorization": f"Bearer {KEY}",
+                                "origin": "http://evil.example"})
         print(r.status_code, r.text)
-        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+        assert r.status_code == 403 and r.json()["error"]["code"] == "cross_origin_refused"
     finally:
         assert s.stop() == 0, "".join(s.lines)
 
 
-def test_no_key_beyond_loopback_warns_and_a_text_plain_post_is_refused(serve_export):
+def test_no_key_beyond_loopback_warns_and_a_page_elsewhere_is_refused(serve_export):
     s = Server(str(serve_export), "--name", "m", "--slots", "2", "--max-seq-len", "128", "--host", "0.0.0.0")
     try:
         said = [line for line in s.lines if "without an API key" in line]
         assert len(said) == 1 and "--api-key" in said[0], s.lines
-        r = httpx.post(f"{s.url}/v1/completions", content='{"prompt": "Hi", "max_tokens": 2}',
-                       headers={"content-type": "text/plain"})
-        assert r.status_code == 415, r.text
+        body = '{"prompt": "Hi", "max_tokens": 2}'
+        r = httpx.post(f"{s.url}/v1/completions", content=body, headers={"content-type": "text/plain",
+                                                                          "origin": "https://evil.example"})
+        assert r.status_code == 403, r.text  # a page elsewhere
+        r = httpx.post(f"{s.url}/v1/completions", content=body, headers={"content-type": "text/plain",
+                                                                          "origin": s.url})
+        assert r.status_code == 415, r.text  # a page of the server's own origin sends JSON as JSON
         r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
         assert r.status_code == 200, r.text
+        # curl -d: no Origin (no browser), form-typed by curl: read as the JSON it is, as llama-server does
+        r = httpx.post(f"{s.url}/v1/completions", content=body,
+                       headers={"content-type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] is not None, r.text
     finally:
         assert s.stop() == 0, "".join(s.lines)
 
