@@ -44,21 +44,24 @@ class Runner:
     def generate(self, prompts, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None, grammar=None,
-                 speculative: str = "off", draft_max: int = MAX_DRAFT):
+                 speculative: str = "off", draft_max: int = MAX_DRAFT, frequency_penalty: float = 0.0,
+                 presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None):
         """One prompt (a string, a list of token ids, or a conversation: a list of {"role", "content"} messages,
         rendered with the model's chat template) -> a Generation; a list of prompts -> a list of them.
         `grammar`: a runtime.grammar.Grammar (e.g. Grammar.json_schema(schema)) every output must follow.
         `speculative`: "ngram" drafts tokens by prompt lookup and verifies them in one step
         (runtime/engine/speculative.py), or a draft model's runner drafts them: the same greedy output, the same
         sampling distribution, fewer steps where the output repeats its context; `draft_max` bounds the tokens
-        drafted a step (the length adapts below it). In a batch, row r samples with seed + r (each row equals that
-        prompt alone with that seed), and a row whose own work fails ends alone with finish_reason "error" (a single
-        prompt's failure raises RequestError)."""
+        drafted a step (the length adapts below it). `frequency_penalty`, `presence_penalty`, `logit_bias` ({token
+        id: bias}): OpenAI's (runtime/engine/sampling.Sampling). In a batch, row r samples with seed + r (each row
+        equals that prompt alone with that seed), and a row whose own work fails ends alone with finish_reason
+        "error" (a single prompt's failure raises RequestError)."""
         if len(prompts) == 0:
             raise RequestError("the prompt is empty; give at least one token")
         single = isinstance(prompts, str) or isinstance(prompts[0], (numbers.Integral, dict))  # numpy ints too
         batch = [prompts] if single else list(prompts)
-        params = Sampling(temperature, top_k, top_p, repetition_penalty, seed)
+        params = Sampling(temperature, top_k, top_p, repetition_penalty, seed, frequency_penalty, presence_penalty,
+                          tuple((logit_bias or {}).items()))
         rows = []
         for rows in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,
                                  self._speculation(speculative), draft_max=check_draft_max(draft_max)):
@@ -106,6 +109,7 @@ class Runner:
         draft_max = check_draft_max(kwargs.pop("draft_max", MAX_DRAFT))
         start = first = time.perf_counter()
         row, counts = None, _Counts()
+        kwargs["logit_bias"] = tuple((kwargs.get("logit_bias") or {}).items())
         for (row,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar, speculative,
                                    counts, draft_max):
             if row.error:

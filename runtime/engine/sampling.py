@@ -28,13 +28,20 @@ class RequestError(LlgraphError):
 class Sampling:
     """temperature 0 (or below GREEDY_BELOW, or top_k 1) is greedy. top_k 0 and top_p 1 disable those filters.
     repetition_penalty follows CTRL/HF: a logit of a token already in the sequence is divided by it when positive,
-    multiplied when negative."""
+    multiplied when negative. frequency_penalty and presence_penalty follow OpenAI: a token's logit less
+    frequency_penalty x the times the output holds it, less presence_penalty if it holds it at all (the output's
+    tokens, as vLLM counts them). logit_bias: (token id, bias) pairs added to the logits; a bias of -100 bans the
+    token. In that order, before a grammar's mask, temperature, top-k and top-p: on every path, greedy, sampled,
+    speculative (drafts are accepted against the penalized distribution) and grammar-constrained."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -47,6 +54,17 @@ class Sampling:
             raise RequestError(f"repetition_penalty ({self.repetition_penalty}) must be > 0 (1 disables it)")
         if self.seed is not None and (not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool)):
             raise RequestError(f"seed ({self.seed!r}) must be an integer (any, negative too) or None")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise RequestError(f"{name} ({getattr(self, name)}) must be in [-2, 2] (0 disables it)")
+        for token, bias in self.logit_bias:
+            if not (isinstance(token, int) and token >= 0 and -100 <= bias <= 100):
+                raise RequestError(f"logit_bias maps token ids (>= 0) to biases in [-100, 100]; not {token}: {bias}")
+
+    @property
+    def counts_output(self) -> bool:
+        """Whether sampling needs the output's token counts (frequency or presence penalty)."""
+        return self.frequency_penalty != 0 or self.presence_penalty != 0
 
     @property
     def greedy(self) -> bool:
@@ -101,12 +119,13 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
 
 
 def sample(logits: np.ndarray, params: Sampling, seen: np.ndarray, generator: np.random.Generator,
-           allowed: np.ndarray | None = None) -> np.ndarray:
+           allowed: np.ndarray | None = None, counts: np.ndarray | None = None) -> np.ndarray:
     """logits: [B, V] float -> next tokens [B] int64. `allowed`: [B, V] bool, the only tokens a row may take (a
-    grammar's mask: runtime/grammar.py), applied before anything else."""
+    grammar's mask: runtime/grammar.py). `counts`: [B, V], how often each token is in the output so far (the
+    frequency and presence penalties'; None: none yet)."""
     if params.greedy:
-        return np.argmax(_processed(logits, params, seen, allowed), axis=-1)
-    return np.array([draw(p, generator) for p in distribution(logits, params, seen, allowed)], np.int64)
+        return np.argmax(_processed(logits, params, seen, allowed, counts), axis=-1)
+    return np.array([draw(p, generator) for p in distribution(logits, params, seen, allowed, counts)], np.int64)
 
 
 def draw(probs: np.ndarray, generator: np.random.Generator) -> int:
@@ -118,9 +137,10 @@ def draw(probs: np.ndarray, generator: np.random.Generator) -> int:
 
 
 def distribution(logits: np.ndarray, params: Sampling, seen: np.ndarray,
-                 allowed: np.ndarray | None = None) -> np.ndarray:
-    """The probabilities [B, V] a sampled (not greedy) row draws from: penalty, mask, temperature, top-k, top-p."""
-    logits = _processed(logits, params, seen, allowed)
+                 allowed: np.ndarray | None = None, counts: np.ndarray | None = None) -> np.ndarray:
+    """The probabilities [B, V] a sampled (not greedy) row draws from: penalties, bias, mask, temperature, top-k,
+    top-p."""
+    logits = _processed(logits, params, seen, allowed, counts)
     # the top logit becomes 0 and every other one <= 0, whatever the temperature (a penalty's overflow to +inf is
     # clamped first, so inf - inf cannot make a NaN)
     logits = np.minimum(logits, np.finfo(logits.dtype).max)
@@ -138,8 +158,18 @@ def _softmax(x: np.ndarray) -> np.ndarray:
         return e / e.sum(-1, keepdims=True)
 
 
-def _processed(logits: np.ndarray, params: Sampling, seen: np.ndarray, allowed: np.ndarray | None):
+def _processed(logits: np.ndarray, params: Sampling, seen: np.ndarray, allowed: np.ndarray | None,
+               counts: np.ndarray | None = None):
     logits = apply_repetition_penalty(np.asarray(logits, np.float32), seen, params.repetition_penalty)
+    if counts is not None and params.counts_output:
+        logits = logits - (np.float32(params.frequency_penalty) * counts
+                           + np.float32(params.presence_penalty) * (counts > 0)).astype(np.float32)
+    if params.logit_bias:
+        logits = np.array(logits, np.float32)  # a copy: the caller's logits stay as they were
+        vocab = logits.shape[-1]
+        for token, bias in params.logit_bias:
+            if token < vocab:
+                logits[:, token] = -np.inf if bias <= -100 else logits[:, token] + np.float32(bias)
     if allowed is not None:
         if not allowed.any(-1).all():
             raise RequestError("the grammar allows no token here; the output cannot continue")

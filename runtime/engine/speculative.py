@@ -117,10 +117,11 @@ class DraftLength:
 
 
 def accept(logits: np.ndarray, draft: list[int], params: Sampling, seen: np.ndarray,
-           generator: np.random.Generator, matcher=None) -> list[int]:
+           generator: np.random.Generator, matcher=None, counts: np.ndarray | None = None) -> list[int]:
     """logits [len(draft) + 1, V]: position i predicts the token after draft[:i] -> the tokens to emit: the accepted
     drafts, then the sampler's own token (a correction, or one more after all were accepted). `seen` ([1, V], the
-    repetition penalty's) and `matcher` (a grammar's) advance with each emitted token."""
+    repetition penalty's), `counts` ([1, V], the output's, for the frequency and presence penalties) and `matcher`
+    (a grammar's) advance with each emitted token."""
     out: list[int] = []
     vocab = logits.shape[-1]
     for i in range(len(draft) + 1):
@@ -128,9 +129,9 @@ def accept(logits: np.ndarray, draft: list[int], params: Sampling, seen: np.ndar
         d = draft[i] if i < len(draft) else None
         row = logits[i:i + 1]
         if params.greedy or d is None:  # the plain sampler itself: a step without a draft is a plain step
-            token = int(sample(row, params, seen, generator, allowed)[0])
+            token = int(sample(row, params, seen, generator, allowed, counts)[0])
         else:
-            probs = distribution(row, params, seen, allowed)[0]
+            probs = distribution(row, params, seen, allowed, counts)[0]
             if generator.random() < float(probs[d]):
                 token = d
             else:  # the residual: p without the rejected draft token (p(d) < 1 here)
@@ -138,6 +139,8 @@ def accept(logits: np.ndarray, draft: list[int], params: Sampling, seen: np.ndar
                 token = draw(probs, generator)
         out.append(token)
         seen[0, token] = True
+        if counts is not None:
+            counts[0, token] += 1
         if matcher is not None:
             matcher.advance(token)
         if token != d:

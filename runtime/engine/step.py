@@ -68,6 +68,7 @@ class Row:
     token: int = 0
     position: int = 0
     seen: np.ndarray | None = None  # [1, V] the tokens already in the sequence (the repetition penalty's)
+    counts: np.ndarray | None = None  # [1, V] float32 the output's token counts (frequency/presence penalties)
     generator: np.random.Generator | None = None
     drafter: Drafter | ModelDrafter | None = None
     prompt_scores: list[TokenLogprob] | None = None
@@ -181,6 +182,7 @@ class Engine:
         """A prefilled row's state, then its first token from the prompt's last logits [1, V]."""
         r.seen = np.zeros((1, self.backend.vocab_size), np.bool_)
         r.seen[0, r.ids] = True
+        r.counts = np.zeros((1, self.backend.vocab_size), np.float32) if r.sampling.counts_output else None
         r.generator, r.position = r.sampling.generator(), len(r.ids) - 1  # the last prompt token's; _take moves it
         if r.speculative == "ngram":
             r.drafter = speculative.Drafter(r.ids, r.draft_max)
@@ -214,7 +216,8 @@ class Engine:
     def _take(self, r: Row, logits: np.ndarray, draft: Sequence[int] = ()) -> list[int]:
         """logits [len(draft) + 1, V] of the row's last token and its draft -> the tokens it emits (the accepted
         drafts and one more), each pushed to its decoding and emitted; its position moves past them."""
-        tokens = r.taken = speculative.accept(logits, list(draft), r.sampling, r.seen, r.generator, r.matcher)
+        tokens = r.taken = speculative.accept(logits, list(draft), r.sampling, r.seen, r.generator, r.matcher,
+                                              r.counts)
         if r.drafter is not None:
             r.drafter.took(list(draft), tokens)
             self.metrics.speculated(len(draft), len(tokens) - 1)

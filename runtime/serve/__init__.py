@@ -17,8 +17,9 @@ What clients send works as they expect: `prompt` as a string, strings, token ids
 i*n + j answers prompt i with sample j, seeded seed + j, so each equals a solo request with that seed); `logprobs`
 (the model's own, a float64 log-softmax before any sampling parameter: `echo` gives the prompt's, equal to
 Runner.score); `response_format` JSON schemas through llguidance, a mask in the engine's sampling; vLLM's
-`ignore_eos`, `top_k`, `repetition_penalty`; `stream_options.include_usage`. A field that would change the output
-and is not supported (`logit_bias`, `suffix`, penalties, tools, ...) is a 400 naming it, never silently ignored.
+`ignore_eos`, `top_k`, `repetition_penalty`; OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (a
+bias of -100 bans a token) on every sampling path; `stream_options.include_usage`. A field that would change the
+output and is not supported (`suffix`, `min_p`, ...) is a 400 naming it, never silently ignored.
 
 Errors are OpenAI's error object: 400 for a bad field (named), malformed or hostile JSON, a prompt too long for the
 context (refused without tokenizing when its characters alone cannot fit); 404/405; 413 for a body past

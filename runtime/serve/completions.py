@@ -31,6 +31,7 @@ from llgraph.runtime.serve.request import (
     flag,
     grammar_of,
     include_usage,
+    logit_bias,
     number,
     prompt_ids,
     prompts_of,
@@ -105,7 +106,10 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
         samplings = [Sampling(temperature=number(body, "temperature", 1.0, 0, 2), top_k=max(top_k, 0),
                               top_p=number(body, "top_p", 1.0, 0, 1),
                               repetition_penalty=number(body, "repetition_penalty", 1.0, 0, 1e6),
-                              seed=None if seed is None else seed + j)
+                              seed=None if seed is None else seed + j,
+                              frequency_penalty=number(body, "frequency_penalty", 0.0, -2, 2),
+                              presence_penalty=number(body, "presence_penalty", 0.0, -2, 2),
+                              logit_bias=logit_bias(body, runner.backend.vocab_size))
                      for j in range(n)]
     except RequestError as e:
         raise ApiError(400, str(e)) from None

@@ -90,13 +90,32 @@ def prompts_of(body: dict, tokenizer) -> list:
 # A request field this server cannot honour, and the values of it that change nothing: any other value is a 400
 # naming the field (a field that would change the output is never silently ignored).
 _NEUTRAL = {
-    "suffix": (None, ""), "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "min_p": (None, 0), "min_tokens": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
+    "suffix": (None, ""), "min_p": (None, 0), "min_tokens": (None, 0), "tools": (None, []),
+    "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"), "prompt_logprobs": (None,),
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
     "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0),
 }
+
+
+def logit_bias(body: dict, vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: {token id (a JSON key, so a string): bias in [-100, 100]} -> (id, bias) pairs."""
+    given = body.get("logit_bias")
+    if given is None:
+        return ()
+    if not isinstance(given, dict) or len(given) > 1024:
+        raise ApiError(400, "'logit_bias' must be an object of at most 1024 token ids to biases in [-100, 100]",
+                       param="logit_bias")
+    pairs = []
+    for key, bias in given.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() and len(key) < 12 else -1
+        if not 0 <= token < vocab or isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -100 <= bias <= 100:
+            raise ApiError(400, f"'logit_bias' maps token ids in 0..{vocab - 1} to biases in [-100, 100]; not "
+                                f"{str(key)[:20]!r}: {str(bias)[:20]}", param="logit_bias")
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
 
 
 def refuse_unsupported(body: dict, n: int, chat: bool = False) -> None:

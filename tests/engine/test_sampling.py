@@ -117,3 +117,63 @@ def test_top_p_sorts_only_candidates_yet_keeps_what_a_full_sort_keeps(top_p):
     got = set(np.flatnonzero(np.isfinite(filter_logits(logits, 0, top_p))[0]).tolist())
     print(f"top_p {top_p}: {len(got)} kept")
     assert got == want
+
+
+def _openai_reference(logits, counts, frequency, presence, bias):
+    """OpenAI's definition, written out: mu[j] - c[j] * frequency - (c[j] > 0) * presence + bias[j]."""
+    out = logits.astype(np.float64) - counts * frequency - (counts > 0) * presence
+    for token, b in bias.items():
+        out[token] = -np.inf if b <= -100 else out[token] + b
+    return out
+
+
+def test_frequency_presence_and_logit_bias_as_openai_defines_them():
+    from llgraph.runtime.engine.sampling import distribution
+
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal(50).astype(np.float32) * 3
+    counts = rng.integers(0, 4, 50).astype(np.float32)
+    bias = {7: 2.5, 11: -100, int(np.argmax(logits)): -3.0}
+    params = Sampling(temperature=0.7, frequency_penalty=0.6, presence_penalty=-0.4, logit_bias=tuple(bias.items()))
+    got = distribution(logits[None], params, np.zeros((1, 50), np.bool_), None, counts[None])[0]
+    ref = _openai_reference(logits, counts, 0.6, -0.4, bias) / 0.7
+    want = np.exp(ref - ref.max())
+    want /= want.sum()
+    print(f"penalized distribution vs the written-out definition: max |diff| {np.abs(got - want).max():.2e}")
+    assert np.abs(got - want).max() < 1e-6 and got[11] == 0  # -100 bans
+    greedy = Sampling(frequency_penalty=2.0, logit_bias=tuple(bias.items()))
+    assert int(sample(logits[None], greedy, np.zeros((1, 50), np.bool_), None, counts=counts[None])[0]) == \
+        int(np.argmax(_openai_reference(logits, counts, 2.0, 0.0, bias)))
+    with pytest.raises(RequestError, match="frequency_penalty"):
+        Sampling(frequency_penalty=2.5)
+
+
+def test_penalties_and_a_ban_hold_on_every_path(smollm2_export):
+    """Greedy, sampled, speculative (ngram) and grammar-constrained generation with a -100 bias on the token greedy
+    decoding would pick first never emits it; a frequency penalty's greedy output equals a step-by-step reference
+    that applies OpenAI's formula to the model's own logits."""
+    from llgraph.runtime import open_runner
+    from llgraph.runtime.engine.grammar import Grammar
+
+    runner = open_runner(str(smollm2_export("ort", quantized=True)), "ort", max_seq_len=128)
+    prompt = runner.encode("List the numbers one two three one two three one two three")
+    plain = runner.generate(prompt, 12).token_ids
+    banned = {plain[0]: -100}
+    for kwargs in ({}, {"speculative": "ngram"}, {"temperature": 0.8, "seed": 5},
+                   {"grammar": Grammar.json_schema({"type": "object"})}):
+        out = runner.generate(prompt, 12, logit_bias=banned, **kwargs).token_ids
+        assert plain[0] not in out, (kwargs, out)
+    got = runner.generate(prompt, 10, frequency_penalty=1.5, presence_penalty=0.5).token_ids
+    # the reference: the model's logits for the sequence so far, the formula applied here, argmax
+    ids, counts, want = list(prompt), np.zeros(runner.backend.vocab_size), []
+    for _ in range(10):
+        runner.backend.allocate(1)
+        logits = np.asarray(runner.backend.forward(np.array([ids]), np.arange(len(ids))[None]), np.float64)[0, -1]
+        token = int(np.argmax(logits - counts * 1.5 - (counts > 0) * 0.5))
+        want.append(token)
+        if token in runner.eos_token_ids:
+            break
+        counts[token] += 1
+        ids.append(token)
+    print("with penalties:", got, "reference:", want, "plain:", plain[:10])
+    assert got == want[:len(got)] and got != plain[:len(got)]

@@ -92,7 +92,7 @@ def test_sampled_speculation_keeps_the_distribution_and_a_broken_rule_does_not(t
     print(f"speculative vs plain sampling, {n} seeds: chi-square p = {p[0]:.3f} (2nd token), {p[1]:.3f} (3rd)")
     assert min(p) > 1e-3
 
-    def broken(logits, draft, params, seen, generator, matcher=None):  # keeps every draft: q in place of p
+    def broken(logits, draft, params, seen, generator, matcher=None, counts=None):  # keeps every draft: q in place of p
         row = logits[len(draft)].astype(np.float64) / params.temperature
         return [*draft, int(generator.choice(len(row), p=np.exp(row - row.max()) / np.exp(row - row.max()).sum()))]
     monkeypatch.setattr(speculative, "accept", broken)

@@ -235,10 +235,12 @@ def test_a_server_with_a_draft_model_drafts_with_it_and_answers_as_alone(serve_e
     ("/v1/completions", {"prompt": ["a", "b", "c", "d", "e"], "n": 4}, "prompt"),  # 20 choices > 4 slots + 12 queued
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, "max_tokens"),  # without echo there is nothing to do
     ("/v1/completions", {"prompt": ["Hi", [1, 2]]}, "prompt"),
-    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 10}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"five": 10}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 101}}, "logit_bias"),
     ("/v1/completions", {"prompt": "Hi", "suffix": " end"}, "suffix"),
     ("/v1/completions", {"prompt": "Hi", "best_of": 3}, "best_of"),
-    ("/v1/completions", {"prompt": "Hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ("/v1/completions", {"prompt": "Hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ("/v1/completions", {"prompt": "Hi", "frequency_penalty": "much"}, "frequency_penalty"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "echo": True}, "echo"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True,

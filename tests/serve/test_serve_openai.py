@@ -1,7 +1,8 @@
 """OpenAI's conventions as clients rely on them (issue 53, items 1-4 and 8): every route also without `/v1` (clients
 given a base URL without it); `GET /v1/models/{id}` (`models.retrieve`); `model` absent or null is the served model,
 an unknown one OpenAI's 404 `model_not_found`, and `--name` takes aliases; `usage.prompt_tokens_details.cached_tokens`
-counts the reused prefix; errors name the field at fault (`messages`, `prompt`, `input`) and the model's context."""
+counts the reused prefix; errors name the field at fault (`messages`, `prompt`, `input`) and the model's context;
+`logit_bias`, `frequency_penalty` and `presence_penalty` are honoured (they were 400s)."""
 
 import pytest
 
@@ -68,3 +69,15 @@ def test_errors_name_the_field_at_fault_and_the_context(server):
     r = httpx.post(f"{server.url}/v1/embeddings", json={"input": list(range(1, 200))})
     err = r.json()["error"]
     assert err["param"] == "input" and "context of 128 tokens" in err["message"], err  # said 129 before
+
+
+def test_logit_bias_and_penalties_are_honoured(server):
+    ask = {"model": "smol", "prompt": "One two three one two three one two", "max_tokens": 6, "temperature": 0}
+    plain = server.client.completions.create(**ask).choices[0].text
+    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": plain, "add_special_tokens": False}).json()["tokens"]
+    banned = server.client.completions.create(**ask, logit_bias={str(t): -100 for t in ids}).choices[0].text
+    ids_banned = httpx.post(f"{server.url}/tokenize", json={"prompt": banned, "add_special_tokens": False}).json()
+    print(repr(plain), ids, "->", repr(banned))
+    assert banned != plain and not set(ids) & set(ids_banned["tokens"][:1])
+    penalized = server.client.completions.create(**ask, frequency_penalty=2, presence_penalty=2).choices[0].text
+    assert penalized != plain, (plain, penalized)
