@@ -65,6 +65,19 @@ class Grammar:
         return cls(spec)
 
     @classmethod
+    def gbnf(cls, text: str) -> "Grammar":
+        """A grammar in llama.cpp's GBNF (its `grammar` field, grammars/*.gbnf), read by llguidance."""
+        ll = _llguidance()
+        try:
+            spec = ll.grammar_from("gbnf", text)
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise RequestError(f"the GBNF grammar is not valid: {str(e).splitlines()[0][:200]}") from None
+        error = ll.LLMatcher.validate_grammar(spec)
+        if error:
+            raise RequestError(f"the GBNF grammar is not valid: {' '.join(error.split())[:200]}")
+        return cls(spec)
+
+    @classmethod
     def json_object(cls) -> "Grammar":
         return cls.json_schema({"type": "object"})
 
@@ -77,8 +90,11 @@ class Grammar:
         kind = response_format.get("type") if isinstance(response_format, dict) else None
         if kind == "text":
             return None
-        if kind == "json_object":
-            return cls.json_object()
+        if kind == "json_object":  # llama.cpp's extension: a "schema" beside it constrains the object
+            schema = response_format.get("schema")
+            if schema is not None and not isinstance(schema, (dict, bool)):
+                raise RequestError("response_format json_object's \"schema\" must be a JSON schema object")
+            return cls.json_object() if schema is None else cls.json_schema(json.dumps(schema))
         if kind == "json_schema":
             inner = response_format.get("json_schema")
             schema = inner.get("schema") if isinstance(inner, dict) else None

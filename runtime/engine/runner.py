@@ -78,12 +78,20 @@ class Runner:
             raise RequestError('chat takes a list of messages: [{"role": "user", "content": "Hi"}, ...]')
         return self.generate(messages, max_new_tokens, **kwargs)
 
-    def render_chat(self, messages: list[dict], tools=None) -> str:
+    def render_chat(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> str:
         """A conversation as the model's chat template writes it, ready for the assistant's turn (the one place a
         conversation is checked and rendered: generate, stream, chat and the server's chat completions). `tools`: a
         tools.ToolSpec, the functions the model may call (rendered by the template, or in runtime/engine/tools.py's
         fallback format); an assistant turn may carry OpenAI's `tool_calls` (its content then may be None), and a
-        "tool" turn a call's result."""
+        "tool" turn a call's result. `add_generation_prompt` False leaves the assistant's header out;
+        `continue_final_message` (vLLM's) ends the text inside the last (assistant) message, for the model to
+        continue it."""
+        if continue_final_message and add_generation_prompt:
+            raise RequestError("continue_final_message continues the last message: set add_generation_prompt false")
+        if continue_final_message and not (messages and isinstance(messages[-1], dict)
+                                           and messages[-1].get("role") == "assistant"):
+            raise RequestError("continue_final_message needs the last message to be the assistant's")
         if self.tokenizer is None or not self.tokenizer.chat_template:
             raise RequestError("this model has no chat template; give it a plain prompt instead of messages")
         for m in messages:
@@ -95,7 +103,15 @@ class Runner:
                 raise RequestError(f"message role {m['role']!r} is not one of {', '.join(ROLES)}")
         template = self.tokenizer.chat_template
         messages, tool_list = chat_inputs(template, list(messages), tools)
-        return self.tokenizer.apply_chat_template(messages, tools=tool_list)
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                  tools=tool_list)
+        if continue_final_message:  # cut what the template closes the last message with
+            last = messages[-1].get("content") or ""
+            at = text.rfind(last) if last else -1
+            if at < 0:
+                raise RequestError("the chat template rewrote the last message; it cannot be continued")
+            text = text[:at + len(last)]
+        return text
 
     def stream(self, prompt, max_new_tokens: int = 64, **kwargs) -> Iterator[str]:
         """New text pieces as they are decoded; pieces never split a multi-byte character, and they concatenate to

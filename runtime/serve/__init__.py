@@ -18,7 +18,10 @@ i*n + j answers prompt i with sample j, seeded seed + j, so each equals a solo r
 (the model's own, a float64 log-softmax before any sampling parameter: `echo` gives the prompt's, equal to
 Runner.score); `response_format` JSON schemas through llguidance, a mask in the engine's sampling; vLLM's
 `ignore_eos`, `top_k`, `repetition_penalty`; OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (a
-bias of -100 bans a token) on every sampling path; `stream_options.include_usage`. A field that would change the
+bias of -100 bans a token) on every sampling path; llama.cpp's `grammar` (GBNF) and top-level `json_schema`, and
+`response_format` json_object with a `schema`; vLLM's `add_generation_prompt` and `continue_final_message`;
+`stream_options.include_usage`. OpenAI's bookkeeping fields (`metadata`, `store`, `user`, `service_tier`, ...) are
+taken and change nothing. A field that would change the
 output and is not supported (`suffix`, `min_p`, ...) is a 400 naming it, never silently ignored.
 
 Errors are OpenAI's error object: 400 for a bad field (named), malformed or hostile JSON, a prompt too long for the

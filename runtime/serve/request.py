@@ -96,7 +96,10 @@ _NEUTRAL = {
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
     "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0),
+    "reasoning_effort": (None,), "verbosity": (None, "medium"), "web_search_options": (None,),
 }
+# OpenAI's request fields that change no output (bookkeeping for OpenAI's platform): taken, and without effect here
+NO_EFFECT = ("model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 
 
 def logit_bias(body: dict, vocab: int) -> tuple[tuple[int, float], ...]:
@@ -143,14 +146,29 @@ def tools_of(body: dict):
 
 
 def grammar_of(body: dict):
-    """response_format -> a runtime.grammar.Grammar (None: plain text); a bad one is a 400 naming it."""
+    """The output's constraint -> a runtime.grammar.Grammar (None: plain text): OpenAI's `response_format`, or
+    llama.cpp's `grammar` (GBNF) or top-level `json_schema`; one of them at most. A bad one is a 400 naming it."""
     from llgraph.errors import LlgraphError
     from llgraph.runtime.engine.grammar import Grammar
 
+    plain = {"type": "text"}
+    given = [k for k in ("response_format", "grammar", "json_schema") if body.get(k) not in (None, plain)]
+    if len(given) > 1:
+        raise ApiError(400, f"give one of {', '.join(repr(k) for k in given)}: each constrains the whole output",
+                       param=given[1])
+    key = given[0] if given else "response_format"
     try:
+        if key == "grammar":
+            if not isinstance(body["grammar"], str):
+                raise ApiError(400, "'grammar' must be a GBNF grammar (a string)", param="grammar")
+            return Grammar.gbnf(body["grammar"])
+        if key == "json_schema":
+            if not isinstance(body["json_schema"], (dict, bool)):
+                raise ApiError(400, "'json_schema' must be a JSON schema object", param="json_schema")
+            return Grammar.json_schema(json.dumps(body["json_schema"]))
         return Grammar.from_response_format(body.get("response_format"))
     except LlgraphError as e:
-        raise ApiError(400, f"'response_format': {e}", param="response_format") from None
+        raise ApiError(400, f"'{key}': {e}", param=key) from None
 
 
 def _content(content) -> str | None:
@@ -180,8 +198,9 @@ def chat_prompt(body: dict, runner, tools=None) -> str:
     clean = [{"role": m.get("role"), "content": _content(m.get("content")),
               **{k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}}
              if isinstance(m, dict) else m for m in messages]
+    generation, cont = flag(body, "add_generation_prompt", True), flag(body, "continue_final_message", False)
     try:
-        return runner.render_chat(clean, tools=tools)
+        return runner.render_chat(clean, tools=tools, add_generation_prompt=generation, continue_final_message=cont)
     except RequestError as e:
         raise ApiError(400, str(e), param="messages") from None
     except Exception as e:
