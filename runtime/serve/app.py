@@ -263,22 +263,29 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         return await embed(request, body, state["runner"], state["scheduler"], options.pooling, options.served_name,
                            options.slots + options.max_queue)
 
-    # vLLM's tokenizer endpoints (lm-evaluation-harness's tokenizer_backend=remote uses them)
+    # the tokenizer endpoints in vLLM's shapes (`prompt` or `messages`, `add_special_tokens`: lm-evaluation-harness's
+    # tokenizer_backend=remote) and llama.cpp's (`content`, `add_special`, `with_pieces`: its tools')
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = await read_json(request, options.max_request_bytes)
         _check_model(body)
         runner = state["runner"]
+        field = "content" if "content" in body else "prompt"
         if runner.tokenizer is None:
-            raise ApiError(400, "this model has no tokenizer", param="prompt")
+            raise ApiError(400, "this model has no tokenizer", param=field)
         if "messages" in body:
             text = await asyncio.to_thread(chat_prompt, body, runner)  # a template renders off the event loop
             special = flag(body, "add_special_tokens", False)
         else:
-            text, special = body.get("prompt"), flag(body, "add_special_tokens", True)
+            text = body.get(field)
+            special = flag(body, "add_special", False) if field == "content" else flag(body, "add_special_tokens", True)
             if not isinstance(text, str):
-                raise ApiError(400, "'prompt' must be a string (or send 'messages')", param="prompt")
+                raise ApiError(400, f"'{field}' must be a string (or send 'messages')", param=field)
         tokens = await asyncio.to_thread(runner.tokenizer.encode, text, special)
+        if field == "content" and flag(body, "with_pieces", False):  # llama.cpp's: each id with its text
+            pieces = await asyncio.to_thread(lambda: [{"id": t, "piece": runner.tokenizer.decode([t])}
+                                                      for t in tokens])
+            return {"tokens": pieces}
         head = json.dumps({"count": len(tokens), "max_model_len": runner.backend.max_seq_len, "token_strs": None})
         # the ids written off the loop, a slice at a time: FastAPI's encoder walks them in Python on the event loop
         # and json.dumps holds the GIL for the whole list (a 7 MB text held /health for 1.9 s)
@@ -298,7 +305,8 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         if bad:
             raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary "
                                 f"(0..{runner.backend.vocab_size - 1})", param="tokens")
-        return {"prompt": runner.tokenizer.decode(tokens)}
+        text = runner.tokenizer.decode(tokens)
+        return {"prompt": text, "content": text}  # vLLM's key and llama.cpp's
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():

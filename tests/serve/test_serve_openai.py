@@ -157,3 +157,16 @@ def test_gbnf_grammar_json_schema_and_chat_template_flags(server):
     assert len(text["open"]) > len(text["closed"]) > len(text["continued"])
     r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": turn, "continue_final_message": True})
     assert r.status_code == 400 and "add_generation_prompt" in r.text
+
+
+def test_tokenize_and_detokenize_speak_llama_cpp_s_shapes_too(server):
+    vllm = httpx.post(f"{server.url}/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}).json()
+    llama = httpx.post(f"{server.url}/tokenize", json={"content": "Hello world"}).json()
+    assert llama["tokens"] == vllm["tokens"] and vllm["count"] == len(vllm["tokens"])
+    pieces = httpx.post(f"{server.url}/tokenize", json={"content": "Hello world", "with_pieces": True}).json()
+    assert [p["id"] for p in pieces["tokens"]] == vllm["tokens"] and "".join(p["piece"] for p in pieces["tokens"]) \
+        == "Hello world", pieces
+    back = httpx.post(f"{server.url}/detokenize", json={"tokens": vllm["tokens"]}).json()
+    assert back["content"] == back["prompt"] == "Hello world"
+    r = httpx.post(f"{server.url}/tokenize", json={"content": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "content"
