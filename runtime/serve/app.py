@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 try:
     from fastapi import FastAPI, Request
-    from fastapi.responses import PlainTextResponse, Response
+    from fastapi.responses import HTMLResponse, PlainTextResponse, Response
     from starlette.exceptions import HTTPException
 except ImportError as e:
     from llgraph.errors import MissingExtra
@@ -204,6 +204,12 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
     async def http_error(request, e: HTTPException):
         return ApiError(e.status_code, str(e.detail), "invalid_request_error" if e.status_code < 500
                         else "server_error").response()
+
+    @app.get("/", include_in_schema=False)  # a chat page to try the model (chat.html: one file, works offline)
+    async def page():
+        from pathlib import Path
+
+        return HTMLResponse((Path(__file__).parent / "chat.html").read_text(encoding="utf-8"))
 
     @app.get("/health")
     async def health():

@@ -1,0 +1,71 @@
+"""The chat page at / (runtime/serve/chat.html), driven in a real headless browser (Debian's chromium and its
+chromedriver, through selenium): the page loads without the key (it is static), asks for the key, shows the model's
+name, and a typed question gets an answer streamed into the page — seen growing before it ends — with its speed. A
+screenshot of the answer is written to the test's output (its path printed)."""
+
+import os
+import shutil
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
+webdriver = pytest.importorskip("selenium.webdriver", reason="the browser test drives chromium with selenium")
+
+from serving import Server  # noqa: E402
+
+KEY = "sk-page-test-0123456789"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+DRIVER = shutil.which("chromedriver")
+
+
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="no chromium and chromedriver here (Debian: apt-get install "
+                    "chromium chromium-driver)")
+def test_the_chat_page_streams_an_answer_in_a_real_browser(serve_export, tmp_path):
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    s = Server(str(serve_export), "--name", "smol", "--slots", "2", "--max-seq-len", "512", "--api-key", KEY)
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=900,700"):
+        options.add_argument(arg)
+    browser = webdriver.Chrome(options=options, service=Service(DRIVER))
+    try:
+        browser.get(f"{s.url}/")  # open without the key: the page is static
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda b: "invalid_api_key" in b.page_source or "API key" in b.find_element(By.ID, "model").text)
+        browser.find_element(By.TAG_NAME, "summary").click()
+        key = browser.find_element(By.ID, "key")
+        key.send_keys(KEY)
+        browser.execute_script("arguments[0].dispatchEvent(new Event('change'))", key)
+        wait.until(lambda b: b.find_element(By.ID, "model").text == "smol")
+        browser.find_element(By.ID, "max").clear()
+        browser.find_element(By.ID, "max").send_keys("48")
+        browser.find_element(By.ID, "input").send_keys("Write a short sentence about the sea.")
+        browser.find_element(By.ID, "send").click()
+        seen, deadline = [], time.monotonic() + 120
+        while time.monotonic() < deadline:  # the answer as the page shows it, while it streams
+            answer = browser.find_element(By.CSS_SELECTOR, ".assistant")
+            seen.append(answer.text)
+            if answer.get_attribute("data-done") == "true":
+                break
+            time.sleep(0.05)
+        final = browser.find_element(By.CSS_SELECTOR, ".assistant").text
+        shot = tmp_path / "chat-page.png"
+        browser.save_screenshot(str(shot))
+        if os.environ.get("LLGRAPH_SCREENSHOTS"):
+            shutil.copy(shot, os.environ["LLGRAPH_SCREENSHOTS"])
+        partial = [t for t in seen if t and len(t) < len(final)]
+        print(f"screenshot: {shot}; answer: {final!r}; {len(partial)} partial views while streaming; speed: "
+              f"{browser.find_element(By.ID, 'speed').text!r}")
+        assert len(final) > 3 and "error" not in \
+            browser.find_element(By.CSS_SELECTOR, ".assistant").get_attribute("class")
+        assert partial, "the answer appeared whole, not streamed"
+        assert browser.find_element(By.ID, "speed").text.endswith("tok/s")
+        assert shot.stat().st_size > 5000
+    finally:
+        browser.quit()
+        assert s.stop() == 0, "".join(s.lines)
