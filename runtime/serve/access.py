@@ -9,8 +9,9 @@ One ASGI layer (`Guard`) sees every request before a route does:
   421: a page on attacker.example whose DNS is rebound to 127.0.0.1 is same-origin with the server and would pass
   any CORS rule, but its requests carry `Host: attacker.example`. `--allowed-hosts` adds names (`*`: any). Bound
   beyond loopback, any Host is answered unless --allowed-hosts names them.
-- **Key.** With a key every route but /health and the chat page at / (static; it sends the key itself) wants `Authorization: Bearer KEY` or `X-Api-Key: KEY` — completions,
-  embeddings, tokenize, the chat template (/tokenizer_info), the API docs, and /metrics unless `--open-metrics`
+- **Key.** With a key every route but /health and the chat page at / (static; it sends the key itself) wants
+  `Authorization: Bearer KEY` or `X-Api-Key: KEY` — completions, embeddings, tokenize, the chat template
+  (/tokenizer_info), the API docs, and /metrics unless `--open-metrics`
   (a scraper without credentials). Compared in constant time; a 401 in OpenAI's shape (`invalid_api_key`) before
   the body is read. A key that no header could carry (surrounding whitespace, a character outside printable ASCII)
   is refused at startup in one line.
