@@ -179,7 +179,8 @@ class Checked:
     def __init__(self, folder: Path, manifest: Manifest):
         import threading
 
-        self.folder, self._why = Path(folder), None
+        self.folder = Path(folder)
+        self._why: str | None = None
         record = manifest.xxh3 or {n: d for n, d in manifest.sha256.items() if manifest.sizes.get(n, 0) > HASH_ON_OPEN}
         hasher = file_xxh3 if manifest.xxh3 else file_sha256
         self._thread = threading.Thread(target=self._run, args=(record, hasher), daemon=True, name="llgraph-check")

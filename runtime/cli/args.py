@@ -49,8 +49,9 @@ def add_weight_flags(p: argparse.ArgumentParser, whose: str = "") -> None:
                    "it) to nearest, with --block-size and --symmetric (default: float; a GGUF's as stored)")
     p.add_argument("--dequantize", action="store_true", help=f"run {whose}quantized GGUF blocks (e.g. the bundled "
                    "Q4_1) in float instead of as stored")
-    p.add_argument("--accuracy-level", type=int, help="ONNX Runtime's MatMulNBits accuracy_level for quantized "
-                   "weights: 0 (default) = exact fp32 compute; 4 = int8 activations, 1.6x faster, approximate")
+    p.add_argument("--accuracy-level", type=int, help="quantized weights' compute (MatMulNBits' accuracy_level): 0 = "
+                   "exact fp32; 4 = int8 activations, faster, approximate (default: by format — 4 for GGUF K-quant "
+                   "super-blocks on llgraph's kernels, else 0)")
     p.add_argument("--lora", action="append", default=[], metavar="DIR[:SCALE]", help="merge a PEFT LoRA adapter "
                    "(adapter_config.json + adapter_model.safetensors) into a float checkpoint's weights, scaled by "
                    "SCALE (default 1); repeat to add several")
@@ -262,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="export a model to an ONNX folder (model.onnx + external data + manifest)")
     e.add_argument("--config", help="config file or preset; defaults to the checkpoint's own (config.json / GGUF)")
     e.add_argument("--checkpoint", help="HF folder, .safetensors, .gguf, or 'smollm2' (the bundled SmolLM2-135M "
-                   "GGUF); without it, seeded random weights")
+                   "GGUF); without it, seeded random weights (their size said first; past 10 GB asked, or --yes)")
+    e.add_argument("--yes", action="store_true", help="write random weights past 10 GB without asking")
     e.add_argument("--target", default="ort", help="ort (ONNX Runtime, default), onnx (standard ops only) or trt "
                    "(TensorRT plugin nodes; ONNX Runtime runs it too)")
     add_weight_flags(e)

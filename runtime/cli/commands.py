@@ -67,12 +67,34 @@ def cmd_export(args) -> None:
 
     check_writable_target(Path(args.output), args.force)  # a refused -o is the first thing said, before any work
     if args.checkpoint is None:
-        load_config(args.config)  # a bad config is the one line said, before the notice below
-        print(f"no --checkpoint: exporting seeded random weights (seed {args.seed})", file=sys.stderr)
+        _confirm_random(args)
     out = export_model(args.config or args.checkpoint, args.checkpoint, args.output, target=args.target,
                        weights=weights_of(args), max_seq_len=args.max_seq_len, force=args.force, progress=True,
                        seed=args.seed)
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
+
+
+ASK_ABOVE = 10 * 10**9  # random weights past this many bytes are written only when confirmed (or --yes)
+
+
+def _confirm_random(args) -> None:
+    """Without --checkpoint, export writes seeded random weights: said up front with their size, and past ASK_ABOVE
+    asked first (a terminal), else refused without --yes (a script)."""
+    from llgraph.builder import build_graph
+
+    cfg = load_config(args.config)  # a bad config is the one line said, before the notice below
+    weights = weights_of(args)
+    bits = {"int4": 4.5, "int8": 8.5}.get(weights.quantize or "", 8 * (2 if weights.dtype != "float32" else 4))
+    size = build_graph(cfg, weights.dtype).param_count() * bits / 8
+    print(f"no --checkpoint: exporting seeded random weights (seed {args.seed}), about {size / 1e9:.1f} GB into "
+          f"{args.output} — give --checkpoint for a model's own weights", file=sys.stderr, flush=True)
+    if size <= ASK_ABOVE or args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise LlgraphError(f"{size / 1e9:.0f} GB of random weights would be written to {args.output}; pass --yes to "
+                           "write them, or --checkpoint for a model's own weights")
+    if input(f"write {size / 1e9:.0f} GB of random weights? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise LlgraphError("nothing written (answered no); pass --checkpoint for a model's own weights")
 
 
 def cmd_serve(args) -> int:

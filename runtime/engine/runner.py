@@ -10,7 +10,7 @@ import dataclasses
 import numbers
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -22,6 +22,13 @@ from llgraph.runtime.engine.step import Engine, Metrics, Row
 from llgraph.runtime.engine.tools import chat_inputs
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # a conversation's roles (OpenAI's)
+
+
+class Perplexity(NamedTuple):
+    """Runner.perplexity's answer."""
+    perplexity: float
+    nll: float  # summed negative log-likelihood, nats
+    tokens: int  # tokens scored
 
 
 @dataclass
@@ -178,16 +185,16 @@ class Runner:
         out = np.stack([r.embedding for r in rows])
         return out[0] if single else out
 
-    def perplexity(self, text, window: int | None = None, stride: int | None = None) -> tuple[float, float, int]:
-        """(perplexity, summed negative log-likelihood, tokens scored) of a text or token ids, in rolling windows
-        (runtime/score.py)."""
+    def perplexity(self, text, window: int | None = None, stride: int | None = None) -> "Perplexity":
+        """Perplexity(perplexity, nll, tokens): the perplexity, summed negative log-likelihood and tokens scored of a
+        text or token ids, in rolling windows (runtime/engine/score.py); a named tuple, so it unpacks as before."""
         import math
 
         from llgraph.runtime.engine.score import rolling_logprob
 
         ids = self.encode(text)
         logprob, n = rolling_logprob(self.backend, ids, window, stride)
-        return math.exp(-logprob / n), -logprob, n
+        return Perplexity(math.exp(-logprob / n), -logprob, n)
 
     def _split_pair(self, context, continuation) -> tuple[list[int], list[int]]:
         if isinstance(context, str) != isinstance(continuation, str):

@@ -121,7 +121,7 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
 def sample(logits: np.ndarray, params: Sampling, seen: np.ndarray, generator: np.random.Generator,
            allowed: np.ndarray | None = None, counts: np.ndarray | None = None) -> np.ndarray:
     """logits: [B, V] float -> next tokens [B] int64. `allowed`: [B, V] bool, the only tokens a row may take (a
-    grammar's mask: runtime/grammar.py). `counts`: [B, V], how often each token is in the output so far (the
+    grammar's mask: runtime/engine/grammar.py). `counts`: [B, V], how often each token is in the output so far (the
     frequency and presence penalties'; None: none yet)."""
     if params.greedy:
         return np.argmax(_processed(logits, params, seen, allowed, counts), axis=-1)

@@ -133,6 +133,6 @@ def _announce(options: ServeOptions, url: str, extra: str = "") -> None:
     drafting = f", {options.draft} drafting" if options.draft else ""
     print(f"llgraph serve: '{options.served_name}' from {options.model} on {options.backend}{drafting}, "
           f"{options.slots} slots"
-          f"{extra}, listening at {url} (/v1/chat/completions, /v1/completions, /v1/models, /tokenize, "
-          "/detokenize, /health, /metrics)",
+          f"{extra}, listening at {url} (a chat page at /; /v1/chat/completions, /v1/completions, /v1/embeddings, "
+          "/v1/models, /tokenize, /detokenize, /health, /metrics)",
           flush=True)

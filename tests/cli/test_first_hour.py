@@ -3,6 +3,7 @@ cache keyed on content and listable/cleanable, flags checked before anything loa
 --version, generate --tokens, help on every flag."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -211,3 +212,41 @@ def test_ort_runner_on_a_folder_without_manifest(tmp_path):
 
     with pytest.raises(LlgraphError, match="not an llgraph export folder"):
         ORTRunner(tmp_path)
+
+
+def test_the_readme_python_example_imports_without_torch():
+    """The README's Python block is for the first command's install, which has no torch: its imports hold with torch
+    made unimportable (before: `from llgraph.runtime import ... TorchRunner` needed it)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```python\n(.*?)```", readme, re.S)[1]
+    imports = "\n".join(line.split("#")[0] for line in block.splitlines() if line.startswith(("from ", "import ")))
+    assert "open_runner" in imports
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None\n" + imports],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_random_weights_say_their_size_and_tens_of_gb_want_yes(tmp_path):
+    """`llgraph export --config 8b` without --checkpoint: the size is said first; 32 GB are not written by a script
+    without --yes (before: written with one size line and no other word)."""
+    r = subprocess.run([sys.executable, "-m", "llgraph", "export", "--config", "8b", "-o", str(tmp_path / "8b")],
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    print(r.stderr)
+    assert "seeded random weights (seed 0), about 32.1 GB" in r.stderr
+    one_line_error(r, "pass --yes")
+    assert not (tmp_path / "8b").exists()
+    r = subprocess.run([sys.executable, "-m", "llgraph", "export", "--config", "tiny", "-o", str(tmp_path / "t")],
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and "about 0.0 GB" in r.stderr, r.stderr  # small: written without asking
+
+
+def test_perplexity_answers_with_named_fields(tiny_ckpt):
+    from llgraph.runtime import open_runner
+
+    got = open_runner(str(tiny_ckpt), "ort").perplexity([1, 5, 9, 4, 2])
+    assert got.tokens == 4 and abs(got.perplexity - math.exp(got.nll / got.tokens)) < 1e-9
+    ppl, nll, n = got  # and it unpacks as before
+    assert (ppl, nll, n) == tuple(got)

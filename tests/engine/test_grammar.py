@@ -1,6 +1,6 @@
-"""Structured output (runtime/grammar.py): outputs under a JSON schema parse and validate (checked by `jsonschema`,
-independent of the grammar engine) greedy and sampled, on the plain loop and the scheduler; greedy output under a
-schema equals the unconstrained model's wherever that already complied; bad schemas are one line."""
+"""Structured output (runtime/engine/grammar.py): outputs under a JSON schema parse and validate (checked by
+`jsonschema`, independent of the grammar engine) greedy and sampled, on the plain loop and the scheduler; greedy
+output under a schema equals the unconstrained model's wherever that already complied; bad schemas are one line."""
 
 import json
 

@@ -96,7 +96,7 @@ def test_the_key_covers_every_route_but_health_and_loopback_answers_only_its_nam
             r = httpx.request(method, s.url + path, json={"prompt": "Hi", "tokens": [1]})
             print(method, path, r.status_code)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
-        assert httpx.get(f"{s.url}/health").status_code == 200
+        assert httpx.get(f"{s.url}/health").status_code == 200 and httpx.get(f"{s.url}/").status_code == 200
         for header in ({"authorization": f"Bearer {KEY}"}, {"x-api-key": KEY}):
             r = httpx.post(f"{s.url}/tokenize", json={"prompt": "Hi there"}, headers=header)
             assert r.status_code == 200 and r.json()["count"] >= 2, r.text
