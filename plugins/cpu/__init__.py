@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from llgraph.export_folder import file_sha256
@@ -34,6 +35,8 @@ HEADERS_PACKAGE = "libonnxruntime-dev"  # Debian 13 (trixie): ONNX Runtime 1.21'
 HEADERS_SUITE = "deb http://deb.debian.org/debian trixie main"
 BUILDS, HEADERS = "kernels", "ort-headers"  # under the user cache: one folder per build key, the fetched headers
 CHECKSUM = ".sha256"  # beside the built library: its sha256, checked before each use (a damaged one is rebuilt)
+FAILED, RETRY_AFTER = ".failed", 3600  # a failed header fetch, remembered an hour (an unreachable archive costs
+# each run ~7 s of apt-get timeouts before the fallback to ONNX Runtime's own ops)
 SCRATCH = "tmp-fetch-"  # the headers' scratch folders: tmp-fetch-PID-…, removed by the next fetch once PID is dead
 ISA_ENV = "LLGRAPH_CPU_ISA"  # avx512vnni | avx512 | avx2 | scalar: the widest instruction set the kernels may use
 SANITIZE_ENV = "LLGRAPH_CPU_SANITIZE"  # 1: build (and use) the kernels under AddressSanitizer and UBSan, for tests
@@ -101,6 +104,11 @@ def _intact(out: Path) -> bool:
     except (OSError, AttributeError):
         return False
     return True
+
+
+def _ago(path: Path) -> str:
+    minutes = int((time.time() - path.stat().st_mtime) // 60)
+    return f"{minutes} min ago" if minutes else "just now"
 
 
 def _remove_stale(folder: Path, pattern: str) -> None:
@@ -189,10 +197,15 @@ def fetch_headers(progress: bool = True, root: Path | None = None) -> Path:
     if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
         raise KernelsUnavailable("ONNX Runtime's C++ headers are not installed and apt-get is not here to fetch "
                                  "them; set $ORT_INCLUDE_DIR to ONNX Runtime's include folder")
+    failed = root / FAILED
+    if failed.exists() and time.time() - failed.stat().st_mtime < RETRY_AFTER:
+        raise KernelsUnavailable(failed.read_text().strip() + f" (tried {_ago(failed)}; retried after an hour, or "
+                                 "now after `llgraph cache clean`)")
     if progress:
         print(f"fetching ONNX Runtime's C++ headers ({HEADERS_PACKAGE}, Debian) into {root} ...", file=sys.stderr,
               flush=True)
     root.mkdir(parents=True, exist_ok=True)
+    failed.unlink(missing_ok=True)
     _remove_stale(root, f"{SCRATCH}*")
     with tempfile.TemporaryDirectory(dir=root, prefix=f"{SCRATCH}{os.getpid()}-") as scratch:
         s = Path(scratch)
@@ -206,8 +219,10 @@ def fetch_headers(progress: bool = True, root: Path | None = None) -> Path:
             r = subprocess.run(apt + step, capture_output=True, text=True, cwd=s)
             if r.returncode != 0:
                 last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-                raise KernelsUnavailable(f"could not fetch {HEADERS_PACKAGE} from Debian ({last}); set "
-                                         "$ORT_INCLUDE_DIR to ONNX Runtime's include folder")
+                why = (f"could not fetch {HEADERS_PACKAGE} from Debian ({last}); set $ORT_INCLUDE_DIR to ONNX "
+                       "Runtime's include folder")
+                (root / FAILED).write_text(why)  # remembered: the next runs do not wait on the archive again
+                raise KernelsUnavailable(why)
         deb = next(s.glob(f"{HEADERS_PACKAGE}_*.deb"))
         unpacked = s / "x"
         subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True, capture_output=True)

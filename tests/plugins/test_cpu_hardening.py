@@ -142,3 +142,19 @@ def test_the_kernel_tests_pass_under_address_and_undefined_behaviour_sanitizers(
     assert r.returncode == 0 and not reports, (reports[:3000], r.stdout[-3000:], r.stderr[-3000:])
     built = [p for p in (tmp_path / "run").rglob(cpu.LIBRARY) if b"__asan_report_load" in p.read_bytes()]
     assert built, "the tests did not run on a library built with the sanitizers"
+
+
+@pytest.mark.skipif(not (shutil.which("apt-get") and shutil.which("dpkg-deb")), reason="no apt-get here")
+def test_a_failed_header_fetch_is_remembered_for_an_hour(tmp_path, monkeypatch):
+    """Where Debian's archive cannot be reached, the first run says so; the next ones do not wait on apt-get again
+    (before: each run spent ~7 s retrying before falling back to ONNX Runtime's own ops)."""
+    monkeypatch.setattr(cpu, "HEADERS_SUITE", "deb http://127.0.0.1:9/debian trixie main")  # nothing listens
+    with pytest.raises(cpu.KernelsUnavailable, match="could not fetch libonnxruntime-dev"):
+        cpu.fetch_headers(False, tmp_path)
+    monkeypatch.setattr(cpu.subprocess, "run", lambda *a, **k: pytest.fail(f"apt-get ran again: {a}"))
+    with pytest.raises(cpu.KernelsUnavailable, match="tried just now; retried after an hour"):
+        cpu.fetch_headers(False, tmp_path)
+    earlier = (tmp_path / cpu.FAILED).stat().st_mtime - 2 * cpu.RETRY_AFTER
+    os.utime(tmp_path / cpu.FAILED, (earlier, earlier))
+    with pytest.raises(pytest.fail.Exception, match="apt-get ran again"):  # an hour later: tried again
+        cpu.fetch_headers(False, tmp_path)
