@@ -24,20 +24,10 @@ _PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
 
 def make_hf_folder(dst: Path) -> Path:
     """fp32 HF checkpoint (config.json, model.safetensors, tokenizer files) of the bundled SmolLM2 GGUF."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     from llgraph.bundled import bundled_model
+    from llgraph.export.convert import convert_gguf
 
-    gguf = bundled_model("smollm2")
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    config = loaded.config.to_dict()
-    config.pop("quantization_config", None)  # a GGUF-loaded model will not save; a plain one with its weights does
-    model = LlamaForCausalLM(LlamaConfig.from_dict(config))
-    model.load_state_dict(loaded.state_dict())
-    model.save_pretrained(dst)
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(dst)
-    return dst
+    return convert_gguf(bundled_model("smollm2"), dst)
 
 
 def timed(cmd: list[str]) -> tuple[float, float]:

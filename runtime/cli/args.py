@@ -274,6 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "holding anything llgraph did not write)")
     e.add_argument("-o", "--output", required=True, help="output folder")
     e.set_defaults(func="export")
+    v = sub.add_parser("convert", help="a GGUF file as an HF folder (config.json, float32 safetensors, tokenizer): "
+                       "for --lora, transformers, fine-tuning (needs torch and transformers)")
+    v.add_argument("gguf", help="the .gguf file")
+    v.add_argument("-o", "--output", required=True, help="the new folder")
+    v.add_argument("--force", action="store_true", help="replace OUTPUT if llgraph wrote it")
+    v.set_defaults(func="convert")
     b = sub.add_parser("build", help="build a TensorRT engine from a --target trt export folder (TensorRT-RTX builds "
                        "without a GPU; standard TensorRT needs one; the engine runs on a GPU)")
     b.add_argument("folder", help="an export folder made with --target trt")

@@ -179,6 +179,14 @@ def _cut_downloads() -> list:
         return []
 
 
+def cmd_convert(args) -> None:
+    from llgraph.export.convert import convert_gguf
+
+    print(f"converting {args.gguf} into an HF folder (float32) ...", file=sys.stderr, flush=True)
+    out = convert_gguf(args.gguf, args.output, args.force)
+    print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
+
+
 def cmd_build(args) -> None:
     from llgraph.export.engine import build_engine
     from llgraph.export_folder import ENGINE_META
@@ -401,7 +409,7 @@ def cmd_chat(args) -> int:
 
 COMMANDS = {"inspect": cmd_inspect, "export": cmd_export, "build": cmd_build, "generate": cmd_generate,
             "chat": cmd_chat, "diff": cmd_diff, "eval": cmd_eval, "serve": cmd_serve, "lm_eval": cmd_lm_eval,
-            "bench": cmd_bench, "cache": cmd_cache}
+            "bench": cmd_bench, "cache": cmd_cache, "convert": cmd_convert}
 
 
 def _options_first(argv: list[str]) -> list[str]:

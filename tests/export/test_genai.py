@@ -42,3 +42,27 @@ def test_onnxruntime_genai_runs_the_export(hf_folder, tmp_path):
         ids = torch.tensor([[ours[-1]]])
     print(f"genai: {theirs}\nours:  {ours}")
     assert len(theirs) == NEW_TOKENS and theirs == ours
+
+
+def test_llgraph_convert_makes_a_folder_that_answers_as_the_gguf(hf_folder, tmp_path):
+    """`llgraph convert` (export/convert.py; the fixture above made the folder through it): the HF folder's logits on
+    the torch executor equal the GGUF's own, dequantized; a path that is not a GGUF is one line."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from llgraph.runtime import open_runner
+
+    ids = np.array([[1, 504, 3458, 314, 253, 2010, 28, 359]], np.int64)
+    logits = []
+    for model in ("smollm2", str(hf_folder)):
+        runner = open_runner(model, "torch", max_seq_len=32)
+        runner.backend.allocate(1)
+        logits.append(np.asarray(runner.backend.forward(ids, np.arange(ids.shape[1])[None]), np.float64))
+    diff = float(np.abs(logits[0] - logits[1]).max())
+    print(f"converted HF folder vs the GGUF, torch executor: max |logit diff| {diff:.2e}")
+    assert diff < 1e-3
+    r = subprocess.run([sys.executable, "-m", "llgraph", "convert", str(hf_folder / "config.json"), "-o",
+                        str(tmp_path / "x")], capture_output=True, text=True)
+    assert r.returncode == 2 and "is not a GGUF file" in r.stderr and not (tmp_path / "x").exists(), r.stderr
