@@ -181,7 +181,8 @@ class LoraSource(SourceView):
                                     "model")
         super().__init__(base)
         self.adapters = adapters
-        self.description = f"{base.description} + LoRA {', '.join(a.path.name for a in adapters)}"
+        self.description = f"{base.description} + LoRA " + ", ".join(  # the scale too: `cache list` tells entries apart
+            a.path.name + ("" if a.scale == 1 else f":{a.scale:g}") for a in adapters)
 
     @staticmethod
     def _adapted(adapters: list[Adapter]) -> set[str]:

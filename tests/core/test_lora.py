@@ -189,3 +189,20 @@ def test_an_adapter_that_cannot_merge_is_one_line_before_anything_is_written(bas
     assert all(w in errors[0] for w in words), errors[0]
     assert "exporting" not in r.stderr  # refused before the export is announced
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))  # and nothing written
+
+
+def test_cache_list_names_each_entry_s_adapter_and_scale(base, tmp_path):
+    import subprocess
+    import sys
+
+    adapter = _adapter(_fresh(base), tmp_path / "a", 9, r=4, lora_alpha=8)
+    cache = tmp_path / "cache"
+    for scale in ("", ":0.5"):
+        r = subprocess.run([sys.executable, "-m", "llgraph", "generate", str(base), "--lora", f"{adapter}{scale}",
+                            "--tokens", "1,2", "--max-new-tokens", "1", "--cache-dir", str(cache)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    listed = subprocess.run([sys.executable, "-m", "llgraph", "cache", "list", "--cache-dir", str(cache)],
+                            capture_output=True, text=True).stdout
+    print(listed)
+    assert "+ LoRA a\n" in listed and "+ LoRA a:0.5\n" in listed
