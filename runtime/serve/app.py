@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 try:
     from fastapi import FastAPI, Request
-    from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+    from fastapi.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException
 except ImportError as e:
     from llgraph.errors import MissingExtra
@@ -35,6 +35,7 @@ except ImportError as e:
 
 from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 from llgraph.runtime.engine.speculative import MAX_DRAFT
+from llgraph.runtime.serve import responses
 from llgraph.runtime.serve.access import Guard
 from llgraph.runtime.serve.body import read_json, start_worker, stop_worker
 from llgraph.runtime.serve.completions import answer, parse
@@ -251,10 +252,24 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
     async def chat_completions(request: Request):
         return await _serve(request, chat=True)
 
-    async def _serve(request: Request, chat: bool):
-        runner, scheduler = state["runner"], state["scheduler"]
-        body = await read_json(request, options.max_request_bytes, runner.backend.max_seq_len)
+    @route("post", "/v1/responses")  # OpenAI's Responses API, through the same answer (serve/responses.py)
+    async def responses_api(request: Request):
+        body = await read_json(request, options.max_request_bytes, state["runner"].backend.max_seq_len)
         _check_model(body)
+        if not isinstance(body.get("input"), (str, list)):
+            raise ApiError(400, "'input' must be a string or a list of items", param="input")
+        answered = await _serve(request, chat=True, body=responses.chat_body(body))
+        rid, name = f"resp_{uuid.uuid4().hex}", options.served_name
+        if isinstance(answered, StreamingResponse):
+            return StreamingResponse(responses.events(answered.body_iterator, body, rid, name),
+                                     media_type="text/event-stream")
+        return responses.response_of(answered, body, rid, name) if isinstance(answered, dict) else answered
+
+    async def _serve(request: Request, chat: bool, body: dict | None = None):
+        runner, scheduler = state["runner"], state["scheduler"]
+        if body is None:
+            body = await read_json(request, options.max_request_bytes, runner.backend.max_seq_len)
+            _check_model(body)
         # the chat template, the tools and the grammar are rendered and compiled off the event loop
         ask = await asyncio.to_thread(parse, body, chat, runner, options.slots, options.slots + options.max_queue,
                                       options.speculative, options.draft_max, draft=scheduler.draft is not None)

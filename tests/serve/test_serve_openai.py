@@ -170,3 +170,38 @@ def test_tokenize_and_detokenize_speak_llama_cpp_s_shapes_too(server):
     assert back["content"] == back["prompt"] == "Hello world"
     r = httpx.post(f"{server.url}/tokenize", json={"content": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "content"
+
+
+def test_the_responses_api_whole_streamed_and_with_a_function_tool(server):
+    """OpenAI's Responses API through the openai client (`responses.create`), over the same answer as chat: the
+    text equals the chat completion's for the same greedy request; streamed, the deltas add up to it and the events
+    end in response.completed; a forced function tool answers with a function_call item whose arguments parse."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."}]
+    chat = server.client.chat.completions.create(model="smol", messages=messages, max_tokens=12, temperature=0)
+    whole = server.client.responses.create(model="smol", instructions="Be brief.", input="Name a fruit.",
+                                           max_output_tokens=12, temperature=0)
+    print("responses:", repr(whole.output_text), "chat:", repr(chat.choices[0].message.content))
+    assert whole.status == "completed" and whole.output_text == chat.choices[0].message.content
+    assert whole.usage.input_tokens == chat.usage.prompt_tokens
+    stream = server.client.responses.create(model="smol", instructions="Be brief.",
+                                            input=[{"role": "user", "content": [{"type": "input_text",
+                                                                                 "text": "Name a fruit."}]}],
+                                            max_output_tokens=12, temperature=0, stream=True)
+    kinds, deltas, final = [], [], None
+    for event in stream:
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        if event.type == "response.completed":
+            final = event.response
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+    assert "".join(deltas) == whole.output_text == final.output_text and final.usage.output_tokens > 0
+    tool = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    called = server.client.responses.create(model="smol", input="What is the weather in Paris?", tools=[tool],
+                                            tool_choice={"type": "function", "name": "get_weather"},
+                                            max_output_tokens=40, temperature=0)
+    calls = [item for item in called.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and "city" in json.loads(calls[0].arguments), called
+    r = httpx.post(f"{server.url}/v1/responses", json={"input": "Hi", "previous_response_id": "resp_1"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
