@@ -1,5 +1,11 @@
 """One sequence's decoding state: its tokens, the finish rule (an EOS token, a stop string, max_new_tokens) and the
-text a stream may show so far, never splitting a multi-byte character or a possible stop string."""
+text a stream may show so far, never splitting a multi-byte character or a possible stop string.
+
+The text grows incrementally, as vLLM's and TGI's detokenizers do: each token decodes a short window of the tokens
+since the last whole character (`text_of(tokens[prefix:])` against `text_of(tokens[prefix:read])`, both starting at
+the same token, so a tokenizer's handling of a leading space cancels out), and a stop string is looked for in the
+text's tail only. A step costs the same at token 8,000 as at token 8 (re-decoding the whole output each step cost
+0.8 ms a token at 8,000 tokens, on the thread that drives the engine). The finished text is decoded whole, once."""
 
 from __future__ import annotations
 
@@ -15,8 +21,11 @@ class Decoding:
         self.tokens: list[int] = []
         self.steps = 0
         self.finish_reason: str | None = None  # "eos", "stop" or "length"
-        self._shown = ""
-        self._decoded = (0, "")  # (tokens decoded, their text): each step decodes once, not once per caller
+        self._shown = 0  # characters of the text new_text() has given
+        self._text = ""  # the text of tokens[:read] (whole characters)
+        self._prefix = self._read = 0  # the window: tokens[prefix:read] decode to the end of _text
+        self._final: str | None = None  # the finished text, decoded whole once
+        self._longest_stop = max((len(s) for s in self.stop), default=0)
 
     def push(self, token: int) -> str | None:
         """A sampled token -> the finish reason, once finished (an EOS token is not kept)."""
@@ -25,31 +34,44 @@ class Decoding:
             self.finish_reason = "eos"
         else:
             self.tokens.append(token)
-            if self.stop and any(s in self._full_text() for s in self.stop):
+            grown = self._advance()
+            tail = self._text[-(self._longest_stop + grown):] if grown else ""
+            if self.stop and tail and any(s in tail for s in self.stop):
                 self.finish_reason = "stop"
         if self.finish_reason is None and self.steps == self.max_new_tokens:
             self.finish_reason = "length"
         return self.finish_reason
 
-    def _full_text(self) -> str:
-        if self._decoded[0] != len(self.tokens):
-            self._decoded = (len(self.tokens), self.text_of(self.tokens))
-        return self._decoded[1]
+    def _advance(self) -> int:
+        """Decodes the window with the new token -> how many characters the text grew (0 while a character is
+        still incomplete)."""
+        before = self.text_of(self.tokens[self._prefix:self._read])
+        after = self.text_of(self.tokens[self._prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return 0
+        piece = after[len(before):]
+        self._text += piece
+        self._prefix, self._read = self._read, len(self.tokens)
+        return len(piece)
 
     def text(self) -> str:
-        return _cut_at_stop(self._full_text(), self.stop)
+        """The text so far (finished: the whole output decoded at once), cut before a stop string."""
+        if self.finish_reason is None:
+            return self._text
+        if self._final is None:
+            self._final = _cut_at_stop(self.text_of(self.tokens), self.stop)
+        return self._final
 
     def new_text(self) -> str:
         """The text since the last call. Until finished it holds back an incomplete multi-byte character and an end
         that may still become a stop string, so the pieces concatenate to text()."""
         text = self.text()
+        end = len(text)
         if self.finish_reason is None:
-            if text.endswith("\ufffd"):
-                return ""
-            text = text[:len(text) - _stop_prefix(text, self.stop)]
-        if len(text) <= len(self._shown):
+            end -= _stop_prefix(text[-self._longest_stop:] if self._longest_stop else "", self.stop)
+        if end <= self._shown:
             return ""
-        piece, self._shown = text[len(self._shown):], text
+        piece, self._shown = text[self._shown:end], end
         return piece
 
 
