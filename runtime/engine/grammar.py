@@ -44,37 +44,30 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: dict | str) -> "Grammar":
-        ll = _llguidance()
-        try:
-            spec = ll.LLMatcher.grammar_from_json_schema(schema, defaults=_OPTIONS)
-        except (ValueError, TypeError, RuntimeError) as e:
-            raise RequestError(f"the JSON schema is not valid: {str(e).splitlines()[0][:200]}") from None
-        error = ll.LLMatcher.validate_grammar(spec)
-        if error:
-            raise RequestError(f"the JSON schema is not valid (or not supported): {' '.join(error.split())[:200]}")
-        return cls(spec)
+        return cls._built(lambda ll: ll.LLMatcher.grammar_from_json_schema(schema, defaults=_OPTIONS),
+                          "the JSON schema is not valid", " (or not supported)")
 
     @classmethod
     def lark(cls, text: str) -> "Grammar":
         """A grammar in llguidance's Lark dialect (`%json {schema}` embeds a JSON schema; `<[id]>` is a token)."""
-        ll = _llguidance()
-        spec = ll.LLMatcher.grammar_from_lark(text)
-        error = ll.LLMatcher.validate_grammar(spec)
-        if error:
-            raise RequestError(f"the grammar is not valid: {' '.join(error.split())[:200]}")
-        return cls(spec)
+        return cls._built(lambda ll: ll.LLMatcher.grammar_from_lark(text), "the grammar is not valid")
 
     @classmethod
     def gbnf(cls, text: str) -> "Grammar":
         """A grammar in llama.cpp's GBNF (its `grammar` field, grammars/*.gbnf), read by llguidance."""
+        return cls._built(lambda ll: ll.grammar_from("gbnf", text), "the GBNF grammar is not valid")
+
+    @classmethod
+    def _built(cls, make, bad: str, unsupported: str = "") -> "Grammar":
+        """llguidance's grammar made by `make(llguidance)` and validated; either failure a RequestError `bad: why`."""
         ll = _llguidance()
         try:
-            spec = ll.grammar_from("gbnf", text)
+            spec = make(ll)
         except (ValueError, TypeError, RuntimeError) as e:
-            raise RequestError(f"the GBNF grammar is not valid: {str(e).splitlines()[0][:200]}") from None
+            raise RequestError(f"{bad}: {str(e).splitlines()[0][:200]}") from None
         error = ll.LLMatcher.validate_grammar(spec)
         if error:
-            raise RequestError(f"the GBNF grammar is not valid: {' '.join(error.split())[:200]}")
+            raise RequestError(f"{bad}{unsupported}: {' '.join(error.split())[:200]}")
         return cls(spec)
 
     @classmethod

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
 pydantic = pytest.importorskip("pydantic")
 
-from serving import Server  # noqa: E402
+from test_serve_openai import server  # noqa: E402,F401 (the fixture: one server for the OpenAI-convention tests)
 
 
 class Weather(pydantic.BaseModel):
@@ -16,14 +16,7 @@ class Weather(pydantic.BaseModel):
     celsius: int
 
 
-@pytest.fixture(scope="module")
-def server(serve_export):
-    s = Server(str(serve_export), "--name", "smol", "--slots", "2", "--max-seq-len", "512")
-    yield s
-    assert s.stop() == 0, "".join(s.lines)
-
-
-def test_openai_parse_with_a_pydantic_model(server):
+def test_openai_parse_with_a_pydantic_model(server):  # noqa: F811
     done = server.client.chat.completions.parse(
         model="smol", messages=[{"role": "user", "content": "The weather in Oslo: 7 degrees."}],
         response_format=Weather, max_tokens=40, temperature=0)
@@ -32,7 +25,7 @@ def test_openai_parse_with_a_pydantic_model(server):
     assert isinstance(parsed, Weather)
 
 
-def test_langchain_openai(server):
+def test_langchain_openai(server):  # noqa: F811
     lc = pytest.importorskip("langchain_openai", reason="langchain-openai is not installed")
     llm = lc.ChatOpenAI(model="smol", base_url=f"{server.url}/v1", api_key="unused", max_tokens=16, temperature=0)
     assert llm.invoke("Say hello.").content
@@ -50,7 +43,7 @@ def test_langchain_openai(server):
     assert len(vectors) == 2 and len(vectors[0]) > 100
 
 
-def test_litellm(server, monkeypatch):
+def test_litellm(server, monkeypatch):  # noqa: F811
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its price list, not fetched from GitHub
     litellm = pytest.importorskip("litellm", reason="litellm is not installed")
     base = {"model": "openai/smol", "api_base": f"{server.url}/v1", "api_key": "unused", "max_tokens": 8,
