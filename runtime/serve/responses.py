@@ -45,6 +45,9 @@ def chat_body(body: dict) -> dict:
             **{k: body[k] for k in ("temperature", "top_p", "parallel_tool_calls", "model") if k in body}}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    for key, kind in (("tools", list), ("text", dict), ("metadata", dict)):
+        if body.get(key) is not None and not isinstance(body[key], kind):
+            raise ApiError(400, f"'{key}' must be {'a list' if kind is list else 'an object'}", param=key)
     if body.get("tools"):
         chat["tools"] = [_tool(t) for t in body["tools"]]
     choice = body.get("tool_choice")
@@ -52,7 +55,9 @@ def chat_body(body: dict) -> dict:
         choice = {"type": "function", "function": {"name": choice.get("name")}}
     if choice is not None:
         chat["tool_choice"] = choice
-    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    fmt = (body.get("text") or {}).get("format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") in ("text", "json_schema", "json_object")):
+        raise ApiError(400, "'text.format' must be {\"type\": \"text\"}, json_object or json_schema", param="text")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         chat["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.get("name", "output"),
                                                                           "schema": fmt.get("schema")}}

@@ -22,13 +22,15 @@ BASES = {
     "/v1/embeddings": {"model": "m", "input": "Hi"},
     "/tokenize": {"model": "m", "prompt": "Hi"},
     "/detokenize": {"model": "m", "tokens": [1, 2]},
+    "/v1/responses": {"model": "m", "input": "Hi", "max_output_tokens": 1},
 }
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "n", "stream", "stream_options", "stop", "seed", "logprobs", "top_logprobs", "echo",
           "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", "tools",
           "tool_choice",
           "parallel_tool_calls", "speculative", "input", "encoding_format", "dimensions", "tokens",
-          "add_special_tokens", "best_of", "suffix", "user"]
+          "add_special_tokens", "best_of", "suffix", "user", "instructions", "max_output_tokens", "text", "grammar",
+          "json_schema", "content", "with_pieces", "add_generation_prompt", "continue_final_message"]
 NESTED = {  # (route, a body with a hole): the hole filled by each hostile value
     "message": ("/v1/chat/completions", lambda v: {"messages": [v]}),
     "role": ("/v1/chat/completions", lambda v: {"messages": [{"role": v, "content": "Hi"}]}),
@@ -46,6 +48,10 @@ NESTED = {  # (route, a body with a hole): the hole filled by each hostile value
                                                                       "json_schema": {"name": "s", "schema": v}}}),
     "input item": ("/v1/embeddings", lambda v: {"input": [v]}),
     "prompt item": ("/v1/completions", lambda v: {"prompt": [v]}),
+    "response item": ("/v1/responses", lambda v: {"input": [v]}),
+    "response part": ("/v1/responses", lambda v: {"input": [{"role": "user", "content": [v]}]}),
+    "response tool": ("/v1/responses", lambda v: {"tools": [v]}),
+    "text format": ("/v1/responses", lambda v: {"text": {"format": v}}),
 }
 RAW = [b"", b"null", b"[]", b'"text"', b"\xff\xfe{}", b'{"prompt": "\xc3"}', b"{" + b'"a":' * 3 + b"1",
        b'{"max_tokens": ' + b"9" * 5000 + b"}", b'{"prompt": [' + b"1" * 4400 + b"]}", b"[" * 100_000,
