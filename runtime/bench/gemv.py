@@ -1,0 +1,112 @@
+"""Decode GEMV per block type, where the machine cannot hide the kernels: one QLinear node of llgraph's CPU kernels on
+an out x in matrix (default 14336 x 4096, an 8B's MLP) of each GGUF type, one token a call, as the weights' GB/s; beside
+it ggml's own per-type figure from `test-backend-ops perf -o MUL_MAT` (built from llama.cpp's source) when `--ggml`
+names that binary; the host's read bandwidth on 1 and 2 threads printed with them.
+
+    python -m llgraph.runtime.bench.gemv [--threads 1] [--types Q4_K,Q5_K,Q6_K,Q8_0,Q4_0] [--level auto]
+                                         [--ggml /path/to/test-backend-ops]
+
+The weights are random valid blocks (the bytes a GGUF would hold: codes, and half-float scales inside each block);
+the node is the one the ort export writes (interleaved 16 rows, the format's default accuracy level unless --level).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import time
+
+import numpy as np
+
+K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}, 4), "Q5_K": (176, {0: 5e-4, 2: 7.75e-3}, 5),
+            "Q6_K": (210, {208: 2e-4}, 6)}  # bytes a super-block, its half-float d/dmin, code bits
+BLOCKS = {"Q8_0": (8, 32, 128, 34), "Q4_0": (4, 32, 8, 18)}  # bits, block, zero point, GGUF bytes a block
+
+
+def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng):
+    """An ONNX Runtime session of one QLinear of `kind` on llgraph's kernels, and the GGUF bytes its weights are."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from llgraph.export.cpu_layout import interleave16_half, interleaver
+    from llgraph.plugins import cpu
+
+    if kind in K_LAYOUT:
+        size, halves, bits = K_LAYOUT[kind]
+        raw = rng.integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
+        for offset, value in halves.items():
+            raw[..., offset:offset + 2] = np.full(raw.shape[:-1] + (1,), value, np.float16).view(np.uint8)
+        given = {"codes": interleaver(kind)(raw)}
+        attrs = dict(format=kind, bits=bits, block_size=256, zero_point=32 if kind == "Q6_K" else 0,
+                     accuracy_level=4 if level is None else level)
+        nbytes = raw.nbytes
+    else:
+        bits, block, zero, gguf_bytes = BLOCKS[kind]
+        q = rng.integers(0, 2 ** bits, size=(rows, cols // block, block)).astype(np.uint8)
+        codes = q[..., 0::2] | (q[..., 1::2] << 4) if bits == 4 else q
+        scales = (rng.standard_normal((rows, cols // block)) * 0.01).astype(np.float32)
+        given = {"codes": interleaver("blocks")(codes),
+                 "scales": interleave16_half(scales)}
+        attrs = dict(bits=bits, block_size=block, zero_point=zero, accuracy_level=0 if level is None else level)
+        nbytes = rows * cols // block * gguf_bytes
+    inits = [numpy_helper.from_array(v, k) for k, v in given.items()]
+    qlinear = helper.make_node("QLinear", ["x", *given], ["y"], domain="llgraph", interleave=16, rows=rows, **attrs)
+    graph = helper.make_graph([qlinear], "gemv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cols])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.register_custom_ops_library(str(cpu.library()))
+    return ort.InferenceSession(model.SerializeToString(), opts), nbytes
+
+
+def llgraph_gbps(kind: str, rows: int, cols: int, level: int | None, threads: int, seconds: float = 2.0) -> float:
+    session, nbytes = node(kind, rows, cols, level, threads, np.random.default_rng(0))
+    x = {"x": np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32)}
+    for _ in range(3):
+        session.run(None, x)
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        session.run(None, x)
+        runs += 1
+    return nbytes * runs / (time.perf_counter() - start) / 1e9
+
+
+def ggml_gbps(binary: str, threads: int) -> dict[str, float]:
+    """ggml's MUL_MAT perf cases with n=1 (one token) -> GB/s by type, as test-backend-ops prints them."""
+    r = subprocess.run([binary, "perf", "-o", "MUL_MAT", "-b", "CPU"], capture_output=True, text=True,
+                       env={"GGML_N_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}, timeout=1800)
+    found: dict[str, float] = {}
+    for line in r.stdout.splitlines():
+        m = re.search(r"type_a=(\w+),type_b=f32,m=(\d+),n=1,k=(\d+).*?([\d.]+) GB/s", line)
+        if m:
+            found[f"{m[1].upper()} {m[2]}x{m[3]}"] = float(m[4])
+    return found
+
+
+def main(argv=None) -> None:
+    from llgraph.runtime.bench.speed import read_bandwidth
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q8_0,Q4_0")
+    p.add_argument("--rows", type=int, default=14336)
+    p.add_argument("--cols", type=int, default=4096)
+    p.add_argument("--level", type=int, default=None, help="accuracy level (default: the format's own)")
+    p.add_argument("--ggml", help="llama.cpp's test-backend-ops binary, for ggml's figures beside")
+    args = p.parse_args(argv)
+    print(f"read bandwidth: 1 thread {read_bandwidth(1):.1f} GB/s, 2 threads {read_bandwidth(2):.1f} GB/s; "
+          f"{args.rows} x {args.cols}, one token, {args.threads} thread(s)")
+    print("| type | llgraph GB/s |")
+    print("|---|---|")
+    for kind in args.types.split(","):
+        print(f"| {kind} | {llgraph_gbps(kind, args.rows, args.cols, args.level, args.threads):.1f} |", flush=True)
+    if args.ggml:
+        print("ggml (test-backend-ops perf -o MUL_MAT, n=1):")
+        for case, gbps in ggml_gbps(args.ggml, args.threads).items():
+            print(f"| {case} | {gbps:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
