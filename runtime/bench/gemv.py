@@ -1,7 +1,9 @@
-"""Decode GEMV per block type, where the machine cannot hide the kernels: one QLinear node of llgraph's CPU kernels on
-an out x in matrix (default 14336 x 4096, an 8B's MLP) of each GGUF type, one token a call, as the weights' GB/s; beside
-it ggml's own per-type figure from `test-backend-ops perf -o MUL_MAT` (built from llama.cpp's source) when `--ggml`
-names that binary; the host's read bandwidth on 1 and 2 threads printed with them.
+"""Decode GEMV per block type, where the machine cannot hide the kernels: one QLinear node of llgraph's CPU kernels
+on an out x in matrix (default 4096 x 14336, an 8B's down projection) of each GGUF type, one token a call, as the
+weights' GB/s; beside it ggml's own figure on the same shape from `test-backend-ops perf -o MUL_MAT` (built from
+llama.cpp's source with -DLLAMA_BUILD_TESTS=ON; it runs on half the cores, so compare with --threads 1 on a 2-core
+host; it does not repack weights as llama.cpp's model loader may) when `--ggml` names that binary; the host's read
+bandwidth on 1 and 2 threads printed with them.
 
     python -m llgraph.runtime.bench.gemv [--threads 1] [--types Q4_K,Q5_K,Q6_K,Q8_0,Q4_0] [--level auto]
                                          [--ggml /path/to/test-backend-ops]
@@ -73,15 +75,22 @@ def llgraph_gbps(kind: str, rows: int, cols: int, level: int | None, threads: in
     return nbytes * runs / (time.perf_counter() - start) / 1e9
 
 
-def ggml_gbps(binary: str, threads: int) -> dict[str, float]:
-    """ggml's MUL_MAT perf cases with n=1 (one token) -> GB/s by type, as test-backend-ops prints them."""
-    r = subprocess.run([binary, "perf", "-o", "MUL_MAT", "-b", "CPU"], capture_output=True, text=True,
-                       env={"GGML_N_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}, timeout=1800)
+BYTES_PER_WEIGHT = {"Q4_K": 144 / 256, "Q5_K": 176 / 256, "Q6_K": 210 / 256, "Q8_0": 34 / 32, "Q4_0": 18 / 32}
+
+
+def ggml_gbps(binary: str, types: list[str], rows: int, cols: int) -> dict[str, float]:
+    """ggml's own MUL_MAT of one token (test-backend-ops perf, CPU backend: it runs on half the cores) -> the
+    weights' GB/s by type, from the microseconds a run it prints."""
+    wanted = "|".join(t.lower().replace("_k", "_K") for t in types)
+    r = subprocess.run([binary, "perf", "-o", "MUL_MAT", "-b", "CPU", "-p",
+                        f"type_a=({wanted}),type_b=f32,m={rows},n=1,k={cols},"], capture_output=True, text=True,
+                       timeout=1800)
     found: dict[str, float] = {}
     for line in r.stdout.splitlines():
-        m = re.search(r"type_a=(\w+),type_b=f32,m=(\d+),n=1,k=(\d+).*?([\d.]+) GB/s", line)
+        m = re.search(r"type_a=(\w+),type_b=f32,.*?([\d.]+) us/run", line)
         if m:
-            found[f"{m[1].upper()} {m[2]}x{m[3]}"] = float(m[4])
+            kind = m[1].upper()
+            found[kind] = rows * cols * BYTES_PER_WEIGHT[kind] / float(m[2]) / 1e3
     return found
 
 
@@ -91,21 +100,22 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q8_0,Q4_0")
-    p.add_argument("--rows", type=int, default=14336)
-    p.add_argument("--cols", type=int, default=4096)
+    p.add_argument("--rows", type=int, default=4096, help="outputs (default 4096: an 8B's down projection)")
+    p.add_argument("--cols", type=int, default=14336, help="inputs (default 14336)")
     p.add_argument("--level", type=int, default=None, help="accuracy level (default: the format's own)")
     p.add_argument("--ggml", help="llama.cpp's test-backend-ops binary, for ggml's figures beside")
     args = p.parse_args(argv)
     print(f"read bandwidth: 1 thread {read_bandwidth(1):.1f} GB/s, 2 threads {read_bandwidth(2):.1f} GB/s; "
           f"{args.rows} x {args.cols}, one token, {args.threads} thread(s)")
-    print("| type | llgraph GB/s |")
-    print("|---|---|")
-    for kind in args.types.split(","):
-        print(f"| {kind} | {llgraph_gbps(kind, args.rows, args.cols, args.level, args.threads):.1f} |", flush=True)
-    if args.ggml:
-        print("ggml (test-backend-ops perf -o MUL_MAT, n=1):")
-        for case, gbps in ggml_gbps(args.ggml, args.threads).items():
-            print(f"| {case} | {gbps:.1f} |")
+    types = args.types.split(",")
+    theirs = ggml_gbps(args.ggml, types, args.rows, args.cols) if args.ggml else {}
+    print("| type | llgraph GB/s | ggml GB/s | llgraph x ggml |")
+    print("|---|---|---|---|")
+    for kind in types:
+        ours = llgraph_gbps(kind, args.rows, args.cols, args.level, args.threads)
+        peer = theirs.get(kind)
+        print(f"| {kind} | {ours:.1f} | {'-' if peer is None else f'{peer:.1f}'} | "
+              f"{'-' if peer is None else f'{ours / peer:.2f}'} |", flush=True)
 
 
 if __name__ == "__main__":
