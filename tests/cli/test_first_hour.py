@@ -250,3 +250,15 @@ def test_perplexity_answers_with_named_fields(tiny_ckpt):
     assert got.tokens == 4 and abs(got.perplexity - math.exp(got.nll / got.tokens)) < 1e-9
     ppl, nll, n = got  # and it unpacks as before
     assert (ppl, nll, n) == tuple(got)
+
+
+def test_the_readme_test_command_takes_torch_s_cpu_build_first_and_help_says_true_defaults():
+    """The README's second command installs torch's CPU build before the test extra (an unpinned torch pulled 7.2 GB
+    of CUDA libraries on a machine without a GPU); --accuracy-level's help names its real default (it said 0)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if '".[onnx,test]"' in line and "pytest" in line)
+    assert command.index("download.pytorch.org/whl/cpu") < command.index('".[onnx,test]"'), command
+    r = subprocess.run([sys.executable, "-m", "llgraph", "export", "--help"], capture_output=True, text=True)
+    assert "default: by format" in " ".join(r.stdout.split()), r.stdout

@@ -230,8 +230,8 @@ def test_a_library_for_a_newer_onnxruntime_is_one_line(library, tmp_path):
                     "-DLLGRAPH_ORT_API=999", f"-I{headers}", f"-I{cpu.SOURCE.parent}", str(cpu.SOURCE), "-o",
                     str(folder / cpu.LIBRARY)], check=True, capture_output=True)
     manifest = Manifest.read(folder)  # as an export built against those headers would have recorded it
-    sizes, hashes = integrity_record(folder, [cpu.LIBRARY])
-    dataclasses.replace(manifest, sizes={**manifest.sizes, **sizes}, sha256={**manifest.sha256, **hashes}).write(folder)
+    record = integrity_record(folder, [cpu.LIBRARY])
+    dataclasses.replace(manifest, **{k: {**getattr(manifest, k), **v} for k, v in record.items()}).write(folder)
     r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-new-tokens", "2")
     ours = [line for line in r.stderr.splitlines() if "llgraph" in line]
     print(r.stderr)

@@ -23,6 +23,8 @@ def server(serve_export):
 
 
 def test_routes_without_v1_and_models_retrieve(server):
+    said = next(line for line in server.lines if "listening at" in line)
+    assert "a chat page at /" in said and "/v1/embeddings" in said, said  # the startup line omitted embeddings
     bare = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)  # no /v1
     assert [m.id for m in bare.models.list().data] == ["smol", "gpt-4o-mini"]
     chat = bare.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
