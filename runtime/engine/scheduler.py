@@ -38,95 +38,20 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable
 
 from llgraph.errors import described
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import check_pooling
 from llgraph.runtime.engine.prefix import CachedRows
+from llgraph.runtime.engine.requests import Event, Handle, QueueFull, ShuttingDown, _Request
 from llgraph.runtime.engine.runner import Runner
 from llgraph.runtime.engine.sampling import RequestError, Sampling
 from llgraph.runtime.engine.score import TokenLogprob
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_served_mode
-from llgraph.runtime.engine.step import Engine, Metrics, Row
+from llgraph.runtime.engine.step import Engine, Metrics
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
-
-
-class QueueFull(RequestError):
-    """Every slot is busy and the queue is at its bound: try again later (HTTP 429)."""
-
-
-class ShuttingDown(RequestError):
-    """The scheduler is stopping and admits nothing new (HTTP 503)."""
-
-
-@dataclass
-class Event:
-    kind: str  # "token" (one sampled), "done" (finished: see decoding.finish_reason) or "error" (it ended failed)
-    text: str = ""  # the new text it completes (often "" inside a multi-byte character or a possible stop string)
-    decoding: Decoding | None = None
-    token: int | None = None
-    logprob: TokenLogprob | None = None  # the token's, when the request asked for logprobs
-
-
-@dataclass(eq=False)  # compared by identity (the queue removes a cancelled one)
-class _Request(Row):
-    """A submitted request: its row (the engine's) and what the scheduler keeps of it."""
-    slot: int = -1  # its cache row, once admitted
-    deliver: Callable[[Event], object] = lambda event: None  # set by submit
-    deadline: float | None = None
-    id: int = 0
-    cancelled: bool = False
-
-
-class Handle:
-    """A submitted request: its events, and `cancel()`."""
-
-    def __init__(self, scheduler: "Scheduler", request: _Request, events):
-        self._scheduler, self._request, self.events = scheduler, request, events
-        self.prompt_tokens = len(request.ids)
-        self.prompt_ids = request.ids
-
-    @property
-    def prompt_logprobs(self) -> list[TokenLogprob] | None:
-        """Tokens 1.. of the prompt, each scored given those before it (submit(prompt_logprobs=True)); ready once
-        the first event arrived."""
-        return self._request.prompt_scores
-
-    @property
-    def cached(self) -> int:
-        """The prompt tokens a reused prefix held (0 until the prompt is written)."""
-        return self._request.cached
-
-    @property
-    def decoding(self) -> Decoding:
-        return self._request.decoding
-
-    @property
-    def embedding(self):
-        """An embedding request's vector (float32 [hidden]), once done."""
-        return self._request.embedding
-
-    def cancel(self) -> None:
-        self._scheduler.cancel(self)
-
-    def text(self, timeout: float | None = None):
-        """Text pieces as they come (a queue consumer); raises RequestError if the backend failed."""
-        while True:
-            event = self.events.get(timeout=timeout)
-            if event.kind == "error":
-                raise RequestError(event.text)
-            if event.text:
-                yield event.text
-            if event.kind == "done":
-                return
-
-    def result(self, timeout: float | None = None) -> Decoding:
-        for _ in self.text(timeout):
-            pass
-        return self._request.decoding
 
 
 class Scheduler:

@@ -212,7 +212,7 @@ def submitting(handles: list):
     """A request's submissions to the scheduler (their handles appended to `handles`): if anything fails, every one
     submitted is cancelled, and the scheduler's refusal is answered — the queue full a 429, shutting down a 503, a
     bad request a 400."""
-    from llgraph.runtime.engine.scheduler import QueueFull, ShuttingDown
+    from llgraph.runtime.engine.requests import QueueFull, ShuttingDown
 
     try:
         yield

@@ -18,7 +18,7 @@ from llgraph.checkpoint import random_weights
 from llgraph.errors import LlgraphError
 from llgraph.export import export_model
 from llgraph.runtime.backends.cache import content_key, entries
-from llgraph.runtime.cli.args import build_parser
+from llgraph.runtime.cli.parser import build_parser
 from llgraph.weight_request import Weights
 
 REPO = Path(__file__).resolve().parents[2]
