@@ -24,7 +24,7 @@ FORMAT = "llgraph-onnx"
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx.data"
 ENGINE_FILE, ENGINE_META, TIMING_CACHE = "model.engine", "engine.json", "timing.cache"
 BUILD_FILES = (ENGINE_FILE, ENGINE_META, TIMING_CACHE)  # what `llgraph build` adds to an export folder
-CHECKED = ".checked.json"  # Checked's memo: each file's stat when its hash last matched (written at open)
+CHECKED = "checked"  # under the user cache: Checked's memos, a file per export folder opened
 # what an export wrote before manifests listed their files
 HASH_ON_OPEN = 64 << 20  # an export without an xxh3 record: files up to this size are sha256'd in the foreground
 LEGACY_FILES = (MODEL_FILE, DATA_FILE, MANIFEST, "genai_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -92,7 +92,7 @@ class Manifest:
 
     def written_files(self, folder: Path) -> set[str]:
         """Every name llgraph wrote into the folder: the export's files, and what `llgraph build` added."""
-        names = {*self.files, MANIFEST, CHECKED, *BUILD_FILES}
+        names = {*self.files, MANIFEST, *BUILD_FILES}
         try:
             names.add(str(json.loads((Path(folder) / ENGINE_META).read_text()).get("engine")))
         except (OSError, ValueError, AttributeError):
@@ -171,15 +171,16 @@ class Checked:
     its first forward; `result()` waits for it (the backend calls it before its first answer) and says the damage,
     or None. xxh3-128 where the export recorded it (an older export: its large files' sha256).
 
-    A file whose size, mtime, ctime and inode are those of its last matching hash (the memo, CHECKED) is not hashed
-    again: any write to it through the file system — a program, an editor, a copy, a `touch` — moves its ctime,
-    which no user-space call sets back. So a warm start costs nothing, and the first open after a change (an export,
-    a copy, a hand) hashes what changed: ~0.2 s for 4.5 GB here, beside the first forward."""
+    A file whose size, mtime, ctime and inode are those of its last matching hash (`memo`: a file in the user
+    cache's CHECKED/, never one in the export folder) is not hashed again: any write to it through the file system
+    — a program, an editor, a copy, a `touch` — moves its ctime, which no user-space call sets back. So a warm start
+    costs nothing, and the first open after a change (an export, a copy, a hand) hashes what changed: ~0.2 s for
+    4.5 GB here, beside the first forward."""
 
-    def __init__(self, folder: Path, manifest: Manifest):
+    def __init__(self, folder: Path, manifest: Manifest, memo: Path | None = None):
         import threading
 
-        self.folder = Path(folder)
+        self.folder, self.memo = Path(folder), memo
         self._why: str | None = None
         record = manifest.xxh3 or {n: d for n, d in manifest.sha256.items() if manifest.sizes.get(n, 0) > HASH_ON_OPEN}
         hasher = file_xxh3 if manifest.xxh3 else file_sha256
@@ -188,7 +189,7 @@ class Checked:
 
     def _run(self, record: dict, hasher) -> None:
         try:
-            memo = json.loads((self.folder / CHECKED).read_text())
+            memo = json.loads(self.memo.read_text()) if self.memo else {}
         except (OSError, ValueError):
             memo = {}
         seen, hashed = {}, False
@@ -205,11 +206,12 @@ class Checked:
             except OSError as e:
                 self._why = f"{name} cannot be read ({e.strerror or e})"
                 return
-        if hashed:
-            try:  # best effort: a read-only folder is hashed at each open
-                tmp = self.folder / f"{CHECKED}.{os.getpid()}"
+        if hashed and self.memo:
+            try:  # best effort: an unwritable cache only costs hashing at each open
+                self.memo.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.memo.with_name(f".{self.memo.name}.{os.getpid()}")
                 tmp.write_text(json.dumps(seen))
-                tmp.replace(self.folder / CHECKED)
+                tmp.replace(self.memo)
             except OSError:
                 pass
 

@@ -80,7 +80,7 @@ def entry_for(checkpoint: Path, root: Path, target: str = "ort", dtype: str = "f
 
 def _export_files_only(folder: Path) -> bool:
     """A folder without a manifest holds only names an export writes: a damaged entry, not a user's folder."""
-    return all(p.is_file() and p.name in {*LEGACY_FILES, *BUILD_FILES, CHECKED, cpu.LIBRARY} for p in folder.iterdir())
+    return all(p.is_file() and p.name in {*LEGACY_FILES, *BUILD_FILES, cpu.LIBRARY} for p in folder.iterdir())
 
 
 def heal(folder: Path) -> str | None:
@@ -148,7 +148,7 @@ def _chosen(root: Path, names: list[str] | None) -> list[Entry]:
 
 
 def clean(root: Path, names: list[str] | None = None) -> tuple[list[Entry], int]:
-    """Remove the named entries (all when `names` is empty) and, with all, the hash memo and llgraph's kernel builds
+    """Remove the named entries (all when `names` is empty) and, with all, the hash memos and llgraph's kernel builds
     (plugins/cpu/). Only what llgraph wrote is ever removed. Returns the entries removed and the bytes freed."""
     chosen = _chosen(root, names)
     for e in chosen:
@@ -159,6 +159,8 @@ def clean(root: Path, names: list[str] | None = None) -> tuple[list[Entry], int]
             remove_stale(root / p.name[1:].rsplit(".", 1)[0])
         if (root / HASHES).exists():
             (root / HASHES).unlink()
+        if (root / CHECKED).is_dir():  # the open checks' memos (export_folder.Checked)
+            shutil.rmtree(root / CHECKED)
         freed += kernel_builds(root)[1]
         for folder in cpu.built_here(root):
             shutil.rmtree(folder)

@@ -20,7 +20,7 @@ import numpy as np
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
 from llgraph.errors import LlgraphError
-from llgraph.export_folder import MODEL_FILE, Checked, Manifest, check_damage, damage
+from llgraph.export_folder import CHECKED, MODEL_FILE, Checked, Manifest, check_damage, damage
 from llgraph.ir import Graph, value_order
 from llgraph.kv_cache import CPU_DEFAULT, FORMATS, KvFormat, kv_format, of_dtype, retype
 from llgraph.passes import HIDDEN, KEEP_INPUT, model_graph
@@ -63,7 +63,7 @@ class OrtBackend(Backend):
         self.folder = folder = Path(folder)
         manifest = Manifest.read(folder)
         check_damage(folder, damage(folder, manifest))
-        checked = Checked(folder, manifest)  # every byte hashed while the session loads (export_folder.Checked)
+        checked = Checked(folder, manifest, _memo(folder))  # every byte hashed beside the load (export_folder.Checked)
         self.config, self.dtype = manifest.config, manifest.dtype
         if self.dtype == "bfloat16":
             raise LlgraphError(f"{folder} is a bf16 export and ONNX Runtime's CPU kernels have no bf16 MatMul; "
@@ -186,6 +186,15 @@ def _model_with_cache(path: Path, kv: KvFormat, manifest: Manifest, opts) -> str
     retype(model, kv, cache_pairs(manifest.config), manifest.config.head_dim)
     opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
     return model.SerializeToString()
+
+
+def _memo(folder: Path) -> Path:
+    """Where Checked keeps what it hashed of `folder`: the user cache, never the export folder itself."""
+    import hashlib
+
+    from llgraph.outdir import user_cache
+
+    return user_cache() / CHECKED / f"{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]}.json"
 
 
 def _register_kernels(opts, folder: Path) -> None:

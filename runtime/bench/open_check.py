@@ -19,8 +19,9 @@ from unittest import mock
 
 
 def main(argv=None) -> None:
-    from llgraph.export_folder import CHECKED, Manifest, file_xxh3
+    from llgraph.export_folder import Manifest, file_xxh3
     from llgraph.runtime import open_runner
+    from llgraph.runtime.backends.ort import _memo
     from llgraph.runtime.bench.speed import read_bandwidth
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
     checked, rehashed, plain = [], [], []
     for _ in range(args.runs):
         checked.append(start())  # the memo of the last open's hash holds: nothing is hashed
-        (folder / CHECKED).unlink(missing_ok=True)
+        _memo(folder).unlink(missing_ok=True)
         rehashed.append(start())  # as after an export, a copy or a change: every file hashed beside the load
         with mock.patch("llgraph.runtime.backends.ort.Checked", Unchecked):
             plain.append(start())

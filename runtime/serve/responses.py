@@ -107,12 +107,16 @@ def response_of(chat: dict, body: dict, response_id: str, model: str) -> dict:
         output.append(_text_item(message["content"]))
     for call in message.get("tool_calls") or []:
         output.append(_call_item(call))
-    usage = chat["usage"]
-    return _response(response_id, model, body, "completed", output, {
+    return _response(response_id, model, body, "completed", output, _usage(chat["usage"]))
+
+
+def _usage(usage: dict | None) -> dict | None:
+    """A chat completion's usage in the Responses API's words."""
+    return None if usage is None else {
         "input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
         "total_tokens": usage["total_tokens"],
         "input_tokens_details": {"cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
-        "output_tokens_details": {"reasoning_tokens": 0}})
+        "output_tokens_details": {"reasoning_tokens": 0}}
 
 
 def _response(response_id: str, model: str, body: dict, status: str, output: list, usage: dict | None) -> dict:
@@ -182,9 +186,5 @@ async def events(chunks, body: dict, response_id: str, model: str):
                     arguments=item["arguments"])
         output.append(item)
         yield event("response.output_item.done", output_index=len(output) - 1, item=item)
-    done = None if usage is None else {
-        "input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-        "total_tokens": usage["total_tokens"], "input_tokens_details": {
-            "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
-        "output_tokens_details": {"reasoning_tokens": 0}}
-    yield event("response.completed", response=_response(response_id, model, body, "completed", output, done))
+    yield event("response.completed", response=_response(response_id, model, body, "completed", output,
+                                                          _usage(usage)))
