@@ -50,6 +50,8 @@ class Target:
     accuracy_level: bool = False  # it takes ONNX Runtime's MatMulNBits accuracy level
     kernels: bool = False  # its QLinear can run on llgraph's CPU kernels (plugins/cpu/__init__.py)
     passes: tuple = ()  # graph passes of this target only, applied before lowering (llgraph/passes.py)
+    # a pass that depends on the export's options (the ort target's ragged rows, on llgraph's kernels only)
+    options_pass: Callable[[Graph, dict], Graph] = lambda graph, options: graph
     # the target's own files beside the model (the ort target's genai_config.json): (folder, manifest) -> None
     extras: Callable[[Path, "Manifest"], None] = lambda folder, manifest: None
 
@@ -240,7 +242,7 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
     """Export into folder `out`, written under a temporary name and renamed at the end: a failure leaves nothing.
     `force` replaces only an earlier llgraph export (see `llgraph.outdir`)."""
     out = Path(out)
-    graph = run_passes(graph, target.passes)
+    graph = target.options_pass(run_passes(graph, target.passes), options or {})
     with staged_folder(out, force) as tmp:
         metadata = {"llgraph_version": __version__, "target": target.name, "dtype": graph.metadata["dtype"],
                     "config": graph.metadata["config"], "weights": source.description}

@@ -200,8 +200,16 @@ def attention_mask(em: Emitter, pos: str, hint: str, window: int = 0) -> tuple[s
     return length, mask
 
 
+def refuse_slots(node: Node, lowering: str) -> None:
+    """A GroupedAttention with `slots` (passes.ragged_slots) only where the lowering reads them."""
+    if len(node.inputs) > 6 and node.inputs[6] is not None:
+        raise NotImplementedError(f"{node.name}: {lowering} has no ragged rows (GroupedAttention's slots); export "
+                                  "without passes.ragged_slots, or with --kernels llgraph --dtype fp32")
+
+
 def grouped_attention(em: Emitter, node: Node) -> None:
-    q, k, v, pos, past_k, past_v = node.inputs
+    refuse_slots(node, "ONNX's Attention")
+    q, k, v, pos, past_k, past_v = node.inputs[:6]
     out, present_k, present_v = node.outputs
     a, hint = node.attrs, node.name
     first = em.node("Gather", [pos, em.const(0, "int64")], hint=hint, axis=1)[0]  # each row's first position

@@ -19,14 +19,14 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 import llgraph.export.onnx as std
 from llgraph.export.cpu_layout import glu_groups, glu_groups_half, interleave16_half, interleaver
 from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
-from llgraph.ir import Node
-from llgraph.passes import expose_hidden, keep_last_positions
+from llgraph.ir import Graph, Node
+from llgraph.passes import expose_hidden, keep_last_positions, ragged_slots
 from llgraph.plugins import cpu
 from llgraph.weight_request import DEFAULT_ACCURACY_LEVEL, accuracy_level_of
 from llgraph.weights import DTYPES
@@ -55,17 +55,46 @@ def plan(em: Emitter) -> None:
             em.absorbed.add(node.name)
 
 
+def _fused_rotary(graph: Graph, node: Node, producer, only_read_by) -> tuple[Node, Node] | None:
+    """The two Rotary nodes before a GroupedAttention's q and k that llgraph's kernel (and GroupQueryAttention)
+    compute inside, or None where they cannot be: other tables, a partial rotary, dynamic NTK, other readers."""
+    q, k = node.inputs[:2]
+    qr, kr = producer.get(q), producer.get(k)
+    d = graph.values[q].shape[-1] // node.attrs["num_heads"]
+    if (qr is not None and kr is not None and qr.op == kr.op == "Rotary" and qr.inputs[1:] == kr.inputs[1:]
+            and qr.attrs["interleaved"] == kr.attrs["interleaved"]
+            and 2 * graph.values[qr.inputs[1]].shape[-1] == d and d % 16 == 0
+            and producer[qr.inputs[1]].attrs["dynamic_factor"] == 0
+            and only_read_by(q, {node.name}) and only_read_by(k, {node.name})):
+        return qr, kr
+    return None
+
+
+def _own_attention(graph: Graph, node: Node, producer, only_read_by, options: dict) -> bool:
+    """Whether the node runs as llgraph's GroupedAttention (float32, llgraph's kernels, its rotary fusable)."""
+    return (options.get("kernels") == "llgraph" and graph.metadata["dtype"] == "float32"
+            and _fused_rotary(graph, node, producer, only_read_by) is not None)
+
+
+def ragged(graph: Graph, options: dict) -> Graph:
+    """passes.ragged_slots where every GroupedAttention runs on llgraph's kernel, which reads the slots (ONNX
+    Runtime's GroupQueryAttention cannot): a step then runs only the busy cache rows (runtime/engine/step.py)."""
+    producer, consumers = graph.producer(), graph.consumers()
+
+    def only_read_by(value, allowed):
+        return all(c.name in allowed for c in consumers.get(value, []))
+
+    nodes = [n for n in graph.nodes if n.op == "GroupedAttention"]
+    if nodes and all(_own_attention(graph, n, producer, only_read_by, options) for n in nodes):
+        return ragged_slots(graph)
+    return graph
+
+
 def _plan_attention(em: Emitter, node: Node, producer, only_read_by) -> None:
     q, k, v = node.inputs[:3]
-    qr, kr = producer.get(q), producer.get(k)
-    d = em.graph.values[q].shape[-1] // node.attrs["num_heads"]
-    fuse_rotary = (
-        qr is not None and kr is not None and qr.op == kr.op == "Rotary" and qr.inputs[1:] == kr.inputs[1:]
-        and qr.attrs["interleaved"] == kr.attrs["interleaved"]
-        and 2 * em.graph.values[qr.inputs[1]].shape[-1] == d and d % 16 == 0
-        and producer[qr.inputs[1]].attrs["dynamic_factor"] == 0
-        and only_read_by(q, {node.name}) and only_read_by(k, {node.name}))
-    if fuse_rotary:
+    fused = _fused_rotary(em.graph, node, producer, only_read_by)
+    if fused is not None:
+        qr, kr = fused
         em.absorbed.update((qr.name, kr.name))
         q, k = qr.inputs[0], kr.inputs[0]
     split = producer.get(q)
@@ -74,8 +103,8 @@ def _plan_attention(em: Emitter, node: Node, producer, only_read_by) -> None:
     if packed:
         em.absorbed.add(split.name)
     qkv = (split.inputs[0], "", "") if packed else (q, k, v)
-    rotary = (qr, producer[qr.inputs[1]]) if fuse_rotary else None  # (a Rotary, its RotaryCosSin)
-    if em.options.get("kernels") == "llgraph" and fuse_rotary and em.graph.metadata["dtype"] == "float32":
+    rotary = (fused[0], producer[fused[0].inputs[1]]) if fused is not None else None  # (a Rotary, its RotaryCosSin)
+    if _own_attention(em.graph, node, producer, only_read_by, em.options):
         # q, k and v in weights of two formats (Q4_K_M's Q6_K v on some layers) are three QLinears: their outputs,
         # a few thousand floats a token, are concatenated into the packed input the kernel reads
         em.fused[node.name] = lambda em, n: attention_llgraph(
@@ -136,7 +165,8 @@ def _seqlens(em: Emitter, pos: str) -> tuple[str, str]:
 
 
 def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node] | None) -> None:
-    q, k, v, pos, past_k, past_v = node.inputs
+    std.refuse_slots(node, "ONNX Runtime's GroupQueryAttention")
+    q, k, v, pos, past_k, past_v = node.inputs[:6]
     a = node.attrs
     seqlens, total = _seqlens(em, pos)
     inputs = [*qkv, past_k, past_v, seqlens, total]
@@ -159,12 +189,18 @@ def attention_llgraph(em: Emitter, node: Node, qkv: str, rotary: tuple[Node, Nod
     rotary inside (its tables as GroupQueryAttention's), reading position_ids itself. In place of ONNX Runtime's
     GroupQueryAttention, whose CPU kernel runs q.k and p.v in SSE loops: paired on SmolLM2 int4 level 4, 2 threads
     on one pool, a one-token step took 0.97x the time at position 30, 0.93x at 100 and 0.87x at 300."""
-    _, _, _, pos, past_k, past_v = node.inputs
+    _, _, _, pos, past_k, past_v = node.inputs[:6]
+    slots = node.inputs[6] if len(node.inputs) > 6 else None
     a = node.attrs
     rot, cos_sin = rotary
     inputs = [qkv, past_k, past_v, pos,
               em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "cos_cache", np.cos)),
               em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "sin_cache", np.sin))]
+    if slots is not None:  # a graph input whose initializer is empty: a caller that does not feed it gets row b
+        if slots not in em.shared:
+            em.initializers.append(numpy_helper.from_array(np.zeros(0, np.int64), slots))
+            em.shared[slots] = slots
+        inputs.append(slots)
     em.node("GroupedAttention", inputs, node.outputs, domain=cpu.DOMAIN, hint=node.name, num_heads=a["num_heads"],
             num_kv_heads=a["num_kv_heads"], scale=float(a["scale"]), window=a["window"],
             softcap=float(a["softcap"]), rotary_interleaved=int(rot.attrs["interleaved"]))
@@ -352,4 +388,4 @@ def extras(folder: Path, manifest) -> None:
 
 TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear, "QEmbedding": qembedding_gather},
                 {"": std.OPSET, MS: 1, cpu.DOMAIN: 1}, plan=plan, extras=extras, bf16=False, accuracy_level=True,
-                kernels=True, passes=(expose_hidden, keep_last_positions))
+                kernels=True, passes=(expose_hidden, keep_last_positions), options_pass=ragged)

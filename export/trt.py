@@ -117,6 +117,8 @@ def function(op: str) -> FunctionProto:
 def plugin_node(em: Emitter, node: Node) -> None:
     if node.op == "GroupedAttention" and not node.attrs["causal"]:
         raise NotImplementedError("non-causal GroupedAttention has no plugin or ONNX lowering yet")
+    if node.op == "GroupedAttention":
+        std.refuse_slots(node, "the TensorRT plugin")
     if node.op not in em.functions:
         em.functions[node.op] = function(node.op)
     inputs = [em.weight(name) if name in em.graph.params else name for name in node.inputs]

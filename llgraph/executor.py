@@ -208,16 +208,35 @@ def _rotary(node: Node, x, cos, sin):
 
 
 @torch_impl("GroupedAttention")
-def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value):
-    # q: [B, S, Hq*D]; k, v: [B, S, Hkv*D]; positions: [B, S]; caches: [B, Hkv, M, D], written in place
+def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value, slots=None):
+    # q: [B, S, Hq*D]; k, v: [B, S, Hkv*D]; positions: [B, S]; caches: [rows, Hkv, M, D], written in place; slots:
+    # [B*S] each token's cache row (absent or empty: row b)
     a = node.attrs
+    b, s, _ = q.shape
+    hkv, d = a["num_kv_heads"], q.shape[-1] // a["num_heads"]
+    ragged = slots is not None and slots.numel() > 0
+    rows = slots.view(b, s) if ragged else torch.arange(b, device=q.device)[:, None]
+    for cache, x in ((past_key, k), (past_value, v)):  # cache[row, :, positions[b, s]] = x[b, s], in its format
+        cache.transpose(1, 2)[rows, positions] = _to_cache(x.view(b, s, hkv, d), cache.dtype)
+    if not ragged:
+        return _attend(a, q, positions, past_key[:b], past_value[:b], _cache_span(positions)), past_key, past_value
+    out = torch.empty_like(q)
+    flat_q, flat_pos, flat_rows = q.reshape(b * s, -1), positions.reshape(-1), rows.reshape(-1)
+    for row in flat_rows.unique().tolist():  # each cache row's tokens as one batch row of their own
+        mine = (flat_rows == row).nonzero()[:, 0]
+        pos = flat_pos[mine][None]
+        span = int(pos.max()) + 1
+        out.view(b * s, -1)[mine] = _attend(a, flat_q[mine][None], pos, past_key[row:row + 1],
+                                            past_value[row:row + 1], span)[0]
+    return out, past_key, past_value
+
+
+def _attend(a, q, positions, past_key, past_value, length: int):
+    """q [B, S, Hq*D] of cache rows past_key/value [B, ...] at `positions` [B, S] -> [B, S, Hq*D] over positions
+    0..length-1 of each row, masked causally (or by the row's last position) and by the window."""
     b, s, _ = q.shape
     hq, hkv = a["num_heads"], a["num_kv_heads"]
     d = q.shape[-1] // hq
-    rows = torch.arange(b, device=q.device)[:, None]
-    for cache, x in ((past_key, k), (past_value, v)):  # cache[b, :, positions[b, s]] = x[b, s], in its format
-        cache.transpose(1, 2)[rows, positions] = _to_cache(x.view(b, s, hkv, d), cache.dtype)
-    length = _cache_span(positions)
     slots = torch.arange(length, device=q.device)
     limit = positions if a["causal"] else positions.max(dim=1, keepdim=True).values.expand(b, s)
     mask = slots[None, None, :] <= limit[:, :, None]  # [B, S, L]: key slot j visible to query (b, s)
@@ -234,7 +253,7 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value):
     else:
         out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[:, None], scale=a["scale"],
                                              enable_gqa=hq != hkv)
-    return out.transpose(1, 2).reshape(b, s, hq * d), past_key, past_value
+    return out.transpose(1, 2).reshape(b, s, hq * d)
 
 
 def _to_cache(x, dtype):

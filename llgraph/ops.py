@@ -5,9 +5,11 @@ the TensorRT plugin fields are read from `attrs` here.
 
 Layouts: activations are [batch, seq, features]; heads stay packed in the feature axis ([B, S, H*D]) the way ONNX
 Runtime's GroupQueryAttention and ONNX's RotaryEmbedding/Attention take them. Linear weights are [out, in].
-The KV cache is [batch, kv_heads, max_seq, row] (row: head_dim values in one of llgraph/kv_cache.py's formats),
-written at slot `positions[b, s]`; query (b, s) sees the cache slots 0..positions[b, s] (causal) — no attention mask
-input is needed.
+The KV cache is [rows, kv_heads, max_seq, row] (row: head_dim values in one of llgraph/kv_cache.py's formats):
+token (b, s) lives in cache row b, or with GroupedAttention's `slots` input in row slots[b * S + s] (ragged
+batches: only the busy rows run, tokens of several rows packed in any order); it is written at position
+`positions[b, s]` and its query sees that row's positions 0..positions[b, s] (causal) — no attention mask input is
+needed.
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ def _rotary(ins, attrs):
 
 
 def _attention(ins, attrs):
-    q, k, v, pos, past_k, past_v = ins
+    q, k, v, pos, past_k, past_v, slots = ins
     nq, nkv = attrs["num_heads"], attrs["num_kv_heads"]
     _require(nq % nkv == 0, f"num_heads ({nq}) must be divisible by num_kv_heads ({nkv})")
     _require(attrs["window"] >= 0, f"window ({attrs['window']}) must be >= 0 (0: no window)")
@@ -185,7 +187,12 @@ def _attention(ins, attrs):
              f"cache dtype {past_k.dtype} is no KV format")
     _same(past_v.dtype, past_k.dtype, "past_value dtype")
     row = of_dtype(past_k.dtype).row(d)
-    _same(past_k.shape, (q.shape[0], nkv, past_k.shape[2], row), "past_key shape [batch, kv_heads, max_seq, row]")
+    rows = q.shape[0]  # the cache's rows: the batch's, or (slots) any number, each token naming its own
+    if slots is not None:
+        _require(slots.dtype == "int64" and len(slots.shape) == 1, f"slots must be int64 [tokens] (each token's "
+                 f"cache row; empty: row b), got {slots.dtype}{list(slots.shape)}")
+        rows = past_k.shape[0]
+    _same(past_k.shape, (rows, nkv, past_k.shape[2], row), "past_key shape [rows, kv_heads, max_seq, row]")
     _same(past_v.shape, past_k.shape, "past_value shape")
     return [(q.dtype, q.shape), (past_k.dtype, past_k.shape), (past_v.dtype, past_v.shape)]
 
@@ -258,16 +265,17 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         Attr("num_heads", int),
         Attr("interleaved", bool, "pairs (2i, 2i+1) as Meta/GGUF; else (i, i + r/2) as HF"),
     ), _rotary, "rotate the first 2*cos.shape[-1] dims of each head; the rest pass through"),
-    OpSchema("GroupedAttention", ("q", "k", "v", "positions", "past_key", "past_value"),
+    OpSchema("GroupedAttention", ("q", "k", "v", "positions", "past_key", "past_value", "slots?"),
              ("out", "present_key", "present_value"), (
         Attr("num_heads", int), Attr("num_kv_heads", int), Attr("scale", float), Attr("causal", bool),
         Attr("window", int, "sliding window: a query sees the slots of the last `window` positions (0: all)"),
         Attr("softcap", float, "logits (after scale) become softcap * tanh(logits / softcap); 0: none (Gemma 2)"),
     ), _attention,
-        "write k, v into the cache at slot positions[b, s] (in the cache's format, llgraph/kv_cache.py: q's "
-        "dtype, float16, or int8 rows of D codes and a float32 scale); attend query (b, s) to cache slots "
-        "0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv head j serves query heads "
-        "j*g..(j+1)*g-1 with g = num_heads / num_kv_heads"),
+        "write every token's k, v into its cache row (b; with `slots` [B*S] int64, slots[b*S + s], an empty "
+        "tensor meaning b) at position positions[b, s] (in the cache's format, llgraph/kv_cache.py: q's dtype, "
+        "float16, or int8 rows of D codes and a float32 scale), all of the step's before any query reads; attend "
+        "query (b, s) to its row's positions 0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv "
+        "head j serves query heads j*g..(j+1)*g-1 with g = num_heads / num_kv_heads"),
     OpSchema("SwiGLU", ("gate", "up"), ("out",), (), _swiglu, "silu(gate) * up"),
     OpSchema("GeGLU", ("gate", "up"), ("out",), (), _swiglu, "gelu_tanh(gate) * up (Gemma's MLP)"),
     OpSchema("SoftCap", ("x",), ("out",), (Attr("cap", float),), _softcap,

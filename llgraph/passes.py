@@ -185,6 +185,28 @@ def keep_last_positions(graph: Graph) -> Graph:
     return verify(Graph((*graph.inputs, keep_input), outputs, graph.params, tuple(nodes), values, graph.metadata))
 
 
+SLOTS_INPUT = "slot_ids"  # the graph input ragged_slots adds: each token's cache row [B*S] int64 (empty: row b)
+
+
+def ragged_slots(graph: Graph) -> Graph:
+    """Every GroupedAttention told each token's cache row (its `slots` input, from the graph input `slot_ids`): a
+    step then runs only the busy rows of the cache, in any order, several rows' tokens packed into one batch row
+    (llgraph/ops.py). A caller that does not feed it (onnxruntime-genai: the ONNX initializer is empty) gets row b."""
+    if any(v.name == SLOTS_INPUT for v in graph.inputs):
+        return graph
+    slots = Value(SLOTS_INPUT, "int64", ("tokens",))
+    nodes = tuple(Node(n.op, (*n.inputs[:6], SLOTS_INPUT), n.outputs, n.attrs) if n.op == "GroupedAttention" else n
+                  for n in graph.nodes)
+    caches = {name for n in nodes if n.op == "GroupedAttention" for name in n.inputs[4:6]}
+    inputs = tuple(Value(v.name, v.dtype, ("cache_rows", *v.shape[1:])) if v.name in caches else v
+                   for v in graph.inputs)  # the caches' row counts are no longer the batch's
+    values = {**graph.values, SLOTS_INPUT: slots, **{v.name: v for v in inputs}}
+    for n in nodes:
+        values.update((v.name, v) for v in infer(n, values))
+    outputs = tuple(values[v.name] for v in graph.outputs)
+    return verify(Graph((*inputs, slots), outputs, graph.params, nodes, values, graph.metadata))
+
+
 HIDDEN = "hidden_states"  # the output expose_hidden adds: the final norm's output at every position [B, S, H]
 
 

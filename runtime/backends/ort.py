@@ -23,10 +23,10 @@ from llgraph.errors import LlgraphError
 from llgraph.export_folder import CHECKED, MODEL_FILE, Checked, Manifest, check_damage, damage
 from llgraph.ir import Graph, value_order
 from llgraph.kv_cache import CPU_DEFAULT, FORMATS, KvFormat, kv_format, of_dtype, retype
-from llgraph.passes import HIDDEN, KEEP_INPUT, model_graph
+from llgraph.passes import HIDDEN, KEEP_INPUT, SLOTS_INPUT, model_graph
 from llgraph.plugins import cpu
 from llgraph.runtime.backends import BackendSpec, RunOptions
-from llgraph.runtime.engine.backend import Backend, cache_length
+from llgraph.runtime.engine.backend import Backend, Rows, cache_length, span_of, token_rows
 from llgraph.runtime.engine.runner import Runner
 from llgraph.tokenizer import Tokenizer
 from llgraph.weights import WeightSource
@@ -90,7 +90,12 @@ class OrtBackend(Backend):
             raise
         self._checked: Checked | None = checked  # waited for by ready(): after the first forward, before its answer
         self._ort, self._batch, self._binding = ort, None, None
-        self._keeps = any(i.name == KEEP_INPUT for i in self.session.get_overridable_initializers())
+        overridable = {i.name for i in self.session.get_overridable_initializers()}
+        self._keeps = KEEP_INPUT in overridable
+        # llgraph's attention reading each token's cache row (export/ort.py ragged): any rows, several in a batch
+        # row, and several rows of several tokens after a cached prefix
+        self.ragged = self.multi_token_rows = SLOTS_INPUT in overridable
+        self._no_slots = np.zeros(0, np.int64)
         outputs = {o.name for o in self.session.get_outputs()}
         self._hidden = np.empty((0, self.config.hidden_size), self._np_dtype) if HIDDEN in outputs else None
 
@@ -120,9 +125,16 @@ class OrtBackend(Backend):
             self._binding.bind_ortvalue_output(present, value)
         self._rows = rows
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:
-        self._bind_cache(slice(0, self._batch) if rows is None else rows)
+        if self.ragged:  # the whole cache bound once; each token names its row
+            self._bind_cache(slice(0, self._batch))
+            slots = token_rows(rows, input_ids.shape)
+            self._binding.bind_ortvalue_input(SLOTS_INPUT, self._ort.OrtValue.ortvalue_from_numpy(
+                self._no_slots if slots is None else slots))
+        else:
+            span = span_of(rows, input_ids.shape[0])
+            self._bind_cache(slice(0, self._batch) if span is None else span)
         self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
         self._binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, np.int64))
         batch, seq = input_ids.shape
@@ -147,7 +159,7 @@ class OrtBackend(Backend):
             self._hidden = np.empty((batch * seq, self.config.hidden_size), self._np_dtype)
         return self._hidden[:batch * seq].reshape(batch, seq, -1)
 
-    def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None) -> np.ndarray:
+    def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None) -> np.ndarray:
         if self._hidden is None:
             return super().hidden(input_ids, position_ids, rows)
         self.forward(input_ids, position_ids, rows, keep=1)

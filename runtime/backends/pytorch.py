@@ -21,9 +21,9 @@ from llgraph.executor import TORCH_DTYPES, TorchExecutor, ids_tensor
 from llgraph.export_folder import Manifest
 from llgraph.ir import Graph
 from llgraph.kv_cache import FORMATS, kv_format, of_dtype
-from llgraph.passes import HIDDEN, KEEP_INPUT, expose_hidden, keep_last_positions, model_graph
+from llgraph.passes import HIDDEN, KEEP_INPUT, SLOTS_INPUT, expose_hidden, keep_last_positions, model_graph, ragged_slots
 from llgraph.runtime.backends import BackendSpec, RunOptions
-from llgraph.runtime.engine.backend import Backend, cache_length
+from llgraph.runtime.engine.backend import Backend, Rows, cache_length, span_of, token_rows
 from llgraph.runtime.engine.runner import Runner
 from llgraph.tokenizer import Tokenizer
 from llgraph.weight_request import Weights
@@ -45,6 +45,7 @@ class TorchBackend(Backend):
         self.executor = TorchExecutor(graph or model_graph(config, dtype, kv=kv_cache), source, device, progress)
         self._batch, self._cache = None, {}
         self._keeps = any(v.name == KEEP_INPUT for v in self.executor.graph.inputs)
+        self.ragged = any(v.name == SLOTS_INPUT for v in self.executor.graph.inputs)  # passes.ragged_slots
 
     def allocate(self, batch: int, zeroed: bool = False) -> None:
         """The cache for `batch` rows; kept as it is for the same batch (stale slots are masked) unless `zeroed`."""
@@ -60,22 +61,27 @@ class TorchBackend(Backend):
             t[dst, :, :length] = t[src, :, :length]
         return True
 
-    def _feeds(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None, keep: int = 0) -> dict:
-        cache = self._cache if rows is None else {k: v[rows] for k, v in self._cache.items()}  # views, written in place
-        feeds = {"input_ids": ids_tensor(input_ids, self.device),
-                 "position_ids": ids_tensor(position_ids, self.device), **cache}
+    def _feeds(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows, keep: int = 0) -> dict:
+        feeds = {"input_ids": ids_tensor(input_ids, self.device), "position_ids": ids_tensor(position_ids, self.device)}
+        if self.ragged:  # the whole cache; each token names its row
+            slots = token_rows(rows, input_ids.shape)
+            feeds[SLOTS_INPUT] = ids_tensor(np.zeros(0, np.int64) if slots is None else slots, self.device)
+            feeds.update(self._cache)
+        else:
+            span = span_of(rows, input_ids.shape[0])
+            feeds.update(self._cache if span is None else {k: v[span] for k, v in self._cache.items()})  # views
         if self._keeps:  # a graph with passes.keep_last_positions applied
             feeds[KEEP_INPUT] = torch.tensor(keep, dtype=torch.int64)
         return feeds
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:
         logits = self.executor.run(self._feeds(input_ids, position_ids, rows, keep))["logits"]
         if 0 < keep < logits.shape[1]:  # a graph without logits_to_keep: only the rows asked for leave the device
             logits = logits[:, -keep:]
         return logits.float().cpu().numpy()
 
-    def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None) -> np.ndarray:
+    def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None) -> np.ndarray:
         if not any(v.name == HIDDEN for v in self.executor.graph.outputs):
             return super().hidden(input_ids, position_ids, rows)
         return self.executor.run(self._feeds(input_ids, position_ids, rows, 1))[HIDDEN].float().cpu().numpy()
@@ -97,7 +103,7 @@ class TorchRunner(Runner):
             weights = weights.replace(dequantize=True)
         model = open_model(config, checkpoint, weights)
         # the head on the positions a step samples from (a prompt's logits are not computed, nor copied off a GPU)
-        graph = keep_last_positions(expose_hidden(model_graph(model.config, weights.dtype, kv=kv_cache)))
+        graph = ragged_slots(keep_last_positions(expose_hidden(model_graph(model.config, weights.dtype, kv=kv_cache))))
         backend = TorchBackend(model.config, model.source, max_seq_len, weights.dtype, device, progress, graph,
                                kv_cache=kv_cache)
         super().__init__(backend, Tokenizer.find(model.checkpoint), model.config.eos_token_ids)

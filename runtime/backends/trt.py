@@ -33,7 +33,7 @@ from llgraph.export.engine import (
 from llgraph.export_folder import ENGINE_META, Manifest
 from llgraph.plugins.tensorrt.qdp import register_plugins
 from llgraph.runtime.backends import BackendSpec, RunOptions
-from llgraph.runtime.engine.backend import Backend
+from llgraph.runtime.engine.backend import Backend, Rows, span_of
 from llgraph.runtime.engine.runner import Runner
 from llgraph.runtime.engine.sampling import RequestError
 from llgraph.tokenizer import Tokenizer
@@ -150,9 +150,10 @@ class TRTBackend(Backend):
             self._call(self.context.set_tensor_address(present, t.data_ptr()), f"the address of {present}")
         self._bound = rows
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:  # every position's logits, whatever `keep` asks
         batch, seq = input_ids.shape
+        rows = span_of(rows, input_ids.shape[0])
         rows = slice(0, next(iter(self.cache.values())).shape[0]) if rows is None else rows
         with self.device.on(self.stream):
             profile = DECODE if seq == 1 else PREFILL

@@ -1,12 +1,18 @@
 """What the engine needs of a backend: `allocate(batch)` (its static KV cache) and `forward(input_ids, position_ids,
-rows=None, keep=0) -> logits` (one step on its bound buffers, or on a range of their rows), and optionally
+rows=None, keep=0) -> logits` (one step on its bound buffers, or on some of their rows), and optionally
 `copy_prefix`. Each backend (runtime/backends/) implements it; everything else lives in the engine once.
+
+Rows: a `ragged` backend (its graph's attention reads each token's cache row, passes.ragged_slots) runs any cache
+rows in any order, several rows' tokens packed into one batch row (`rows` [B, S], each token's row); the others run
+one contiguous range of rows (`span_of`), and an engine step over rows with holes between them runs the holes too.
 
 Batches are right-padded. That is correct with the position-indexed static cache: a pad token of row b writes
 slot p >= len(b), and row b's decode token at position p overwrites slot p before any query of row b can see it.
 """
 
 from __future__ import annotations
+
+from typing import Sequence, Union
 
 import numpy as np
 
@@ -26,12 +32,41 @@ def cache_length(requested: int | None, limit: int, what: str) -> int:
     return requested
 
 
+Rows = Union[slice, Sequence[int], np.ndarray, None]  # forward's `rows`: see Backend.forward
+
+
+def token_rows(rows: Rows, shape: tuple[int, int]) -> np.ndarray | None:
+    """`rows` as each token's cache row, flat [B * S] int64 (a ragged graph's slot_ids); None: row b for batch row b."""
+    if rows is None:
+        return None
+    if isinstance(rows, slice):
+        rows = np.arange(rows.start or 0, rows.stop)
+    rows = np.asarray(rows, np.int64)
+    return np.ascontiguousarray(np.broadcast_to(rows.reshape(shape[0], -1), shape)).reshape(-1)
+
+
+def span_of(rows: Rows, batch: int) -> slice | None:
+    """`rows` as the one contiguous range a backend without ragged rows runs (a slice of the allocated rows), or a
+    LlgraphError: those rows are not one range of whole batch rows."""
+    if rows is None or isinstance(rows, slice):
+        return rows
+    ids = np.asarray(rows, np.int64).reshape(batch, -1)
+    first = ids[:, :1]
+    if (ids == first).all() and (batch == 0 or (np.diff(first[:, 0]) == 1).all()):
+        start = int(first[0, 0]) if batch else 0
+        return slice(start, start + batch)
+    raise LlgraphError("this backend runs one contiguous range of cache rows a forward (its graph has no slot_ids: "
+                       "re-export with --kernels llgraph --dtype fp32 for ragged rows)")
+
+
 class Backend:
     max_seq_len: int
     vocab_size: int
     # whether one forward may run several rows of more than one token after a cached prefix (speculative
     # verification); ONNX Runtime's GroupQueryAttention takes only one such row (runtime/ort.py sets False)
     multi_token_rows: bool = True
+    # whether forward's `rows` may be any cache rows per token (passes.ragged_slots): a step runs only busy rows
+    ragged: bool = False
     # the longest cache this backend could hold (before allocate: max_seq_len may be planned up to it); None: its
     # cache length is fixed (a TensorRT engine's)
     context_limit: int | None = None
@@ -43,16 +78,17 @@ class Backend:
     def allocate(self, batch: int) -> None:
         raise NotImplementedError
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None,
+    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:
         """input_ids, position_ids: [B, S] int64 numpy arrays -> logits [B, K, V] (a float numpy array: float32,
         float16 or ml_dtypes' bfloat16) of the last K positions:
         K = S when `keep` is 0, else min(keep, S) or more (an engine whose graph has no logits_to_keep input gives
-        all S). `rows`: run on that contiguous range of the allocated cache's rows only (B == its length; the
-        scheduler prefills one slot while the others keep their caches); None: all of them."""
+        all S). `rows`: the cache rows to run on, the others keeping their caches — a slice of them (B == its
+        length), or each batch row's ([B]) or each token's ([B, S]) cache row (a backend that is not `ragged` takes
+        only one contiguous range of whole rows, span_of); None: all of them, row b for batch row b."""
         raise NotImplementedError
 
-    def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: slice | None = None) -> np.ndarray:
+    def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None) -> np.ndarray:
         """Like forward (the cache rows written alike), but -> the last hidden states [B, S, H] float32 of every
         position (the final norm's output, passes.expose_hidden): what embeddings pool."""
         from llgraph.runtime.engine.sampling import RequestError

@@ -201,34 +201,34 @@ class ModelDrafter:
         self.next = self._catch_up()
 
 
-def verify_logits(backend, last: list[int], pos: list[int], drafts: list[list[int]], span: slice | None = None
+def verify_logits(backend, last: list[int], pos: list[int], drafts: list[list[int]], rows: list[int] | None = None
                   ) -> list[np.ndarray]:
-    """Each row's logits for its last token and its draft, [len(draft) + 1, V]; rows are those of `span` (None:
-    every allocated row), row r's last token at position pos[r]. One forward padded to the longest draft, or, where
-    the backend cannot run several rows of more than one token after a cached prefix (ONNX Runtime's
+    """Each row's logits for its last token and its draft, [len(draft) + 1, V]; `rows`: their cache rows (None:
+    every allocated row, in order), row r's last token at position pos[r]. One forward padded to the longest draft,
+    or, where the backend cannot run several rows of more than one token after a cached prefix (ONNX Runtime's
     GroupQueryAttention), one plain step of every row and one more forward per drafting row."""
-    rows, width = len(last), 1 + max(map(len, drafts))
+    width = 1 + max(map(len, drafts))
     clamp = backend.max_seq_len - 1  # finished or free rows may sit at the cache's end
     if width == 1:  # no draft anywhere: a plain step
-        logits = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=span, keep=1)
+        logits = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=rows, keep=1)
         return list(logits[:, -1:])
-    if width > 1 and rows > 1 and not backend.multi_token_rows:
-        first = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=span, keep=1)[:, -1:]
-        base = 0 if span is None else span.start
+    if len(last) > 1 and not backend.multi_token_rows:
+        first = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=rows, keep=1)[:, -1:]
         out = []
         for r, d in enumerate(drafts):
             if d:
+                row = r if rows is None else rows[r]
                 more = backend.forward(np.array([d], np.int64), (pos[r] + 1 + np.arange(len(d)))[None],
-                                       rows=slice(base + r, base + r + 1), keep=len(d))[0, -len(d):]
+                                       rows=[row], keep=len(d))[0, -len(d):]
             out.append(np.concatenate([first[r], more]) if d else first[r])
         return out
-    ids = np.zeros((rows, width), np.int64)
+    ids = np.zeros((len(last), width), np.int64)
     for r, d in enumerate(drafts):
         ids[r, 0] = last[r]
         ids[r, 1:1 + len(d)] = d
     # a row's pad positions past its draft are overwritten before any query sees them
     positions = np.minimum(_column(pos) + np.arange(width), clamp)
-    logits = backend.forward(ids, positions, rows=span, keep=width)[:, -width:]
+    logits = backend.forward(ids, positions, rows=rows, keep=width)[:, -width:]
     return [logits[r, :len(d) + 1] for r, d in enumerate(drafts)]
 
 

@@ -101,17 +101,21 @@ class Engine:
 
     # -- prefill ------------------------------------------------------------------------------------------------
     def prefill(self, rows: list[Row], share: bool = True) -> None:
-        """Writes each row's prompt (after the `start` positions its cache row holds) and takes its first token. A
-        batch in slots 0..B-1 from an empty cache is one right-padded forward, a prefix every prompt shares computed
-        once (in row 0, then copied; `share`); any other rows are prefilled one by one."""
-        if len(rows) > 1 and [r.slot for r in rows] == list(range(len(rows))) and not any(
-                r.start or r.prompt_logprobs or r.pooling for r in rows):
-            logits = self._batch_prefill(rows, share)
-            for r, row in zip(rows, logits):
+        """Writes each row's prompt (after the `start` positions its cache row holds) and takes its first token.
+        Rows that sample (not a scored prompt or an embedding) share one forward: on a ragged backend whatever their
+        slots and starts, every prompt's tokens packed into one batch row; elsewhere a batch in slots 0..B-1 from an
+        empty cache, right-padded. A prefix every prompt shares is computed once (in the first row, then copied;
+        `share`). Any other rows are prefilled one by one."""
+        plain = [r for r in rows if not (r.prompt_logprobs or r.pooling)]
+        together = plain if self.backend.ragged else plain if (
+            [r.slot for r in plain] == list(range(len(plain))) and not any(r.start for r in plain)) else []
+        if len(together) > 1:
+            logits = self._batch_prefill(together, share)
+            for r, row in zip(together, logits):
                 self._own(r, self._begin, r, row[None])
-            return
         for r in rows:
-            self._own(r, self._prefill_one, r)
+            if len(together) < 2 or r not in together:
+                self._own(r, self._prefill_one, r)
 
     def _prefill_one(self, r: Row) -> None:
         """The rest of its prompt (after `start`), then what the row is for: an embedding pooled from every chunk's
@@ -166,17 +170,19 @@ class Engine:
     def _batch_prefill(self, rows: list[Row], share: bool) -> np.ndarray:
         """-> each row's last-token logits [B, V]."""
         b, ids = self.backend, [r.ids for r in rows]
-        shared = shared_prefix(ids) if share else 0
-        if shared < MIN_REUSE or not b.copy_prefix(0, 0, 0):  # probed with an empty copy
-            return _last_logits(b, ids, 0, None)
-        b.forward(np.array([ids[0][:shared]], np.int64), np.arange(shared)[None], rows=slice(0, 1), keep=1)
-        for row in range(1, len(ids)):
-            b.copy_prefix(0, row, shared)
-        tails = [p[shared:] for p in ids]
-        if b.multi_token_rows:
-            return _last_logits(b, tails, shared, None)
+        shared = shared_prefix(ids) if share and not any(r.start for r in rows) else 0
+        if shared >= MIN_REUSE and b.copy_prefix(rows[0].slot, rows[0].slot, 0):  # probed with an empty copy
+            b.forward(np.array([ids[0][:shared]], np.int64), np.arange(shared)[None], rows=[rows[0].slot], keep=1)
+            for r in rows:
+                b.copy_prefix(rows[0].slot, r.slot, shared)
+                r.start = shared
+        if b.ragged:
+            return _packed_last_logits(b, rows)
+        starts = {r.start for r in rows}
+        if len(starts) == 1 and (b.multi_token_rows or not rows[0].start):
+            return _last_logits(b, [r.ids[r.start:] for r in rows], rows[0].start, [r.slot for r in rows])
         # ONNX Runtime's GroupQueryAttention: one row of several tokens after a cached prefix per forward
-        return np.concatenate([_last_logits(b, [t], shared, slice(r, r + 1)) for r, t in enumerate(tails)])
+        return np.concatenate([_last_logits(b, [r.ids[r.start:]], r.start, [r.slot]) for r in rows])
 
     def _begin(self, r: Row, logits: np.ndarray) -> None:
         """A prefilled row's state, then its first token from the prompt's last logits [1, V]."""
@@ -192,26 +198,31 @@ class Engine:
 
     # -- a decode step -------------------------------------------------------------------------------------------
     def step(self, rows: list[Row]) -> None:
-        """One forward over the unfinished `rows` (each at its slot; the slots up to the highest one are run, a free
-        slot below it taking a dummy token at its row's last position, which no prompt or reusable prefix reaches),
-        each row's last token with its draft; then each row takes its tokens. Finished rows, and rows whose prompt
-        is still being written in chunks, are left out."""
+        """One forward over the unfinished `rows` (each at its slot), each row's last token with its draft; then
+        each row takes its tokens. Finished rows, and rows whose prompt is still being written in chunks, are left
+        out. On a ragged backend the forward runs the busy rows only; on another the slots up to the highest busy
+        one, a free slot below it taking a dummy token at its row's last position, which no prompt or reusable
+        prefix reaches."""
         busy = {r.slot: r for r in rows if not r.finished and r.seen is not None}  # not a prompt half written
         if not busy:
             return
-        top = max(busy) + 1
-        last, positions = [0] * top, [self.backend.max_seq_len - 1] * top
-        drafts: list[list[int]] = [[] for _ in range(top)]
-        for slot, r in busy.items():
-            last[slot], positions[slot] = r.token, r.position
-            if r.drafter is not None:
+        slots = sorted(busy) if self.backend.ragged else list(range(max(busy) + 1))
+        last = [busy[s].token if s in busy else 0 for s in slots]
+        positions = [busy[s].position if s in busy else self.backend.max_seq_len - 1 for s in slots]
+        drafts: list[list[int]] = []
+        for slot in slots:
+            r = busy.get(slot)
+            if r is not None and r.drafter is not None:
                 d = r.decoding
                 room = min(d.max_new_tokens - d.steps - 1, self.backend.max_seq_len - 1 - r.position)
-                drafts[slot] = self._own(r, r.drafter.draft, room) or []
-        logits = verify_logits(self.backend, last, positions, drafts, slice(0, top))
-        for slot, r in busy.items():
-            if not r.finished:  # its drafting may have failed
-                self._own(r, self._take, r, logits[slot], drafts[slot])
+                drafts.append(self._own(r, r.drafter.draft, room) or [])
+            else:
+                drafts.append([])
+        logits = verify_logits(self.backend, last, positions, drafts, slots)
+        for i, slot in enumerate(slots):
+            r = busy.get(slot)
+            if r is not None and not r.finished:  # its drafting may have failed
+                self._own(r, self._take, r, logits[i], drafts[i])
 
     def _take(self, r: Row, logits: np.ndarray, draft: Sequence[int] = ()) -> list[int]:
         """logits [len(draft) + 1, V] of the row's last token and its draft -> the tokens it emits (the accepted
@@ -247,15 +258,26 @@ class Engine:
             return None
 
 
-def _last_logits(backend, rows: list[list[int]], start: int, span: slice | None) -> np.ndarray:
-    """One right-padded forward of `rows` (row r's tokens at positions start..) on the allocated rows (`span`: a
-    range of them) -> each row's last-token logits [B, V]. Only the positions from the shortest row's last token on
-    are asked for (one row of the head for a single prompt)."""
+def _last_logits(backend, rows: list[list[int]], start: int, slots: list[int]) -> np.ndarray:
+    """One right-padded forward of `rows` (row r's tokens at positions start.. of cache row slots[r]) -> each row's
+    last-token logits [B, V]. Only the positions from the shortest row's last token on are asked for (one row of the
+    head for a single prompt)."""
     lengths = np.array([len(r) for r in rows])
     longest = int(lengths.max())
     tokens = np.zeros((len(rows), longest), np.int64)
     for i, r in enumerate(rows):
         tokens[i, :len(r)] = r
     positions = np.broadcast_to(np.arange(start, start + longest), tokens.shape)
-    logits = backend.forward(tokens, positions, rows=span, keep=longest - int(lengths.min()) + 1)
+    logits = backend.forward(tokens, positions, rows=slots, keep=longest - int(lengths.min()) + 1)
     return logits[np.arange(len(rows)), lengths - 1 - (longest - logits.shape[1])]
+
+
+def _packed_last_logits(backend, rows: list[Row]) -> np.ndarray:
+    """Every row's prompt after its `start`, packed into one batch row with no padding (a ragged backend: each
+    token names its cache row), every row's last token placed at the end so the head runs on those B positions
+    only -> each row's last-token logits [B, V]. Order within a forward is free: every key and value is written
+    before any query reads."""
+    body = [(t, p, r.slot) for r in rows for p, t in enumerate(r.ids[r.start:-1], r.start)]
+    tail = [(r.ids[-1], len(r.ids) - 1, r.slot) for r in rows]
+    tokens, positions, slots = (np.array([list(c)], np.int64) for c in zip(*body, *tail))
+    return backend.forward(tokens, positions, rows=slots, keep=len(rows))[0, -len(rows):]

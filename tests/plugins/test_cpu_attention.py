@@ -25,8 +25,9 @@ def rotate(x, cos, sin, interleaved):
     return np.stack([ra, rb], -1).reshape(x.shape) if interleaved else np.concatenate([ra, rb], -1)
 
 
-def write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved):
-    """The caches (float64) with the step's keys (rotated) and values at their positions."""
+def write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved, rows=None):
+    """The caches (float64) with the step's keys (rotated) and values at their positions, token (b, s) in cache row
+    rows[b, s] (None: b)."""
     B, S, _ = qkv.shape
     D = qkv.shape[-1] // (H + 2 * KV)
     k, v = past_k.astype(np.float64), past_v.astype(np.float64)
@@ -34,40 +35,41 @@ def write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved):
     new_v = qkv[..., (H + KV) * D:].reshape(B, S, KV, D)
     for b in range(B):
         for s in range(S):
-            at = pos[b, s]
-            k[b, :, at] = rotate(new_k[b, s].astype(np.float64), cos[at], sin[at], interleaved)
-            v[b, :, at] = new_v[b, s]
+            at, row = pos[b, s], b if rows is None else rows[b, s]
+            k[row, :, at] = rotate(new_k[b, s].astype(np.float64), cos[at], sin[at], interleaved)
+            v[row, :, at] = new_v[b, s]
     return k, v
 
 
-def reference(qkv, past_k, past_v, pos, cos, sin, H, KV, scale, window, softcap, interleaved):
-    k, v = write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved)
-    return attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved), k, v
+def reference(qkv, past_k, past_v, pos, cos, sin, H, KV, scale, window, softcap, interleaved, rows=None):
+    k, v = write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved, rows)
+    return attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved, rows), k, v
 
 
-def attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved):
+def attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved, rows=None):
     B, S, _ = qkv.shape
     D = k.shape[-1]
     q = qkv[..., :H * D].reshape(B, S, H, D).astype(np.float64)
     out = np.zeros((B, S, H * D))
     for b in range(B):
         for s in range(S):
-            at = pos[b, s]
+            at, row = pos[b, s], b if rows is None else rows[b, s]
             lo = max(0, at - window + 1) if window else 0
             for h in range(H):
                 g = h // (H // KV)
                 qr = rotate(q[b, s, h], cos[at], sin[at], interleaved)
-                scores = scale * (k[b, g, lo:at + 1] @ qr)
+                scores = scale * (k[row, g, lo:at + 1] @ qr)
                 if softcap:
                     scores = softcap * np.tanh(scores / softcap)
                 w = np.exp(scores - scores.max())
-                out[b, s, h * D:(h + 1) * D] = (w / w.sum()) @ v[b, g, lo:at + 1]
+                out[b, s, h * D:(h + 1) * D] = (w / w.sum()) @ v[row, g, lo:at + 1]
     return out
 
 
 def node_model(H, KV, scale, window, softcap, interleaved, inputs, cos, sin):
-    """One GroupedAttention node; `inputs`: (name, onnx type, shape) of qkv, past_k, past_v, pos."""
-    node = helper.make_node("GroupedAttention", ["qkv", "past_k", "past_v", "pos", "cos", "sin"], ["out", "k", "v"],
+    """One GroupedAttention node; `inputs`: (name, onnx type, shape) of qkv, past_k, past_v, pos (and slots)."""
+    names = ["qkv", "past_k", "past_v", "pos", "cos", "sin"] + (["slots"] if len(inputs) > 4 else [])
+    node = helper.make_node("GroupedAttention", names, ["out", "k", "v"],
                             domain="llgraph", num_heads=H, num_kv_heads=KV, scale=float(scale), window=window,
                             softcap=softcap, rotary_interleaved=interleaved)
     graph = helper.make_graph(
@@ -129,4 +131,46 @@ def test_grouped_attention_equals_float64_on_every_path(library, isa, report):  
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
     assert len(worst) == 6
     report(f"llgraph GroupedAttention on {ran}, worst of 6 cases, vs float64, relative to max |reference|",
+           max(map(float, worst)), 1e-5)
+
+
+# argv: the library; the slots input (each token's cache row): tokens of three rows of a five-row cache packed into
+# one batch row in a mixed order, and two batch rows naming rows out of order; then the refusals
+RAGGED = r'''
+f, i64 = TensorProto.FLOAT, TensorProto.INT64
+H, KV, D = 6, 2, 64
+cases = [([[2, 2, 0, 4, 4, 4, 2]], [[7, 8, 3, 0, 1, 2, 9]]), ([[3], [1]], [[40], [12]])]
+for rows, positions in cases:
+    rows, pos = np.array(rows, np.int64), np.array(positions, np.int64)
+    B, S = pos.shape
+    T, P = 48, 64
+    qkv = rng.standard_normal((B, S, (H + 2 * KV) * D)).astype(np.float32)
+    past_k, past_v = (rng.standard_normal((5, KV, T, D)).astype(np.float32) for _ in range(2))
+    cos, sin = tables(P, D)
+    session = node_model(H, KV, 0.125, 0, 0.0, 0, [("qkv", f, qkv.shape), ("past_k", f, past_k.shape),
+                         ("past_v", f, past_v.shape), ("pos", i64, pos.shape), ("slots", i64, ["n"])], cos, sin)
+    feeds = {"qkv": qkv, "past_k": past_k, "past_v": past_v, "pos": pos, "slots": rows.reshape(-1)}
+    got = session.run(None, feeds)
+    want = reference(qkv, past_k, past_v, pos, cos.astype(np.float64), sin.astype(np.float64), H, KV, 0.125, 0, 0.0,
+                     0, rows)
+    print(max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want)))
+for bad in (np.array([0, 5], np.int64), np.array([0], np.int64)):  # a row past the cache's; one row for two tokens
+    try:
+        session.run(None, {**feeds, "slots": bad})
+        print("accepted")
+    except Exception as e:
+        print("refused:" + str(e).split("llgraph GroupedAttention: ")[-1].split(",")[0].replace(" ", "_"))
+'''
+
+
+def test_grouped_attention_reads_each_token_s_cache_row(library, report):  # noqa: F811
+    """The ragged form (passes.ragged_slots): each token names its cache row; rows interleaved in one batch row and
+    named out of order equal the float64 definition with that row map; a row outside the cache, or a row count that
+    is not one per token, is refused by name."""
+    r = subprocess.run([sys.executable, "-c", REFERENCE + RAGGED, str(library)], capture_output=True, text=True,
+                       check=True)
+    *worst, outside, count = r.stdout.split()
+    assert (outside, count) == ("refused:a_slot_is_outside_the_cache's_rows",
+                                "refused:slots_must_name_one_cache_row_per_token_(B_S_values)"), r.stdout
+    report("llgraph GroupedAttention with slots vs float64 (2 cases), relative to max |reference|",
            max(map(float, worst)), 1e-5)
