@@ -160,7 +160,8 @@ def smollm2_truth():
 @pytest.fixture(scope="session")
 def tiny_runners(tmp_path_factory):
     """(cfg, source, runners): the same random tiny model (std 0.25: decisive logits) behind every CPU runner —
-    torch, and ONNX Runtime on the ort, onnx and trt exports (trt through its function bodies) — cache 64."""
+    torch, and ONNX Runtime on the ort, onnx and trt exports (trt through its function bodies), and "ort-llgraph":
+    the ort export on llgraph's CPU kernels, whose attention takes ragged rows (passes.ragged_slots) — cache 64."""
     from reference import tiny, write_hf_checkpoint
 
     from llgraph.checkpoint import random_weights
@@ -174,4 +175,10 @@ def tiny_runners(tmp_path_factory):
     for target in ("ort", "onnx", "trt"):
         folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path_factory.mktemp("tiny") / target, target=target)
         runners[target] = ORTRunner(folder, max_seq_len=64)
+    from llgraph.weight_request import Weights
+
+    folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path_factory.mktemp("tiny") / "ort-llgraph", target="ort",
+                          weights=Weights(kernels="llgraph"))
+    runners["ort-llgraph"] = ORTRunner(folder, max_seq_len=64)
+    assert runners["ort-llgraph"].backend.ragged and runners["torch"].backend.ragged
     return cfg, source, runners

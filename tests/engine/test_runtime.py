@@ -30,7 +30,7 @@ def test_greedy_equals_transformers_on_every_backend(tiny_runners):
             assert got == want, (name, prompt, got, want)
 
 
-@pytest.mark.parametrize("backend", ["torch", "ort", "onnx", "trt"])
+@pytest.mark.parametrize("backend", ["torch", "ort", "ort-llgraph", "onnx", "trt"])
 def test_batch_of_different_lengths_equals_each_alone(tiny_runners, backend):
     runner = tiny_runners[2][backend]
     batched = runner.generate(PROMPTS, 12)

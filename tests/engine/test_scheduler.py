@@ -21,7 +21,7 @@ def _prompts(n: int) -> list[list[int]]:
     return [torch.randint(1, 97, (2 + (5 * i) % 13,), generator=g).tolist() for i in range(n)]
 
 
-@pytest.mark.parametrize("backend", ["ort", "torch"])
+@pytest.mark.parametrize("backend", ["ort", "ort-llgraph", "torch"])
 def test_requests_joining_a_running_batch_keep_their_solo_tokens(backend, tiny_runners):
     """10 requests through 3 slots, every other one sampled (temperature, top-p, its own seed): each equals
     generate() of that request alone."""
@@ -188,7 +188,7 @@ def test_every_integer_is_a_seed(seed, tiny_runners):
         Sampling(temperature=1.0, seed=1.5)
 
 
-@pytest.mark.parametrize("backend", ["ort", "torch"])
+@pytest.mark.parametrize("backend", ["ort", "ort-llgraph", "torch"])
 def test_long_prompts_written_in_chunks_keep_every_requests_tokens(backend, tiny_runners):
     """prefill_chunk 5: prompts of up to 40 tokens are written 5 at a time between the others' decode steps; every
     request, chunked or not, equals its solo generate(), and a later request reusing a chunked prompt's prefix too."""

@@ -16,7 +16,7 @@ from llgraph.runtime.engine.sampling import Sampling
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [3, 4, 3, 4, 3], [60, 61, 62, 63, 64], [7]]
 
 
-@pytest.mark.parametrize("backend", ["torch", "ort", "onnx", "trt"])
+@pytest.mark.parametrize("backend", ["torch", "ort", "ort-llgraph", "onnx", "trt"])
 def test_greedy_speculative_equals_plain_on_every_backend(backend, tiny_runners, monkeypatch):
     """A random tiny model never repeats its context, so its drafts are forced: the plain continuation with every
     third drafted token wrong, so steps verify drafts of every length, accept some and reject the rest."""
@@ -215,7 +215,7 @@ class _Noisy:
         return (w + rng.normal(0, self.scale, w.shape)).astype(w.dtype)
 
 
-@pytest.mark.parametrize("backend", ["ort", "torch"])
+@pytest.mark.parametrize("backend", ["ort", "ort-llgraph", "torch"])
 def test_the_scheduler_s_draft_model_keeps_16_concurrent_requests_solo(backend, tiny_runners, tmp_path):
     """The scheduler's own draft model (a request's "draft"): 16 greedy requests through 4 slots, drafting with the
     tiny model plus noise (so drafts are partly wrong), with ngram and plain requests among them, each equal to its
