@@ -94,7 +94,7 @@ class OrtBackend(Backend):
         self._keeps = KEEP_INPUT in overridable
         # llgraph's attention reading each token's cache row (export/ort.py ragged): any rows, several in a batch
         # row, and several rows of several tokens after a cached prefix
-        self.ragged = self.multi_token_rows = SLOTS_INPUT in overridable
+        self.ragged = self.multi_token_rows = self._slotted = SLOTS_INPUT in overridable
         self._no_slots = np.zeros(0, np.int64)
         outputs = {o.name for o in self.session.get_outputs()}
         self._hidden = np.empty((0, self.config.hidden_size), self._np_dtype) if HIDDEN in outputs else None
@@ -127,14 +127,16 @@ class OrtBackend(Backend):
 
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:
+        slots = None
         if self.ragged:  # the whole cache bound once; each token names its row
             self._bind_cache(slice(0, self._batch))
             slots = token_rows(rows, input_ids.shape)
-            self._binding.bind_ortvalue_input(SLOTS_INPUT, self._ort.OrtValue.ortvalue_from_numpy(
-                self._no_slots if slots is None else slots))
-        else:
+        else:  # (a ragged graph run as contiguous rows, by runtime/bench/holes.py: no slots, row b)
             span = span_of(rows, input_ids.shape[0])
             self._bind_cache(slice(0, self._batch) if span is None else span)
+        if self._slotted:
+            self._binding.bind_ortvalue_input(SLOTS_INPUT, self._ort.OrtValue.ortvalue_from_numpy(
+                self._no_slots if slots is None else slots))
         self._binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
         self._binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, np.int64))
         batch, seq = input_ids.shape
