@@ -228,6 +228,12 @@ class Scheduler:
                     self._active[r.slot] = r
                     admit.append(r)
             try:
+                if self.backend.ragged:  # one packed forward a step: decode tokens, drafts and prompt pieces
+                    for r in admit:
+                        self._admit(r)
+                    self._advance()
+                    self._retire()
+                    continue
                 for r in admit:
                     self._prefill(r)
                 self._next_chunk()
@@ -242,6 +248,28 @@ class Scheduler:
                         r.decoding.finish_reason = "error"
                         self._failed(r)
                     self._active.clear()
+
+    def _admit(self, r: _Request) -> None:
+        """(A ragged backend) its slot's longest cached prefix of its prompt: the rest is written by the steps, as
+        much of it a step as the token budget (`prefill_chunk`) leaves."""
+        r.start = self._rows.reuse(r.slot, r.ids[:r.written], allowed=not (r.prompt_logprobs or r.pooling == "mean"))
+        self._rows.held[r.slot] = r.ids[:r.start]
+
+    def _advance(self) -> None:
+        """One engine step of every active request (Engine.advance), then what each row's cache holds."""
+        before = {slot: (r.token, r.seen is not None) for slot, r in self._active.items()}
+        self.engine.advance(list(self._active.values()), self.prefill_chunk)
+        for slot, r in self._active.items():
+            if r.error is not None:
+                continue
+            token, decoding = before[slot]
+            if not decoding:  # its prompt grew into its row; scored or embedded and done: nothing generated
+                self._rows.held[slot] = r.ids[:r.start]
+                if r.decoding.finish_reason == "length" and r.decoding.steps == 0:
+                    self._finish(r, "length")
+            elif r.taken:  # the inputs this step wrote: its last token and the drafts kept
+                self._rows.held[slot] += [token, *r.taken[:-1]]
+        self._record_step()
 
     def _prefill(self, r: _Request) -> None:
         """Its prompt into its slot's row, after the longest prefix the cache holds, then its first token (the
@@ -289,6 +317,9 @@ class Scheduler:
         for slot, r in self._active.items():
             if r.error is None and r.taken:  # the inputs this step wrote: its last token and the drafts kept
                 self._rows.held[slot] += [before[slot], *r.taken[:-1]]
+        self._record_step()
+
+    def _record_step(self) -> None:
         with self._cond:
             now = time.monotonic()
             self._recent.append((now, len(self._active)))

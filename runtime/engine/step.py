@@ -23,6 +23,7 @@ from llgraph.errors import described
 from llgraph.runtime.engine import speculative
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import pool
+from llgraph.runtime.engine.packed import Packed
 from llgraph.runtime.engine.prefix import MIN_REUSE, shared_prefix
 from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.score import TokenLogprob, token_logprobs
@@ -224,6 +225,61 @@ class Engine:
             if r is not None and not r.finished:  # its drafting may have failed
                 self._own(r, self._take, r, logits[i], drafts[i])
 
+    def advance(self, rows: list[Row], budget: int = 0) -> None:
+        """A ragged backend's whole step in one forward (runtime/engine/packed.py): every decoding row's last token
+        and its draft, then prompt pieces of the rows still being written, oldest first, as many prompt tokens as
+        `budget` allows (0: every prompt whole) — a scored prompt's keep their log-probabilities, a prompt that
+        ends takes its first token. An embedding's prompt is written in its own forward of at most the budget (its
+        hidden states are not in the packed forward's output); a scored prompt of one token needs none."""
+        batch, work = Packed(), []
+        for r in rows:
+            if r.finished or r.seen is None:
+                continue
+            draft: list[int] = []
+            if r.drafter is not None:
+                d = r.decoding
+                room = min(d.max_new_tokens - d.steps - 1, self.backend.max_seq_len - 1 - r.position)
+                draft = self._own(r, r.drafter.draft, room) or []
+            if not r.finished:
+                work.append((r, draft, batch.add(r.slot, [r.token, *draft], r.position, kept=1 + len(draft))))
+        left = budget or None
+        for r in rows:
+            if r.finished or r.seen is not None or (left is not None and left <= 0):
+                continue
+            end = r.written if left is None else min(r.written, r.start + left)
+            if r.pooling is not None or r.written == 0:  # its own forward (see above)
+                if end == r.written:
+                    self._own(r, self._prefill_one, r)
+                else:
+                    self.write(r, end)
+            else:
+                self._count_prefix(r, r.written)
+                kept = end - r.start if r.prompt_logprobs else int(end == r.written)
+                work.append((r, end, batch.add(r.slot, r.ids[r.start:end], r.start, kept)))
+            left = None if left is None else left - (end - r.start)
+        if not work:
+            return
+        logits = batch.run(self.backend)
+        for r, what, at in work:
+            if isinstance(what, list):  # a decoding row: its draft
+                self._own(r, self._take, r, logits[at], what)
+            else:
+                self._own(r, self._wrote, r, what, logits[at])
+
+    def _wrote(self, r: Row, end: int, logits: np.ndarray) -> None:
+        """A prompt piece r.start..end-1 written, `logits` those it kept: a scored prompt's scores; the prompt's
+        end: what the row is for (its first token, or done when only scored)."""
+        if r.prompt_logprobs:  # position t predicts token t + 1
+            scored = min(end, len(r.ids) - 1) - r.start
+            r.prompt_scores = (r.prompt_scores or []) + token_logprobs(
+                logits[:scored], r.ids[r.start + 1:r.start + 1 + scored], r.logprobs or 0)
+        r.start = end
+        if end == r.written:
+            if r.decoding.max_new_tokens == 0:  # scored alone
+                r.decoding.finish_reason = "length"
+            else:
+                self._begin(r, logits[-1:])
+
     def _take(self, r: Row, logits: np.ndarray, draft: Sequence[int] = ()) -> list[int]:
         """logits [len(draft) + 1, V] of the row's last token and its draft -> the tokens it emits (the accepted
         drafts and one more), each pushed to its decoding and emitted; its position moves past them."""
@@ -273,11 +329,9 @@ def _last_logits(backend, rows: list[list[int]], start: int, slots: list[int]) -
 
 
 def _packed_last_logits(backend, rows: list[Row]) -> np.ndarray:
-    """Every row's prompt after its `start`, packed into one batch row with no padding (a ragged backend: each
-    token names its cache row), every row's last token placed at the end so the head runs on those B positions
-    only -> each row's last-token logits [B, V]. Order within a forward is free: every key and value is written
-    before any query reads."""
-    body = [(t, p, r.slot) for r in rows for p, t in enumerate(r.ids[r.start:-1], r.start)]
-    tail = [(r.ids[-1], len(r.ids) - 1, r.slot) for r in rows]
-    tokens, positions, slots = (np.array([list(c)], np.int64) for c in zip(*body, *tail))
-    return backend.forward(tokens, positions, rows=slots, keep=len(rows))[0, -len(rows):]
+    """Every row's prompt after its `start` in one packed forward (runtime/engine/packed.py) -> each row's last-token
+    logits [B, V]."""
+    batch = Packed()
+    for r in rows:
+        batch.add(r.slot, r.ids[r.start:], r.start, kept=1)
+    return batch.run(backend)

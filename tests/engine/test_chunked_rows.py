@@ -80,7 +80,8 @@ def test_a_long_scored_prompt_is_written_in_chunks_and_scores_as_written_whole(r
                                                          s.submit(prompt, 3, prompt_logprobs=True)])
     print(f"a {len(prompt)}-token scored prompt in chunks of {CHUNK}: {len(calls)} forwards, the largest "
           f"{max(rows * seq for rows, seq in calls)} tokens")
-    assert max(rows * seq for rows, seq in calls) <= CHUNK
+    # on a ragged backend the stream's decode token rides in the same forward as the chunk (Engine.advance)
+    assert max(rows * seq for rows, seq in calls) <= CHUNK + (1 if runner.backend.ragged else 0)
     assert len(handles[0].prompt_logprobs) == len(prompt) - 1
     assert handles[0].prompt_logprobs == whole.prompt_logprobs  # every logprob and alternative, the same bits
     assert [(s.token, s.logprob) for s in handles[1].prompt_logprobs] == \
