@@ -21,7 +21,15 @@ from llgraph.executor import TORCH_DTYPES, TorchExecutor, ids_tensor
 from llgraph.export_folder import Manifest
 from llgraph.ir import Graph
 from llgraph.kv_cache import FORMATS, kv_format, of_dtype
-from llgraph.passes import HIDDEN, KEEP_INPUT, SLOTS_INPUT, expose_hidden, keep_last_positions, model_graph, ragged_slots
+from llgraph.passes import (
+    HIDDEN,
+    KEEP_INPUT,
+    SLOTS_INPUT,
+    expose_hidden,
+    keep_last_positions,
+    model_graph,
+    ragged_slots,
+)
 from llgraph.runtime.backends import BackendSpec, RunOptions
 from llgraph.runtime.engine.backend import Backend, Rows, cache_length, span_of, token_rows
 from llgraph.runtime.engine.runner import Runner

@@ -2,8 +2,11 @@
 going, a long prompt (`--prompt-tokens`, from the shipped passage) arrives. The figure is the largest gap between two
 consecutive tokens of any running stream while that prompt is prefilled, with whole prefills (chunk 0) and with
 `--chunks` (same runner, one process, the settings in turn `--repeats` times, the best of each), beside the time to
-the long request's first token (or end). `--kinds`: what the long request is — a prompt to answer, an embedding of 3
-inputs of that length, or a prompt scored alone (prompt log-probabilities) — each written in chunks alike.
+the long request's first token (or end). On a ragged backend (an export on llgraph's CPU kernels) each setting runs
+twice: one packed forward a step (Engine.advance: the streams' tokens and the chunk together) and, as a backend
+without slot ids steps, a chunk's forward then a decode step. `--kinds`: what the long request is — a prompt to
+answer, an embedding of 3 inputs of that length, or a prompt scored alone (prompt log-probabilities) — each written in
+chunks alike.
 
     python -m llgraph.runtime.bench.chunked [--model smollm2] [--threads 2] [--prompt-tokens 2000] [--chunks 256]
                                             [--kinds prompt,embedding,scored]
@@ -24,11 +27,13 @@ KINDS = {"prompt": lambda s, ids: [s.submit(ids, 1)],
          "scored": lambda s, ids: [s.submit(ids, 0, prompt_logprobs=True)]}
 
 
-def _run(runner, chunk: int, long_prompt: list[int], new_tokens: int, kind: str = "prompt") -> tuple[float, float]:
+def _run(runner, chunk: int, long_prompt: list[int], new_tokens: int, kind: str = "prompt",
+         packed: bool = False) -> tuple[float, float]:
     """-> (the largest inter-token gap of the streams while the long request is written, its time to its first
-    event)."""
+    event); `packed`: one forward a step (a ragged backend), else a separate forward per chunk and decode step."""
     from llgraph.runtime.engine.scheduler import Scheduler
 
+    runner.backend.ragged = packed
     scheduler = Scheduler(runner, slots=STREAMS + 3, prefill_chunk=chunk).start()
     times: list[list[float]] = [[] for _ in range(STREAMS)]
     try:
@@ -70,18 +75,23 @@ def main(argv=None) -> int:
     passage = PASSAGE.read_text()
     ids = runner.encode(passage * (1 + args.prompt_tokens // len(runner.encode(passage))))[:args.prompt_tokens]
     new_tokens = 4000 - len(ids)
-    settings = [(kind, c) for kind in args.kinds.split(",") for c in [0, *args.chunks]]
+    packings = [True, False] if runner.backend.ragged else [False]
+    settings = [(kind, c, p) for kind in args.kinds.split(",") for c in [0, *args.chunks] for p in packings]
     best = {s: (float("inf"), float("inf")) for s in settings}
     for _ in range(args.repeats):
-        for kind, c in settings:
-            gap, ttft = _run(runner, c, ids, new_tokens, kind)
-            best[kind, c] = (min(best[kind, c][0], gap), min(best[kind, c][1], ttft))
-    print(f"{args.model}: {STREAMS} streams decoding, a {len(ids)}-token request arrives (best of {args.repeats})")
-    print("| the long request | prefill chunk | largest inter-token gap of the streams | its first event |")
-    print("|---|---|---|---|")
-    for kind, c in settings:
+        for kind, c, packed in settings:
+            gap, ttft = _run(runner, c, ids, new_tokens, kind, packed)
+            best[kind, c, packed] = (min(best[kind, c, packed][0], gap), min(best[kind, c, packed][1], ttft))
+    runner.backend.ragged = packings[0]
+    print(f"{args.model}: {STREAMS} streams decoding, a {len(ids)}-token request arrives (best of {args.repeats}, "
+          f"{args.threads} threads)")
+    print("| the long request | prefill chunk | step | largest inter-token gap of the streams | its first event |")
+    print("|---|---|---|---|---|")
+    for kind, c, packed in settings:
         what = {"embedding": f"3 x {len(ids)}-token embedding"}.get(kind, f"{len(ids)}-token {kind}")
-        print(f"| {what} | {c or 'whole'} | {best[kind, c][0] * 1000:.0f} ms | {best[kind, c][1]:.2f} s |")
+        step = "one packed forward" if packed else "forward per chunk + decode"
+        print(f"| {what} | {c or 'whole'} | {step} | {best[kind, c, packed][0] * 1000:.0f} ms | "
+              f"{best[kind, c, packed][1]:.2f} s |")
     return 0
 
 

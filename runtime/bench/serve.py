@@ -2,7 +2,12 @@
 first token, for N = 1, 4, 8, 16 in one run (each row is a ratio against the single-stream row of the same run).
 
     python -m llgraph.runtime.bench.serve [MODEL] [--backend ort] [--slots 16] [--concurrency 1 4 8 16]
-                                              [--max-tokens 64] [--rounds 2]
+                                              [--max-tokens 64] [--rounds 2] [--threads 2]
+                                              [--peer llama-server=/path/to/llama-server]
+
+`--peer llama-server=PATH`: the same clients, prompts and slots against llama.cpp's own server on the same GGUF
+(`-np SLOTS -c SLOTS*MAX_SEQ_LEN -t THREADS`, continuous batching), run after llgraph's server has stopped; each row
+then shows llgraph's tokens/s over llama-server's.
 
 Each client sends `rounds` streaming completions one after another (greedy, a prompt of its own, run to
 max_tokens with `ignore_eos`); a row's tokens/s is
@@ -41,7 +46,7 @@ def _stream(port: int, prompt: str, max_tokens: int) -> tuple[float, int]:
     response = conn.getresponse()
     if response.status != 200:
         raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
-    first, tokens = None, 0
+    first, tokens, pieces = None, 0, 0
     for raw in response:
         line = raw.decode().strip()
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -51,7 +56,10 @@ def _stream(port: int, prompt: str, max_tokens: int) -> tuple[float, int]:
             first = time.perf_counter() - start
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
+        elif chunk["choices"] and chunk["choices"][0].get("text"):
+            pieces += 1
     conn.close()
+    tokens = tokens or pieces  # a server that reports no usage in the stream: one piece a token
     return first if first is not None else time.perf_counter() - start, tokens
 
 
@@ -76,12 +84,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, backend: str, *, name: str, slots: int, max_seq_len: int):
+def start_server(model: str, backend: str, *, name: str, slots: int, max_seq_len: int, threads: int | None = None):
     """`llgraph serve MODEL` on a free port, once it listens -> (process, port); (None, None) if it exited first."""
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "llgraph", "serve", model, "--backend", backend, "--name", name,
                                "--slots", str(slots), "--port", str(port), "--max-seq-len", str(max_seq_len),
-                               "--max-queue", "256"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               "--max-queue", "256", *(["--threads", str(threads)] if threads else [])],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ready = threading.Event()
 
     def watch():
@@ -98,6 +107,36 @@ def start_server(model: str, backend: str, *, name: str, slots: int, max_seq_len
     return server, port
 
 
+def start_llama_server(path: str, gguf: str, slots: int, max_seq_len: int, threads: int):
+    """llama.cpp's server on a free port, once /health answers 200 -> (process, port); (None, None) if it exited."""
+    port = _free_port()
+    server = subprocess.Popen([path, "-m", gguf, "--port", str(port), "-np", str(slots), "-c", str(slots * max_seq_len),
+                               "-t", str(threads), "-tb", str(threads), "--no-webui"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while server.poll() is None:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return server, port
+        except OSError:
+            pass
+        time.sleep(0.5)
+    print(f"llama-server exited ({server.returncode}) before it was ready", file=sys.stderr)
+    return None, None
+
+
+def _rows(server, port, args) -> list[dict] | None:
+    if server is None:
+        return None
+    try:
+        _stream(port, "Hello", 4)  # warm up
+        return [_row(port, c, args.rounds, args.max_tokens) for c in args.concurrency]
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", default="smollm2", help="what `llgraph serve` serves (default smollm2)")
@@ -107,26 +146,41 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2, help="requests each client sends in turn (default 2)")
     p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--threads", type=int, default=None, help="both servers' CPU threads (default: llgraph's own "
+                   "default, every core; llama-server then gets every core too)")
+    p.add_argument("--peer", default=None, help="llama-server=PATH: the same load against llama.cpp's server")
     args = p.parse_args(argv)
+    if args.peer is not None and not args.peer.startswith("llama-server="):
+        p.error("--peer takes llama-server=PATH")
 
-    server, port = start_server(args.model, args.backend, name="bench", slots=args.slots,
-                                max_seq_len=args.max_seq_len)
-    if server is None:
+    rows = _rows(*start_server(args.model, args.backend, name="bench", slots=args.slots,
+                               max_seq_len=args.max_seq_len, threads=args.threads), args)
+    if rows is None:
         return 1
-    try:
-        _stream(port, "Hello", 4)  # warm up
-        rows = [_row(port, c, args.rounds, args.max_tokens) for c in args.concurrency]
-    finally:
-        server.terminate()
-        server.wait(60)
+    peer = None
+    if args.peer is not None:
+        import os
+
+        from llgraph.bundled import BUNDLED, bundled_model
+
+        gguf = str(bundled_model(args.model)) if args.model in BUNDLED else args.model
+        peer = _rows(*start_llama_server(args.peer.split("=", 1)[1], gguf, args.slots, args.max_seq_len,
+                                         args.threads or os.cpu_count() or 1), args)
+        if peer is None:
+            return 1
     base = rows[0]["tokens_per_second"]
     print(f"llgraph serve {args.model} --backend {args.backend} --slots {args.slots}: streaming completions of "
           f"{args.max_tokens} tokens (greedy), {args.rounds} per client")
     print(f"{'clients':>8}{'requests':>10}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'x 1st row':>10}"
-          f"{'TTFT p50':>10}{'TTFT p95':>10}")
-    for r in rows:
-        print(f"{r['clients']:>8}{r['requests']:>10}{r['tokens']:>8}{r['seconds']:>9.2f}{r['tokens_per_second']:>10.1f}"
-              f"{r['tokens_per_second'] / base:>10.2f}{r['ttft_p50']:>9.3f}s{r['ttft_p95']:>9.3f}s")
+          f"{'TTFT p50':>10}{'TTFT p95':>10}" + (f"{'llama-server tok/s':>20}{'llgraph x':>11}" if peer else ""))
+    for i, r in enumerate(rows):
+        line = (f"{r['clients']:>8}{r['requests']:>10}{r['tokens']:>8}{r['seconds']:>9.2f}"
+                f"{r['tokens_per_second']:>10.1f}{r['tokens_per_second'] / base:>10.2f}{r['ttft_p50']:>9.3f}s"
+                f"{r['ttft_p95']:>9.3f}s")
+        if peer:
+            theirs = peer[i]["tokens_per_second"]
+            line += f"{theirs:>20.1f}{r['tokens_per_second'] / theirs:>11.2f}"
+        print(line)
     return 0
 
 

@@ -196,8 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "scraper without credentials)")
     s.add_argument("--pooling", choices=("last", "mean"), default="last", help="/v1/embeddings: pool the last "
                    "hidden states by the last token's (default) or their mean")
-    s.add_argument("--prefill-chunk", type=int, default=256, help="a longer prompt is prefilled this many tokens at "
-                   "a time, between the running requests' decode steps (default 256; 0: whole)")
+    s.add_argument("--prefill-chunk", type=int, default=256, help="the prompt tokens a step writes beside the "
+                   "running requests' next tokens (on llgraph's CPU kernels one forward holds both, the admitted "
+                   "prompts sharing the budget; elsewhere a chunk of one prompt between two decode steps); "
+                   "default 256; 0: every prompt whole")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--grace", type=float, default=10.0, help="on SIGTERM: seconds running requests get to finish "
                    "(default 10)")

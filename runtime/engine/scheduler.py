@@ -10,8 +10,11 @@ because the client left, or their timeout).
     scheduler.stop(grace=10)                             # no new requests; the running ones get `grace` seconds
 
 Why it is exact: the static cache is indexed by position, so each slot's row holds that request's keys and values
-whatever the others do. A request is prefilled alone on its own row (`backend.forward(..., rows=slot)`), exactly as
-`Runner.generate` prefills it; each decode step runs every row up to the highest busy slot, a free row taking a
+whatever the others do. On a ragged backend (its attention reads each token's cache row: an export on llgraph's CPU
+kernels, the torch executor) a step is one packed forward (Engine.advance): every running request's next token and
+draft, and as many prompt tokens of the admitted requests as `prefill_chunk` (the step's prompt-token budget)
+allows; a free slot costs nothing. Elsewhere a request is prefilled alone on its own row, a long prompt a chunk
+between two decode steps, and each decode step runs every row up to the highest busy slot, a free row taking a
 dummy token at the last position of its own row. Each request samples with its own parameters and generator.
 
 Prefix reuse: a row keeps the keys and values of the tokens its request wrote (prompt, then each step's input)
@@ -59,8 +62,9 @@ class Scheduler:
                  metrics: Metrics | None = None, reuse_prefixes: bool = True, draft: Runner | None = None,
                  prefill_chunk: int = 0):
         """`draft`: a runner over a smaller model sharing the tokenizer, for requests that speculate with "draft";
-        it gets a cache row per slot. `prefill_chunk`: a prompt longer than this is written that many tokens at a
-        time, one chunk between two decode steps of the others (0: whole)."""
+        it gets a cache row per slot. `prefill_chunk`: the prompt tokens a step writes, beside the running requests'
+        decode tokens (ragged backends: shared by the admitted prompts, oldest first; others: a chunk of one prompt
+        between two decode steps); 0: every prompt whole."""
         if slots < 1 or max_queue < 0 or prefill_chunk < 0:
             raise RequestError(f"slots ({slots}) must be >= 1, max_queue ({max_queue}) and prefill_chunk "
                                f"({prefill_chunk}) >= 0")

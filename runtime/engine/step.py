@@ -1,9 +1,11 @@
 """The one engine step. A `Row` is one sequence in its cache row (its slot): its prompt, how it samples, what it has
 emitted, its drafter. `Engine.prefill(rows)` writes prompts into their rows and samples each row's first token;
 `Engine.step(rows)` runs one forward over the busy rows — each row's last token and its draft, if it speculates —
-and samples each row's next tokens, keeping the drafts the sampler agrees with (runtime/engine/speculative.py). Every
-driver uses these two calls: Runner.generate/stream/chat (a batch of rows, slots 0..B-1) and the Scheduler (rows
-joining and leaving the server's slots). Speculation is data in the step, not a loop: a row without a drafter drafts
+and samples each row's next tokens, keeping the drafts the sampler agrees with (runtime/engine/speculative.py).
+`Engine.advance(rows, budget)` is both in one forward on a ragged backend (runtime/engine/packed.py): the decoding
+rows' tokens and drafts with pieces of the prompts being written. Runner.generate/stream/chat (a batch of rows,
+slots 0..B-1) use prefill and step; the Scheduler (rows joining and leaving the server's slots) advance on a ragged
+backend, else prefill, write and step. Speculation is data in the step, not a loop: a row without a drafter drafts
 nothing, and a step of rows without drafts is a plain decode step.
 
 Errors: a row's own work — its prefill, drafting, sampling, grammar, the events it emits — runs under one guard; if it
@@ -231,7 +233,8 @@ class Engine:
         `budget` allows (0: every prompt whole) — a scored prompt's keep their log-probabilities, a prompt that
         ends takes its first token. An embedding's prompt is written in its own forward of at most the budget (its
         hidden states are not in the packed forward's output); a scored prompt of one token needs none."""
-        batch, work = Packed(), []
+        batch = Packed()
+        work: list[tuple[Row, list[int] | int, slice]] = []  # (row, its draft or its piece's end, its logits' place)
         for r in rows:
             if r.finished or r.seen is None:
                 continue
@@ -247,6 +250,7 @@ class Engine:
             if r.finished or r.seen is not None or (left is not None and left <= 0):
                 continue
             end = r.written if left is None else min(r.written, r.start + left)
+            left = None if left is None else left - (end - r.start)
             if r.pooling is not None or r.written == 0:  # its own forward (see above)
                 if end == r.written:
                     self._own(r, self._prefill_one, r)
@@ -256,7 +260,6 @@ class Engine:
                 self._count_prefix(r, r.written)
                 kept = end - r.start if r.prompt_logprobs else int(end == r.written)
                 work.append((r, end, batch.add(r.slot, r.ids[r.start:end], r.start, kept)))
-            left = None if left is None else left - (end - r.start)
         if not work:
             return
         logits = batch.run(self.backend)

@@ -74,7 +74,8 @@ def test_a_step_runs_only_the_busy_rows_on_a_ragged_backend(tiny_runners, backen
     b = Recording(inner)
     b.allocate(4)
     engine = Engine(b)
-    rows = [Row(PROMPTS[0], Decoding(Runner(None).text_of, 3), slot=3), Row(PROMPTS[1], Decoding(Runner(None).text_of, 3), slot=1)]
+    text_of = Runner(None).text_of
+    rows = [Row(PROMPTS[0], Decoding(text_of, 3), slot=3), Row(PROMPTS[1], Decoding(text_of, 3), slot=1)]
     engine.prefill(rows)
     prefills, b.calls = b.calls, []
     engine.step(rows)
