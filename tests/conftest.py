@@ -21,6 +21,17 @@ sys.path[:0] = [str(TESTS)] + sorted(str(room) for room in TESTS.iterdir() if ro
                                      and not room.name.startswith((".", "_")))
 
 
+def need(module: str):
+    """`module`, which the [test] extra installs: its absence fails the test (a partial install must not drop a
+    suite silently), in one line naming the install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        pytest.fail(f"{module} is missing ({e}); the test extra installs it: pip install -e '.[test]'", pytrace=False)
+
+
 def max_diff(a, b) -> float:
     """max |a - b| in float64 of two tensors or arrays (torch tensors, numpy arrays, ml_dtypes' bfloat16)."""
     return float(np.abs(_f64(a) - _f64(b)).max())

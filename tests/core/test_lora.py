@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import need
 
-peft = pytest.importorskip("peft", reason="the LoRA tests check against PEFT (pip install peft)")
-transformers = pytest.importorskip("transformers")
+peft = need("peft")
+transformers = need("transformers")
 
 from test_families import DIMS  # noqa: E402
 

@@ -5,13 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import need
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_core_and_the_engine_type_check():
-    pytest.importorskip("mypy", reason="the type check needs mypy (the test extra has it)")
+    need("mypy")
     r = subprocess.run([sys.executable, "-m", "mypy"], capture_output=True, text=True, cwd=REPO)
     print(r.stdout[-3000:])
     assert r.returncode == 0, r.stdout + r.stderr

@@ -5,8 +5,9 @@ on its default export (the GGUF's Q4_1 blocks on llgraph's CPU kernels) against 
 import numpy as np
 import pytest
 import torch
+from conftest import need
 
-transformers = pytest.importorskip("transformers")
+transformers = need("transformers")
 
 from test_families import DIMS  # noqa: E402
 

@@ -5,9 +5,10 @@ output under a schema equals the unconstrained model's wherever that already com
 import json
 
 import pytest
+from conftest import need
 
-pytest.importorskip("llguidance", reason="structured output needs llguidance (pip install llguidance)")
-jsonschema = pytest.importorskip("jsonschema")
+need("llguidance")
+jsonschema = need("jsonschema")
 
 from llgraph.runtime.engine.grammar import Grammar  # noqa: E402
 from llgraph.runtime.engine.sampling import RequestError  # noqa: E402

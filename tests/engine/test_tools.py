@@ -6,6 +6,7 @@ that knows no tools, calls parsed from both wire formats, and the grammar of a r
 import json
 
 import pytest
+from conftest import need
 
 from llgraph.runtime.engine.sampling import RequestError
 from llgraph.runtime.engine.tools import FALLBACK, ToolSpec, _parse_llama3, chat_inputs, renders_tools, style
@@ -70,7 +71,7 @@ class _Tokenizer:
 
 @pytest.mark.parametrize("template", [HERMES, LLAMA3], ids=["hermes", "llama3"])
 def test_tools_render_as_transformers_renders_them(template):
-    transformers = pytest.importorskip("transformers")
+    transformers = need("transformers")
     from transformers.utils.chat_template_utils import render_jinja_template
 
     spec = ToolSpec.of([WEATHER, TIME])
@@ -145,7 +146,7 @@ def test_streaming_holds_back_only_what_may_be_a_call():
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]}, "schema"),
 ])
 def test_bad_tool_fields_are_one_line_naming_the_field(fields, says):
-    pytest.importorskip("llguidance")
+    need("llguidance")
     with pytest.raises(RequestError, match=says):
         ToolSpec.of(fields.get("tools"), fields.get("tool_choice"), fields.get("parallel_tool_calls"))
     assert ToolSpec.of([WEATHER], "none") is None and ToolSpec.of(None) is None
@@ -160,8 +161,8 @@ def runner(serve_export):
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_a_required_call_is_valid_by_construction_on_smollm2(runner, choice):
-    jsonschema = pytest.importorskip("jsonschema")
-    pytest.importorskip("llguidance")
+    jsonschema = need("jsonschema")
+    need("llguidance")
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
     ask = [{"role": "user", "content": "What's the weather like in Paris, in celsius?"}]
     template = runner.tokenizer.chat_template
@@ -199,8 +200,8 @@ def test_schemas_with_defs_work_in_every_mode_and_any_valid_schema_under_auto(ru
     """Pydantic's $defs/$ref resolve under required and a named choice (the pointers re-rooted where the call
     grammar puts the schema), and the forced call's arguments validate; under auto, a schema with keywords no grammar
     engine constrains (not, if/then, uniqueItems, contains, dependentRequired) is accepted."""
-    jsonschema = pytest.importorskip("jsonschema")
-    pytest.importorskip("llguidance")
+    jsonschema = need("jsonschema")
+    need("llguidance")
     city = {"type": "function", "function": {"name": "weather", "parameters": PYDANTIC}}
     template = runner.tokenizer.chat_template
     for choice in ("auto", "required", {"type": "function", "function": {"name": "weather"}}):

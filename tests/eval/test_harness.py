@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import need
 
-pytest.importorskip("lm_eval", reason="the lm-eval adapter needs lm-evaluation-harness (pip install 'llgraph[eval]')")
+need("lm_eval")
 
 TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_eval"
 MAX_LEN = 64  # both models: the 170-token text takes three windows

@@ -3,6 +3,7 @@ tokenizer, cache and loop), and its 32 greedy tokens equal the PyTorch executor'
 
 import pytest
 import torch
+from conftest import need
 from reference import Stepper
 
 from llgraph.checkpoint import load_config
@@ -10,7 +11,7 @@ from llgraph.export import export_model
 from llgraph.weights import SafetensorsSource
 
 pytestmark = pytest.mark.slow
-og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install '.[test]')")
+og = need("onnxruntime_genai")
 NEW_TOKENS = 32
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import need
 
 from llgraph.plugins import cpu
 
-ort = pytest.importorskip("onnxruntime")
-onnx = pytest.importorskip("onnx")
+ort = need("onnxruntime")
+onnx = need("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 

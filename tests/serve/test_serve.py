@@ -12,10 +12,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import need
 
-openai = pytest.importorskip("openai", reason="the serve tests need the openai client (pip install 'llgraph[serve]')")
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
+openai = need("openai")
+httpx = need("httpx")
+need("fastapi")
 
 from serving import Server, free_port  # noqa: E402
 
@@ -192,7 +193,7 @@ def test_one_slot_queue_full_disconnect_and_sigterm(serve_export):
 
 @pytest.mark.slow
 def test_ray_serve_two_local_replicas_answer(serve_export):
-    pytest.importorskip("ray.serve", reason="--ray needs Ray Serve (pip install 'llgraph[serve]')")
+    need("ray.serve")
     from llgraph.runtime import ORTRunner
 
     s = Server(str(serve_export), "--name", "smollm2", "--ray", "--replicas", "2", "--slots", "2",

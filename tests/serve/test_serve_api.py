@@ -6,9 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from conftest import need
 
-openai = pytest.importorskip("openai", reason="the serve tests need the openai client (pip install 'llgraph[serve]')")
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
+openai = need("openai")
+need("fastapi")
 
 from serving import Server  # noqa: E402
 
@@ -142,7 +143,7 @@ def test_tokenize_and_detokenize_speak_vllms_shapes(server, runner):
 
 
 def test_json_schema_output_validates_for_20_seeds_through_the_openai_client(server):
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = need("jsonschema")
     import json
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},

@@ -3,10 +3,10 @@ langchain-openai (chat, `bind_tools`, `with_structured_output`, embeddings), lit
 openai client's `chat.completions.parse` with a pydantic model. (instructor is left out: its pin jiter<0.15 forces
 openai back to 3.3.0 beside the rest of the test extra.)"""
 
-import pytest
+from conftest import need
 
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
-pydantic = pytest.importorskip("pydantic")
+need("fastapi")
+pydantic = need("pydantic")
 
 from test_serve_openai import server  # noqa: E402,F401 (the fixture: one server for the OpenAI-convention tests)
 
@@ -26,7 +26,7 @@ def test_openai_parse_with_a_pydantic_model(server):  # noqa: F811
 
 
 def test_langchain_openai(server):  # noqa: F811
-    lc = pytest.importorskip("langchain_openai", reason="langchain-openai is not installed")
+    lc = need("langchain_openai")
     llm = lc.ChatOpenAI(model="smol", base_url=f"{server.url}/v1", api_key="unused", max_tokens=16, temperature=0)
     assert llm.invoke("Say hello.").content
     weather = {"type": "function", "function": {"name": "get_weather", "description": "weather in a city",
@@ -45,7 +45,7 @@ def test_langchain_openai(server):  # noqa: F811
 
 def test_litellm(server, monkeypatch):  # noqa: F811
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its price list, not fetched from GitHub
-    litellm = pytest.importorskip("litellm", reason="litellm is not installed")
+    litellm = need("litellm")
     base = {"model": "openai/smol", "api_base": f"{server.url}/v1", "api_key": "unused", "max_tokens": 8,
             "temperature": 0, "messages": [{"role": "user", "content": "Say hello."}]}
     whole = litellm.completion(**base)

@@ -4,9 +4,10 @@ embeddings served beside running completions, and 400s for `dimensions` and bad 
 
 import numpy as np
 import pytest
+from conftest import need
 
-openai = pytest.importorskip("openai", reason="the serve tests need the openai client (pip install 'llgraph[serve]')")
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
+openai = need("openai")
+need("fastapi")
 
 from serving import Server  # noqa: E402
 

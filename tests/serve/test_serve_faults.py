@@ -7,10 +7,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import need
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("openai", reason="the serve tests need the openai client (pip install 'llgraph[serve]')")
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
+httpx = need("httpx")
+need("openai")
+need("fastapi")
 
 from serving import Server  # noqa: E402
 

@@ -7,10 +7,10 @@ an error, in OpenAI's error shape."""
 import asyncio
 import json
 
-import pytest
+from conftest import need
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
+httpx = need("httpx")
+need("fastapi")
 
 from serving import Server  # noqa: E402
 

@@ -7,9 +7,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import need
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
+httpx = need("httpx")
+need("fastapi")
 
 from serving import Server  # noqa: E402
 

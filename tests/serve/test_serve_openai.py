@@ -7,10 +7,11 @@ counts the reused prefix; errors name the field at fault (`messages`, `prompt`, 
 import json
 
 import pytest
+from conftest import need
 
-openai = pytest.importorskip("openai", reason="the serve tests need the openai client (pip install 'llgraph[serve]')")
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
+openai = need("openai")
+httpx = need("httpx")
+need("fastapi")
 
 from serving import Server  # noqa: E402
 

@@ -8,9 +8,10 @@ import shutil
 import time
 
 import pytest
+from conftest import need
 
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
-webdriver = pytest.importorskip("selenium.webdriver", reason="the browser test drives chromium with selenium")
+need("fastapi")
+webdriver = need("selenium.webdriver")
 
 from serving import Server  # noqa: E402
 

@@ -6,11 +6,12 @@ and one-line 400s for bad tool fields."""
 import json
 
 import pytest
+from conftest import need
 
-openai = pytest.importorskip("openai", reason="the serve tests need the openai client (pip install 'llgraph[serve]')")
-pytest.importorskip("fastapi", reason="llgraph serve needs its extra (pip install 'llgraph[serve]')")
-pytest.importorskip("llguidance", reason="required tool calls need llguidance")
-jsonschema = pytest.importorskip("jsonschema")
+openai = need("openai")
+need("fastapi")
+need("llguidance")
+jsonschema = need("jsonschema")
 
 from serving import Server  # noqa: E402
 from test_tools import TIME, WEATHER  # noqa: E402  (tests/engine: the same two functions)
@@ -70,8 +71,11 @@ def test_a_two_turn_exchange_feeds_the_call_and_its_result_back(server):
     answer = second.choices[0]
     print(f"turn 2 ({second.usage.prompt_tokens} prompt tokens, {answer.finish_reason}): {answer.message.content!r}")
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 20  # the call and its result are in the prompt
-    assert answer.finish_reason in ("stop", "length", "tool_calls")
-    if answer.finish_reason != "tool_calls":
+    if answer.finish_reason == "tool_calls":  # another call: the reason says so only with a parsed call behind it
+        assert answer.message.tool_calls and all(isinstance(json.loads(c.function.arguments), dict)
+                                                 for c in answer.message.tool_calls)
+    else:  # an answer in words: text, and no call
+        assert answer.finish_reason in ("stop", "length") and answer.message.tool_calls is None
         assert isinstance(answer.message.content, str) and answer.message.content
     # tool_choice "none" renders no tools: the same history answers as plain chat
     plain = server.client.chat.completions.create(model="m", messages=history, tools=[WEATHER], tool_choice="none",
@@ -115,7 +119,7 @@ def test_auto_streams_the_same_content_and_calls_as_the_whole_answer(server, ask
 def test_an_agent_library_calls_a_tool_and_answers(server):
     """The OpenAI Agents SDK over the server: its first turn must call the tool (tool_choice required, which the SDK
     resets after a call), the SDK runs the function, feeds the result back, and the model answers in text."""
-    agents = pytest.importorskip("agents", reason="the OpenAI Agents SDK (pip install openai-agents)")
+    agents = need("agents")
     called = []
 
     @agents.function_tool
