@@ -167,10 +167,8 @@ class OrtBackend(Backend):
         self.forward(input_ids, position_ids, rows, keep=1)
         return self._hidden_out(*input_ids.shape).astype(np.float32)  # a copy: the buffer is the next step's
 
-    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
-        for array in self._arrays.values():
-            array[dst, :, :length] = array[src, :, :length]
-        return True
+    def caches(self) -> list:
+        return list(self._arrays.values()) if self._batch is not None else []
 
     def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, np.ndarray]:
         """One step through session.run (no IO binding) returning every output the graph exposes (a diff side's

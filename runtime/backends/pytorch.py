@@ -64,10 +64,8 @@ class TorchBackend(Backend):
                                 self.kv.row(self.config.head_dim))
         self._batch = batch
 
-    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
-        for t in self._cache.values():
-            t[dst, :, :length] = t[src, :, :length]
-        return True
+    def caches(self) -> list:
+        return list(self._cache.values())
 
     def _feeds(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows, keep: int = 0) -> dict:
         feeds = {"input_ids": ids_tensor(input_ids, self.device), "position_ids": ids_tensor(position_ids, self.device)}

@@ -134,11 +134,11 @@ class TRTBackend(Backend):
                                    lambda shape: self.device.zeros(shape, self.io["past_key_values.0.key"]))
         self._bound = None
 
-    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
-        with self.device.on(self.stream):  # ordered with the steps that wrote and will read them
-            for t in self.cache.values():
-                t[dst, :, :length] = t[src, :, :length]
-        return True
+    def caches(self) -> list:
+        return list(self.cache.values())
+
+    def ordered(self):
+        return self.device.on(self.stream)  # a copy between rows ordered with the steps that wrote and read them
 
     def _bind_cache(self, rows: slice) -> None:
         """Rows `rows` of each cache buffer (a contiguous view) as both past and present: the plugin writes it in

@@ -12,7 +12,8 @@ slot p >= len(b), and row b's decode token at position p overwrites slot p befor
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from contextlib import nullcontext
+from typing import ContextManager, Sequence, Union
 
 import numpy as np
 
@@ -109,7 +110,20 @@ class Backend:
             return 0
         return self.kv_format().bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
 
+    def caches(self) -> list:
+        """The KV cache buffers, [rows, kv_heads, max_seq, row] each (numpy arrays or torch tensors, indexed alike);
+        empty before allocate() or where the backend keeps none it can copy within."""
+        return []
+
+    def ordered(self) -> ContextManager:
+        """A context in which a copy between cache rows is ordered with the forwards (TensorRT: its stream)."""
+        return nullcontext()
+
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
         """Copies cache positions 0..length-1 of row `src` into row `dst` (the scheduler's prefix reuse); False where
-        this backend cannot."""
-        return False
+        this backend cannot (no caches())."""
+        caches = self.caches()
+        with self.ordered():
+            for t in caches:
+                t[dst, :, :length] = t[src, :, :length]
+        return bool(caches)

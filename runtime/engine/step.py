@@ -174,7 +174,7 @@ class Engine:
         """-> each row's last-token logits [B, V]."""
         b, ids = self.backend, [r.ids for r in rows]
         shared = shared_prefix(ids) if share and not any(r.start for r in rows) else 0
-        if shared >= MIN_REUSE and b.copy_prefix(rows[0].slot, rows[0].slot, 0):  # probed with an empty copy
+        if shared >= MIN_REUSE and b.caches():  # copy_prefix can copy
             b.forward(np.array([ids[0][:shared]], np.int64), np.arange(shared)[None], rows=[rows[0].slot], keep=1)
             for r in rows:
                 b.copy_prefix(rows[0].slot, r.slot, shared)
