@@ -1,5 +1,6 @@
-"""One cached decode loop (loop.py) behind every runner: ORTRunner (CPU default), TRTRunner (a TensorRT engine on
-a GPU), TorchRunner (the reference). Each backend is one module plus one line in registry.py.
+"""One engine (runtime/engine/: the step, the runner, the scheduler) behind every runner: ORTRunner (CPU default),
+TRTRunner (a TensorRT engine on a GPU), TorchRunner (the reference). Each backend is one module in runtime/backends/
+plus one line in its registry (runtime/backends/__init__.py).
 
 The names below load on first use (PEP 562), so importing a light module of this package (the registry, the
 sampling rules) does not import every backend and its tensor library."""

@@ -3,8 +3,8 @@
     python tests/trt_plugin_probe.py EXPORT_FOLDER MAX_SEQ      # prints one JSON line per plugin node
     python tests/trt_plugin_probe.py EXPORT_FOLDER MAX_SEQ --none   # llgraph's parse(plugins="none") instead
 
-Run in a subprocess by tests/test_trt_build.py. A creator is registered with TensorRT-RTX's plugin registry for every
-llgraph plugin op; it records the node's name and fields and declines to build a plugin (a Python plugin object
+Run in a subprocess by tests/export/test_trt_build.py. A creator is registered with TensorRT-RTX's plugin registry for
+every llgraph plugin op; it records the node's name and fields and declines to build a plugin (a Python plugin object
 aborts TensorRT-RTX's process), which stops the parse at that node. The next parse strips `plugin_namespace` from the
 nodes already seen, so the parser imports their function bodies and reaches the next plugin node; the last parse,
 with every node seen, succeeds through the bodies alone.

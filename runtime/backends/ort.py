@@ -245,7 +245,7 @@ _SAID: set[str] = set()  # the targets ORTRunner has said this of, once a proces
 
 def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype: str = "float32",
               max_seq: int = 256, folder: str | Path | None = None, graph: Graph | None = None):
-    """A diff side (runtime/diff.py): exports (into `folder`, or a temporary one removed when the side is dropped)
+    """A diff side (runtime/eval/diff.py): exports (into `folder`, or a temporary one removed when the side is dropped)
     and runs an OrtBackend on the export with every IR-named node output exposed as a graph output."""
     import onnx
 
@@ -281,7 +281,7 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
 
 
 def _open(path: Path, options: RunOptions) -> ORTRunner:
-    """An export folder as it is; a checkpoint exported once into the cache (runtime/cache.py), then run."""
+    """An export folder as it is; a checkpoint exported once into the cache (runtime/backends/cache.py), then run."""
     if Manifest.find(path) is not None:
         return ORTRunner(path, options.max_seq_len, options.threads, options.kv_cache)
     from llgraph.checkpoint import load_config

@@ -117,7 +117,7 @@ class TorchRunner(Runner):
 
 def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", max_seq: int = 256,
                graph: Graph | None = None):
-    """A diff side (runtime/diff.py): a TorchBackend recording every value, each stepper from a zeroed cache."""
+    """A diff side (runtime/eval/diff.py): a TorchBackend recording every value, each stepper from a zeroed cache."""
     backend = TorchBackend(cfg, source, max_seq, dtype, graph=graph, limit=max_seq)
 
     def stepper():

@@ -40,7 +40,7 @@ from llgraph.tokenizer import Tokenizer
 
 
 class CudaDevice:
-    """The memory and streams TRTBackend binds: torch's CUDA (runtime/trt_twin.py has the CPU twin of it)."""
+    """The memory and streams TRTBackend binds: torch's CUDA (runtime/backends/trt_twin.py has the CPU twin of it)."""
 
     def stream(self):
         return torch.cuda.Stream()
@@ -61,7 +61,7 @@ class CudaDevice:
 class TRTBackend(Backend):
     def __init__(self, folder: str | Path, tensorrt: str = "auto"):
         """`tensorrt`: "auto" (the flavour the engine was built with), "tensorrt", "rtx", or "twin" (TensorRT's CPU
-        twin: the engine's contract enforced and each step computed by ONNX Runtime; runtime/trt_twin.py)."""
+        twin: the engine's contract enforced and each step computed by ONNX Runtime; runtime/backends/trt_twin.py)."""
         folder = Path(folder)
         manifest = read_manifest(folder)
         meta_path = folder / ENGINE_META
@@ -178,7 +178,7 @@ class TRTBackend(Backend):
 
 
 def engine_side(folder: str | Path, tensorrt: str = "auto"):
-    """A diff side (runtime/diff.py): a TensorRT engine built from a `trt` export folder (needs tensorrt and a
+    """A diff side (runtime/eval/diff.py): a TensorRT engine built from a `trt` export folder (needs tensorrt and a
     GPU, or `tensorrt="twin"`). It exposes the final outputs: logits and the present caches."""
     backend = TRTBackend(folder, tensorrt)
 

@@ -16,8 +16,8 @@ No engine can run on this machine, so the twin stands in for `IRuntime`, `ICudaE
 - **the step**: ONNX Runtime runs the export's model (its plugin nodes through their function bodies) on the bound
   buffers, and writes the logits and the present caches back into them.
 
-`TwinDevice` is the twin of `CudaDevice` (runtime/trt.py): 256-byte aligned CPU buffers, and streams that record
-which stream last wrote each buffer.
+`TwinDevice` is the twin of `CudaDevice` (runtime/backends/trt.py): 256-byte aligned CPU buffers, and streams that
+record which stream last wrote each buffer.
 """
 
 from __future__ import annotations

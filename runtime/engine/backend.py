@@ -64,7 +64,7 @@ class Backend:
     max_seq_len: int
     vocab_size: int
     # whether one forward may run several rows of more than one token after a cached prefix (speculative
-    # verification); ONNX Runtime's GroupQueryAttention takes only one such row (runtime/ort.py sets False)
+    # verification); ONNX Runtime's GroupQueryAttention takes only one such row (an OrtBackend without slot ids)
     multi_token_rows: bool = True
     # whether forward's `rows` may be any cache rows per token (passes.ragged_slots): a step runs only busy rows
     ragged: bool = False

@@ -146,7 +146,7 @@ class Runner:
             stats.update(prompt_tokens=len(row.ids), prefill_s=first - start, new_tokens=row.decoding.steps,
                          decode_s=time.perf_counter() - first, **counts.as_dict())
 
-    # -- scoring (runtime/score.py) ---------------------------------------------------------------------------------
+    # -- scoring (runtime/engine/score.py) ----------------------------------------------------------------------------
     def score(self, context, continuation):
         """Log-probability of `continuation` after `context` (texts or token ids) -> score.Score."""
         return self.score_batch([(context, continuation)])[0]

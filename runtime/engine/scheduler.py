@@ -26,7 +26,7 @@ a request takes that row (a request with no match takes the lowest free row, so 
 longest). A scored prompt (prompt logprobs) or a mean-pooled embedding reuses no prefix (it needs every position's
 output), but is written in chunks like any prompt. Kernels whose rows do not depend on the forward's shape
 (tests/plugins/test_cpu_batch_invariance.py) make a reused prefix, a chunk and a neighbour change no bit of a row.
-Speculative decoding (runtime/speculative.py) verifies a speculating request's draft in the same step: drafts by
+Speculative decoding (runtime/engine/speculative.py) verifies a speculating request's draft in the same step: drafts by
 prompt lookup ("ngram"), or by the scheduler's draft model ("draft": `Scheduler(runner, draft=draft_runner)`),
 whose cache has a row per slot, written from the request's first token on.
 The thread that calls `start()` keeps the caller free: the decode loop runs on one background thread, and
@@ -115,7 +115,7 @@ class Scheduler:
         `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
         `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only). `grammar`: a
         runtime.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and verifies
-        the drafts in its decode steps (runtime/speculative.py), "draft" drafts with the scheduler's draft model;
+        the drafts in its decode steps (runtime/engine/speculative.py), "draft" drafts with the scheduler's draft model;
         at most `draft_max` tokens a step. `pooling` ("last" or "mean"): an embedding, nothing generated (its
         handle's `embedding` once done; runtime/engine/embed.py), unit length if `normalize`."""
         ids = self.runner.encode(prompt)

@@ -1,5 +1,5 @@
 """`llgraph eval`: does an engine still answer like the reference? Multiple-choice accuracy and perplexity from
-log-likelihoods (runtime/score.py), on any backend, optionally side by side with a second backend.
+log-likelihoods (runtime/engine/score.py), on any backend, optionally side by side with a second backend.
 
     llgraph eval MODEL --task mc --data items.jsonl   # lines {"context"|"question": str, "choices": [str], "answer": i}
     llgraph eval MODEL --task perplexity --data text.txt [--context N] [--stride N]

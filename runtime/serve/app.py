@@ -1,5 +1,5 @@
-"""`llgraph serve`: an OpenAI-compatible HTTP server over the continuous-batching scheduler (runtime/scheduler.py),
-for any runner. `pip install -e ".[serve]"`.
+"""`llgraph serve`: an OpenAI-compatible HTTP server over the continuous-batching scheduler
+(runtime/engine/scheduler.py), for any runner. `pip install -e ".[serve]"`.
 
     llgraph serve smollm2 [--backend ort|torch|trt] [--slots 8] [--host 127.0.0.1] [--port 8000]
     llgraph serve smollm2 --ray --replicas 2          # the same app as a Ray Serve deployment
@@ -11,7 +11,7 @@ true` answers as server-sent events in OpenAI's chunk format: completions.py), /
 request (a field that would change the output and is not supported included), 429 when every slot is busy and the
 queue is full, 503 while shutting down.
 SIGTERM (or Ctrl-C): admit nothing new, let running requests finish for --grace seconds, cancel the rest, exit 0.
-This module is the app; runtime/serve_run.py runs it (uvicorn, or Ray Serve with --ray).
+This module is the app; runtime/serve/run.py runs it (uvicorn, or Ray Serve with --ray).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ServeOptions:
     weights: Weights = Weights()
     max_request_bytes: int = 8 << 20  # a larger body is a 413 before it is read
     threads: int | None = None  # CPU threads of the runner (registry.RunOptions.threads)
-    speculative: str = "off"  # requests' default: off, ngram or draft (runtime/speculative.py); a request's
+    speculative: str = "off"  # requests' default: off, ngram or draft (runtime/engine/speculative.py); a request's
     # "speculative" overrides it
     draft_max: int = MAX_DRAFT  # requests' default most drafted tokens a step; "speculative.n_max" overrides it
     draft: str | None = None  # the draft model (a MODEL as for `model`), opened beside it: requests may ask "draft"

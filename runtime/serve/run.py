@@ -1,4 +1,4 @@
-"""Running `llgraph serve`'s app (runtime/serve.py): one process under uvicorn, or a Ray Serve deployment of
+"""Running `llgraph serve`'s app (runtime/serve/app.py): one process under uvicorn, or a Ray Serve deployment of
 replicas (`--ray`). Either way SIGTERM or SIGINT stops it cleanly: uvicorn drains the scheduler; the Ray driver
 shuts Serve and its local Ray down."""
 

@@ -1,5 +1,5 @@
-"""TRTBackend through TensorRT's CPU twin (runtime/trt_twin.py): engines built here by TensorRT-RTX, run by the real
-backend code on CPU with TensorRT's execution contract enforced. Greedy tokens equal ONNX Runtime's on the `ort`
+"""TRTBackend through TensorRT's CPU twin (runtime/backends/trt_twin.py): engines built here by TensorRT-RTX, run by the
+real backend code on CPU with TensorRT's execution contract enforced. Greedy tokens equal ONNX Runtime's on the `ort`
 export of the same weights, the scheduler's concurrent requests equal their solo answers, `llgraph diff --b trt`
 passes, and each runtime defect of issue 25 (streams, alignment, unchecked calls, I/O, contiguity) is caught."""
 

@@ -1,4 +1,4 @@
-"""Speculative decoding (runtime/speculative.py): greedy output equals plain decoding token for token on every
+"""Speculative decoding (runtime/engine/speculative.py): greedy output equals plain decoding token for token on every
 backend, batched and alone; sampled output keeps plain sampling's distribution (a chi-square test over many seeds,
 which a deliberately broken rejection rule fails); bad settings are one line."""
 
