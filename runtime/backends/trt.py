@@ -151,7 +151,7 @@ class TRTBackend(Backend):
         self._bound = rows
 
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
-                keep: int = 0) -> np.ndarray:  # every position's logits, whatever `keep` asks
+                keep: int = 0) -> np.ndarray:  # the engine computes every position's; the last `keep` leave the GPU
         batch, seq = input_ids.shape
         rows = span_of(rows, input_ids.shape[0])
         rows = slice(0, next(iter(self.cache.values())).shape[0]) if rows is None else rows
@@ -173,8 +173,11 @@ class TRTBackend(Backend):
             self._call(self.context.set_tensor_address("logits", logits.data_ptr()), "the address of logits")
             if not self.context.execute_async_v3(self.stream.cuda_stream):
                 raise EngineError("TensorRT failed to run the engine (see its log above)")
+        kept = logits[:, seq - min(keep, seq):] if keep > 0 else logits
+        with self.device.on(self.stream):  # the kept rows converted and copied on the stream that wrote them
+            kept = kept.float().cpu()
         self.stream.synchronize()
-        return logits.float().cpu().numpy()
+        return kept.numpy()
 
 
 def engine_side(folder: str | Path, tensorrt: str = "auto"):
