@@ -172,7 +172,8 @@ def smollm2_truth():
 def tiny_runners(tmp_path_factory):
     """(cfg, source, runners): the same random tiny model (std 0.25: decisive logits) behind every CPU runner —
     torch, and ONNX Runtime on the ort, onnx and trt exports (trt through its function bodies), and "ort-llgraph":
-    the ort export on llgraph's CPU kernels, whose attention takes ragged rows (passes.ragged_slots) — cache 64."""
+    the ort export on llgraph's CPU kernels, whose attention takes ragged rows (passes.ragged_slots), with a float32
+    cache — cache 64."""
     from reference import tiny, write_hf_checkpoint
 
     from llgraph.checkpoint import random_weights
@@ -190,6 +191,6 @@ def tiny_runners(tmp_path_factory):
 
     folder = export_model(ckpt, checkpoint=ckpt, out=tmp_path_factory.mktemp("tiny") / "ort-llgraph", target="ort",
                           weights=Weights(kernels="llgraph"))
-    runners["ort-llgraph"] = ORTRunner(folder, max_seq_len=64)
+    runners["ort-llgraph"] = ORTRunner(folder, max_seq_len=64, kv_cache="float32")  # exact (the default is lossy)
     assert runners["ort-llgraph"].backend.ragged and runners["torch"].backend.ragged
     return cfg, source, runners

@@ -155,9 +155,9 @@ class Runner:
         """[(context, continuation), ...] -> [score.Score, ...], one forward pass per batch. Texts are encoded
         as lm-evaluation-harness does: the whole string once, the continuation being what follows the context's
         own encoding (so a token spanning the boundary belongs to the continuation)."""
-        from llgraph.runtime.engine.score import score_pairs
+        from llgraph.runtime.engine.scoring import score
 
-        return score_pairs(self.backend, [self._split_pair(c, x) for c, x in pairs], batch_size)
+        return score(self.backend, [self._split_pair(c, x) for c, x in pairs], batch_size)
 
     def embed(self, texts, pooling: str = "last", normalize: bool = True) -> np.ndarray:
         """Embeddings of a text, token ids, or a list of either -> float32 [N, hidden] (one text: [hidden]): the
@@ -191,9 +191,10 @@ class Runner:
         import math
 
         from llgraph.runtime.engine.score import rolling_logprob
+        from llgraph.runtime.engine.scoring import score
 
         ids = self.encode(text)
-        logprob, n = rolling_logprob(self.backend, ids, window, stride)
+        logprob, n = rolling_logprob(self.backend, ids, window, stride, score)
         return Perplexity(math.exp(-logprob / n), -logprob, n)
 
     def _split_pair(self, context, continuation) -> tuple[list[int], list[int]]:

@@ -58,17 +58,22 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+def check_pair(backend, context: Sequence[int], continuation: Sequence[int]) -> None:
+    """A pair the backend's cache can score, or a RequestError saying why not."""
+    if not context or not continuation:
+        raise RequestError("a scored pair needs at least one context and one continuation token")
+    if len(context) + len(continuation) - 1 > backend.max_seq_len:
+        raise RequestError(f"context + continuation ({len(context) + len(continuation)} tokens) exceed the model's "
+                           f"cache ({backend.max_seq_len} tokens, plus the last token, which is never input); "
+                           "shorten it or raise --max-seq-len")
+
+
 def score_pairs(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
     out = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start:start + batch_size]
         for c, x in chunk:
-            if not c or not x:
-                raise RequestError("a scored pair needs at least one context and one continuation token")
-            if len(c) + len(x) - 1 > backend.max_seq_len:
-                raise RequestError(f"context + continuation ({len(c) + len(x)} tokens) exceed the model's cache "
-                                   f"({backend.max_seq_len} tokens, plus the last token, which is never input); "
-                                   "shorten it or raise --max-seq-len")
+            check_pair(backend, c, x)
         rows = [(list(c) + list(x))[:-1] for c, x in chunk]  # the last token is predicted, never input
         longest = max(len(r) for r in rows)
         tokens = np.zeros((len(rows), longest), np.int64)
@@ -84,11 +89,13 @@ def score_pairs(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], b
     return out
 
 
-def rolling_logprob(backend, ids: Sequence[int], window: int | None = None, stride: int | None = None
-                    ) -> tuple[float, int]:
+def rolling_logprob(backend, ids: Sequence[int], window: int | None = None, stride: int | None = None,
+                    scorer=None) -> tuple[float, int]:
     """Sum of log p(token t | the tokens before it in its window) over tokens 1..n-1, each scored exactly once.
     Windows of at most `window` tokens start every `stride` tokens (default: the window); each scores the tokens
-    the previous one did not reach, with the rest of the window as context (at least one token)."""
+    the previous one did not reach, with the rest of the window as context (at least one token). `scorer`: how a
+    pair is scored (default score_pairs; the runner's is runtime/engine/scoring.py's, through the step)."""
+    scorer = scorer or score_pairs
     window = window or backend.max_seq_len
     stride = stride or window
     if not 2 <= window <= backend.max_seq_len:
@@ -101,6 +108,6 @@ def rolling_logprob(backend, ids: Sequence[int], window: int | None = None, stri
     while scored < len(ids):
         begin = min(begin, scored - 1)
         end = min(begin + window, len(ids))
-        total += score_pairs(backend, [(ids[begin:scored], ids[scored:end])], 1)[0].logprob
+        total += scorer(backend, [(ids[begin:scored], ids[scored:end])], 1)[0].logprob
         scored, begin = end, begin + stride
     return total, len(ids) - 1

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from llgraph.errors import LlgraphError
 from llgraph.runtime.backends import open_runner
-from llgraph.runtime.engine.score import score_pairs
+from llgraph.runtime.engine.scoring import score
 from llgraph.weight_request import Weights
 
 
@@ -123,7 +123,7 @@ class LlgraphLM(TemplateLM):
         for start in tqdm(range(0, len(pairs), self.batch_size), desc="llgraph log-likelihoods", unit="batch",
                           disable=disable_tqdm):
             out += [(s.logprob, s.greedy)
-                    for s in score_pairs(self.runner.backend, pairs[start:start + self.batch_size], self.batch_size)]
+                    for s in score(self.runner.backend, pairs[start:start + self.batch_size], self.batch_size)]
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
