@@ -6,7 +6,11 @@ host; it does not repack weights as llama.cpp's model loader may) when `--ggml` 
 bandwidth on 1 and 2 threads printed with them.
 
     python -m llgraph.runtime.bench.gemv [--threads 1] [--types Q4_K,Q5_K,Q6_K,Q8_0,Q4_0] [--level auto]
-                                         [--ggml /path/to/test-backend-ops]
+                                         [--ggml /path/to/test-backend-ops] [--tokens 1] [--library A.so B.so]
+
+`--tokens M`: M tokens a call (a serving step's decode rows; GB/s then counts the weights once a call, so it rises
+with M while the kernel reuses each weight load); `--library`: time these builds of the kernels side by side,
+alternating (an A/B of a kernel change in one run; default: the current build).
 
 The weights are random valid blocks (the bytes a GGUF would hold: codes, and half-float scales inside each block);
 the node is the one the ort export writes (interleaved 16 rows, the format's default accuracy level unless --level).
@@ -26,8 +30,9 @@ K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}, 4), "Q5_K": (176, {0: 5e-4, 2: 7
 BLOCKS = {"Q8_0": (8, 32, 128, 34), "Q4_0": (4, 32, 8, 18)}  # bits, block, zero point, GGUF bytes a block
 
 
-def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng):
-    """An ONNX Runtime session of one QLinear of `kind` on llgraph's kernels, and the GGUF bytes its weights are."""
+def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng, library: str | None = None):
+    """An ONNX Runtime session of one QLinear of `kind` on llgraph's kernels (`library`: that build of them), and
+    the GGUF bytes its weights are."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -54,18 +59,19 @@ def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng):
         nbytes = rows * cols // block * gguf_bytes
     inits = [numpy_helper.from_array(v, k) for k, v in given.items()]
     qlinear = helper.make_node("QLinear", ["x", *given], ["y"], domain="llgraph", interleave=16, rows=rows, **attrs)
-    graph = helper.make_graph([qlinear], "gemv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cols])],
+    graph = helper.make_graph([qlinear], "gemv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, cols])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
-    opts.register_custom_ops_library(str(cpu.library()))
+    opts.register_custom_ops_library(library or str(cpu.library()))
     return ort.InferenceSession(model.SerializeToString(), opts), nbytes
 
 
-def llgraph_gbps(kind: str, rows: int, cols: int, level: int | None, threads: int, seconds: float = 2.0) -> float:
-    session, nbytes = node(kind, rows, cols, level, threads, np.random.default_rng(0))
-    x = {"x": np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32)}
+def llgraph_gbps(kind: str, rows: int, cols: int, level: int | None, threads: int, seconds: float = 2.0,
+                 tokens: int = 1, library: str | None = None) -> float:
+    session, nbytes = node(kind, rows, cols, level, threads, np.random.default_rng(0), library)
+    x = {"x": np.random.default_rng(1).standard_normal((tokens, cols)).astype(np.float32)}
     for _ in range(3):
         session.run(None, x)
     runs, start = 0, time.perf_counter()
@@ -104,15 +110,28 @@ def main(argv=None) -> None:
     p.add_argument("--cols", type=int, default=14336, help="inputs (default 14336)")
     p.add_argument("--level", type=int, default=None, help="accuracy level (default: the format's own)")
     p.add_argument("--ggml", help="llama.cpp's test-backend-ops binary, for ggml's figures beside")
+    p.add_argument("--tokens", type=int, default=1, help="tokens a call (default 1)")
+    p.add_argument("--library", nargs="+", help="builds of llgraph's kernels to time side by side")
     args = p.parse_args(argv)
     print(f"read bandwidth: 1 thread {read_bandwidth(1):.1f} GB/s, 2 threads {read_bandwidth(2):.1f} GB/s; "
-          f"{args.rows} x {args.cols}, one token, {args.threads} thread(s)")
+          f"{args.rows} x {args.cols}, {args.tokens} token(s) a call, {args.threads} thread(s)")
     types = args.types.split(",")
+    if args.library:  # an A/B of builds: each type's figure per build, alternating, the best of three
+        print("| type | " + " | ".join(f"{lib} GB/s" for lib in args.library) + " |")
+        print("|---|" + "---|" * len(args.library))
+        for kind in types:
+            best = [0.0] * len(args.library)
+            for _ in range(3):
+                for i, lib in enumerate(args.library):
+                    best[i] = max(best[i], llgraph_gbps(kind, args.rows, args.cols, args.level, args.threads, 1.0,
+                                                        args.tokens, lib))
+            print(f"| {kind} | " + " | ".join(f"{b:.1f}" for b in best) + " |", flush=True)
+        return
     theirs = ggml_gbps(args.ggml, types, args.rows, args.cols) if args.ggml else {}
     print("| type | llgraph GB/s | ggml GB/s | llgraph x ggml |")
     print("|---|---|---|---|")
     for kind in types:
-        ours = llgraph_gbps(kind, args.rows, args.cols, args.level, args.threads)
+        ours = llgraph_gbps(kind, args.rows, args.cols, args.level, args.threads, tokens=args.tokens)
         peer = theirs.get(kind)
         print(f"| {kind} | {ours:.1f} | {'-' if peer is None else f'{peer:.1f}'} | "
               f"{'-' if peer is None else f'{ours / peer:.2f}'} |", flush=True)
