@@ -125,6 +125,15 @@ def _remove_stale(folder: Path, pattern: str) -> None:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
+def source_key() -> str:
+    """The kernels' sources, hashed (16 hex digits): an export that carries a build of them is of this version of
+    the kernels (the export cache keys its entries on it, so a kernel change is never served by an old copy)."""
+    key = hashlib.sha256()
+    for path in SOURCES:
+        key.update(path.read_bytes())
+    return key.hexdigest()[:16]
+
+
 def _built(progress: bool, build: bool = True) -> Path:
     if sys.platform != "linux":
         raise KernelsUnavailable(f"llgraph's CPU kernels are built for Linux; this is {sys.platform}")

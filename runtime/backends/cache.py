@@ -4,8 +4,9 @@
         SmolLM2-135M-Instruct.Q4_1-ort-float32-3f2a…/   an llgraph export folder (manifest.json names its source)
         hashes.json                                      path+size+mtime -> sha256, so a file is hashed once
 
-An entry is keyed on the checkpoint's *content* (sha256 of its files), llgraph's version, the target and the dtype:
-a reinstalled wheel or a copied checkpoint reuses the entry; a changed file or a new llgraph makes a new one.
+An entry is keyed on the checkpoint's *content* (sha256 of its files), llgraph's version, the target, the dtype and
+weights mode, and the sources of the CPU kernels it carries: a reinstalled wheel or a copied checkpoint reuses the
+entry; a changed file, a new llgraph or changed kernels make a new one.
 `llgraph cache list` shows each entry's size and source, and the kernel builds; `llgraph cache verify` hashes every
 file against the entry's integrity record; `llgraph cache clean` removes entries (all: the cache is left empty).
 An entry that is damaged (no manifest, a file missing or of the wrong size) is exported again by the next `generate`
@@ -73,7 +74,9 @@ def content_key(checkpoint: Path, root: Path, *parts: str) -> str:
 def entry_for(checkpoint: Path, root: Path, target: str = "ort", dtype: str = "float32") -> Path:
     """The entry for this content: an existing one under any name (a copy or reinstall has another), else a new
     name that starts with the checkpoint's for `cache list`."""
-    suffix = f"-{target}-{dtype}-{content_key(checkpoint, root, target, dtype)}"
+    # an entry that carries llgraph's kernels is of one version of their sources: a kernel change makes a new entry
+    kernels = (cpu.source_key(),) if "-kllgraph" in dtype else ()
+    suffix = f"-{target}-{dtype}-{content_key(checkpoint, root, target, dtype, *kernels)}"
     existing = [p for p in root.glob(f"*{suffix}") if (p / MANIFEST).exists()]
     return existing[0] if existing else root / f"{checkpoint.stem}{suffix}"
 

@@ -102,6 +102,18 @@ def test_cache_key_is_the_content_not_the_path_or_mtime(tiny_ckpt, tmp_path):
     assert content_key(copy, tmp_path / "cache", "ort", "float32") != key
 
 
+def test_an_entry_on_llgraph_s_kernels_is_keyed_on_their_sources(tiny_ckpt, tmp_path, monkeypatch):
+    """A kernel change is never served by an entry that carries the old build (each export copies its kernels)."""
+    from llgraph.plugins import cpu
+    from llgraph.runtime.backends.cache import entry_for
+
+    own, standard = "float32-stored-lauto-kllgraph", "float32-stored-lauto"
+    before = entry_for(tiny_ckpt, tmp_path, "ort", own), entry_for(tiny_ckpt, tmp_path, "ort", standard)
+    monkeypatch.setattr(cpu, "source_key", lambda: "0123456789abcdef")
+    after = entry_for(tiny_ckpt, tmp_path, "ort", own), entry_for(tiny_ckpt, tmp_path, "ort", standard)
+    assert after[0] != before[0] and after[1] == before[1]
+
+
 def test_cache_list_clean_env_and_flag(tiny_ckpt, tmp_path):
     cache = tmp_path / "cache"
     r = llgraph("generate", str(tiny_ckpt), "--tokens", "1,2,3", "--max-new-tokens", "4", "--cache-dir", str(cache))
