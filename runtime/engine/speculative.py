@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from llgraph.runtime.engine.packed import Packed
 from llgraph.runtime.engine.sampling import RequestError, Sampling, distribution, draw, sample
 
 MODES = ("off", "ngram")  # or a draft model's runner
@@ -166,12 +167,14 @@ class Drafter:
 
 class ModelDrafter:
     """One row's drafting by a draft model: its greedy tokens (a deterministic draft, so the same acceptance rule
-    keeps the distribution), from its own cache row, which holds the row's tokens up to `valid`."""
+    keeps the distribution), from its own cache row, which holds the row's tokens up to `valid`. `next` is its greedy
+    token after all of them, None until the tokens it lacks are written (lazily: draft_together writes every row's
+    in one forward)."""
 
     def __init__(self, backend, row: int, tokens: list[int], draft_max: int = MAX_DRAFT):
         self.backend, self.row, self.tokens, self.valid = backend, row, list(tokens), 0
         self.length = DraftLength(draft_max)
-        self.next = self._catch_up()
+        self.next: int | None = None
 
     def _step(self, tokens: list[int], start: int) -> int:
         logits = self.backend.forward(np.array([tokens], np.int64), np.arange(start, start + len(tokens))[None],
@@ -185,6 +188,8 @@ class ModelDrafter:
         return token
 
     def draft(self, room: int) -> list[int]:
+        if self.next is None:
+            self.next = self._catch_up()
         k = min(self.length.next(), room)
         if k <= 0:
             return []
@@ -195,10 +200,37 @@ class ModelDrafter:
 
     def took(self, draft: list[int], emitted: list[int]) -> None:
         self.length.update(len(draft), len(emitted) - 1)
-        kept = min(len(emitted) - 1, max(len(draft) - 1, 0))  # accepted drafts this row already wrote
-        self.valid = len(self.tokens) + kept
+        if self.next is not None:  # it drafted from a written row: the accepted drafts it wrote are valid too
+            kept = min(len(emitted) - 1, max(len(draft) - 1, 0))
+            self.valid = len(self.tokens) + kept
         self.tokens += emitted
-        self.next = self._catch_up()
+        self.next = None  # written by the next draft (or draft_together), with the other rows'
+
+
+def draft_together(drafters: list[ModelDrafter], rooms: list[int]) -> list[list[int]]:
+    """Each row's draft (up to its room) from one draft model, its forwards batched across the rows: one packed
+    forward writes what every row's cache row lacks, then one forward per drafted position runs every row still
+    drafting (a ragged draft backend; any other drafts row by row). The same tokens as each row's draft()."""
+    backend = drafters[0].backend
+    if not backend.ragged:
+        return [d.draft(room) for d, room in zip(drafters, rooms)]
+    stale = [d for d in drafters if d.next is None]
+    if stale:
+        batch = Packed()
+        for d in stale:
+            batch.add(d.row, d.tokens[d.valid:], d.valid, kept=1)
+        for d, logits in zip(stale, batch.run(backend)):
+            d.next, d.valid = int(logits.argmax()), len(d.tokens)
+    ks = [min(d.length.next(), room) for d, room in zip(drafters, rooms)]
+    drafts = [[d.next] if k > 0 else [] for d, k in zip(drafters, ks)]
+    for i in range(1, max(ks, default=0)):  # drafted token i - 1 of each row still drafting, at its position
+        active = [j for j, k in enumerate(ks) if k > i]
+        logits = backend.forward(np.array([[drafts[j][-1]] for j in active], np.int64),
+                                 np.array([[len(drafters[j].tokens) + i - 1] for j in active], np.int64),
+                                 rows=[drafters[j].row for j in active], keep=1)
+        for n, j in enumerate(active):
+            drafts[j].append(int(logits[n, -1].argmax()))
+    return drafts
 
 
 def verify_logits(backend, last: list[int], pos: list[int], drafts: list[list[int]], rows: list[int] | None = None

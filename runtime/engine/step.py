@@ -212,15 +212,8 @@ class Engine:
         slots = sorted(busy) if self.backend.ragged else list(range(max(busy) + 1))
         last = [busy[s].token if s in busy else 0 for s in slots]
         positions = [busy[s].position if s in busy else self.backend.max_seq_len - 1 for s in slots]
-        drafts: list[list[int]] = []
-        for slot in slots:
-            r = busy.get(slot)
-            if r is not None and r.drafter is not None:
-                d = r.decoding
-                room = min(d.max_new_tokens - d.steps - 1, self.backend.max_seq_len - 1 - r.position)
-                drafts.append(self._own(r, r.drafter.draft, room) or [])
-            else:
-                drafts.append([])
+        drafted = self._drafts(list(busy.values()))
+        drafts = [drafted.get(s, []) for s in slots]
         logits = verify_logits(self.backend, last, positions, drafts, slots)
         for i, slot in enumerate(slots):
             r = busy.get(slot)
@@ -235,15 +228,11 @@ class Engine:
         hidden states are not in the packed forward's output); a scored prompt of one token needs none."""
         batch = Packed()
         work: list[tuple[Row, list[int] | int, slice]] = []  # (row, its draft or its piece's end, its logits' place)
-        for r in rows:
-            if r.finished or r.seen is None:
-                continue
-            draft: list[int] = []
-            if r.drafter is not None:
-                d = r.decoding
-                room = min(d.max_new_tokens - d.steps - 1, self.backend.max_seq_len - 1 - r.position)
-                draft = self._own(r, r.drafter.draft, room) or []
-            if not r.finished:
+        decoding = [r for r in rows if not r.finished and r.seen is not None]
+        drafted = self._drafts(decoding)
+        for r in decoding:
+            if not r.finished:  # its drafting may have failed
+                draft = drafted.get(r.slot, [])
                 work.append((r, draft, batch.add(r.slot, [r.token, *draft], r.position, kept=1 + len(draft))))
         left = budget or None
         for r in rows:
@@ -268,6 +257,29 @@ class Engine:
                 self._own(r, self._take, r, logits[at], what)
             else:
                 self._own(r, self._wrote, r, what, logits[at])
+
+    def _drafts(self, rows: list[Row]) -> dict[int, list[int]]:
+        """Each speculating row's draft by its slot (up to what its length and the cache leave): prompt lookup row by
+        row; the draft model's rows together (speculative.draft_together: its forwards batched across the rows), or
+        row by row after a failure, so that only the row at fault ends."""
+        rooms, models = {}, []
+        for r in rows:
+            if r.drafter is not None:
+                d = r.decoding
+                rooms[r.slot] = min(d.max_new_tokens - d.steps - 1, self.backend.max_seq_len - 1 - r.position)
+                if isinstance(r.drafter, ModelDrafter):
+                    models.append(r)
+        out = {}
+        if len(models) > 1:
+            try:
+                drafts = speculative.draft_together([r.drafter for r in models], [rooms[r.slot] for r in models])
+                out = {r.slot: d for r, d in zip(models, drafts)}
+            except Exception:
+                out = {}
+        for r in rows:
+            if r.drafter is not None and r.slot not in out:
+                out[r.slot] = self._own(r, r.drafter.draft, rooms[r.slot]) or []
+        return out
 
     def _wrote(self, r: Row, end: int, logits: np.ndarray) -> None:
         """A prompt piece r.start..end-1 written, `logits` those it kept: a scored prompt's scores; the prompt's

@@ -105,3 +105,18 @@ def test_requests_admitted_together_into_scattered_slots_keep_their_solo_tokens(
     finally:
         scheduler.stop()
     assert got == solo
+
+
+def test_a_draft_model_drafts_every_row_in_one_forward_a_position(tiny_runners):
+    """Three rows speculating with a ragged draft model (the torch executor drafting for the ort runner): each of
+    its forwards runs every row still drafting (speculative.draft_together), and the output is plain greedy."""
+    target, inner = tiny_runners[2]["ort-llgraph"], tiny_runners[2]["torch"]
+    recording = Recording(inner.backend)
+    draft = Runner(recording)
+    plain = [g.token_ids for g in target.generate(PROMPTS, 16)]
+    assert [g.token_ids for g in target.generate(PROMPTS, 16, speculative=draft)] == plain
+    rows_a_call = [shape[0] if ran is None else len(set(np.asarray(ran).reshape(-1).tolist()))
+                   for shape, ran in recording.calls]
+    print(f"draft model forwards: {len(recording.calls)}, rows in each: {rows_a_call}")
+    assert max(rows_a_call) == len(PROMPTS)  # the rows' drafts, and their catching up, in one forward
+    assert len(recording.calls) <= 16 * 4  # not a forward per row and drafted position
