@@ -69,7 +69,7 @@ class ServeOptions:
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call (CORS); none by default
     open_metrics: bool = False  # /metrics answers without the key (for a scraper without credentials)
     pooling: str = "last"  # /v1/embeddings' pooling of the last hidden states: "last" token or "mean"
-    prefill_chunk: int = 256  # a longer prompt is written this many tokens between two decode steps (0: whole)
+    prefill_chunk: int = 128  # the prompt tokens a step writes beside the running rows' (0: whole); the CLI's help
     kv_cache: str | None = None  # the KV cache's format (llgraph/kv_cache.py); None: the backend's default
 
     @property
