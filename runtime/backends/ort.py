@@ -98,6 +98,7 @@ class OrtBackend(Backend):
         self._no_slots = np.zeros(0, np.int64)
         outputs = {o.name for o in self.session.get_outputs()}
         self._hidden = np.empty((0, self.config.hidden_size), self._np_dtype) if HIDDEN in outputs else None
+        self.hidden_in_forward = self._hidden is not None
 
     def ready(self) -> None:
         if self._checked is not None:  # the weights are what export wrote, or one line
@@ -160,6 +161,13 @@ class OrtBackend(Backend):
         if self._hidden.shape[0] < batch * seq:
             self._hidden = np.empty((batch * seq, self.config.hidden_size), self._np_dtype)
         return self._hidden[:batch * seq].reshape(batch, seq, -1)
+
+    def forward_hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
+                       keep: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
+        if self._hidden is None:
+            return None
+        logits = self.forward(input_ids, position_ids, rows, keep)
+        return logits, self._hidden_out(*input_ids.shape).astype(np.float32)  # a copy: the buffer is the next step's
 
     def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None) -> np.ndarray:
         if self._hidden is None:

@@ -54,6 +54,7 @@ class TorchBackend(Backend):
         self._batch, self._cache = None, {}
         self._keeps = any(v.name == KEEP_INPUT for v in self.executor.graph.inputs)
         self.ragged = any(v.name == SLOTS_INPUT for v in self.executor.graph.inputs)  # passes.ragged_slots
+        self.hidden_in_forward = any(v.name == HIDDEN for v in self.executor.graph.outputs)
 
     def allocate(self, batch: int, zeroed: bool = False) -> None:
         """The cache for `batch` rows; kept as it is for the same batch (stale slots are masked) unless `zeroed`."""
@@ -86,6 +87,16 @@ class TorchBackend(Backend):
         if 0 < keep < logits.shape[1]:  # a graph without logits_to_keep: only the rows asked for leave the device
             logits = logits[:, -keep:]
         return logits.float().cpu().numpy()
+
+    def forward_hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
+                       keep: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
+        if not any(v.name == HIDDEN for v in self.executor.graph.outputs):
+            return None
+        out = self.executor.run(self._feeds(input_ids, position_ids, rows, keep))
+        logits = out["logits"]
+        if 0 < keep < logits.shape[1]:
+            logits = logits[:, -keep:]
+        return logits.float().cpu().numpy(), out[HIDDEN].float().cpu().numpy()
 
     def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None) -> np.ndarray:
         if not any(v.name == HIDDEN for v in self.executor.graph.outputs):

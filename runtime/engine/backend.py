@@ -68,6 +68,8 @@ class Backend:
     multi_token_rows: bool = True
     # whether forward's `rows` may be any cache rows per token (passes.ragged_slots): a step runs only busy rows
     ragged: bool = False
+    # whether forward_hidden returns the hidden states beside the logits (an embedding packed in a step)
+    hidden_in_forward: bool = False
     # the longest cache this backend could hold (before allocate: max_seq_len may be planned up to it); None: its
     # cache length is fixed (a TensorRT engine's)
     context_limit: int | None = None
@@ -96,6 +98,13 @@ class Backend:
 
         raise RequestError("this backend's graph has no hidden_states output, so it cannot embed; use --backend ort "
                            "(an export of llgraph 0.8 or later) or torch")
+
+    def forward_hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
+                       keep: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
+        """forward's logits and, of the same forward, the last hidden states [B, S, H] float32 of every position
+        (an embedding row packed beside the others, runtime/engine/packed.py); None where this backend cannot
+        return both (an embedding then takes a forward of its own)."""
+        return None
 
     def kv_format(self):
         """The cache's format (llgraph/kv_cache.py): the backend's `kv`, else its dtype's floats."""

@@ -223,11 +223,13 @@ class Engine:
     def advance(self, rows: list[Row], budget: int = 0) -> None:
         """A ragged backend's whole step in one forward (runtime/engine/packed.py): every decoding row's last token
         and its draft, then prompt pieces of the rows still being written, oldest first, as many prompt tokens as
-        `budget` allows (0: every prompt whole) — a scored prompt's keep their log-probabilities, a prompt that
-        ends takes its first token. An embedding's prompt is written in its own forward of at most the budget (its
-        hidden states are not in the packed forward's output); a scored prompt of one token needs none."""
+        `budget` allows (0: every prompt whole) — a scored prompt's keep their log-probabilities, an embedding's its
+        hidden states (Backend.forward_hidden; a backend that cannot return them beside the logits writes an
+        embedding in a forward of its own, at most the budget), a prompt that ends takes its first token. A scored
+        prompt of one token needs no forward."""
         batch = Packed()
         work: list[tuple[Row, list[int] | int, slice]] = []  # (row, its draft or its piece's end, its logits' place)
+        embeds: list[tuple[Row, int, int]] = []  # (an embedding row, its piece's end, its add in the batch)
         decoding = [r for r in rows if not r.finished and r.seen is not None]
         drafted = self._drafts(decoding)
         for r in decoding:
@@ -240,18 +242,24 @@ class Engine:
                 continue
             end = r.written if left is None else min(r.written, r.start + left)
             left = None if left is None else left - (end - r.start)
-            if r.pooling is not None or r.written == 0:  # its own forward (see above)
+            if r.written == 0 or (r.pooling is not None and not self.backend.hidden_in_forward):  # its own forward
                 if end == r.written:
                     self._own(r, self._prefill_one, r)
                 else:
                     self.write(r, end)
+            elif r.pooling is not None:  # an embedding: its hidden states from the packed forward
+                self._count_prefix(r, r.written)
+                batch.add(r.slot, r.ids[r.start:end], r.start, kept=0)
+                embeds.append((r, end, len(batch.placed) - 1))
             else:
                 self._count_prefix(r, r.written)
                 kept = end - r.start if r.prompt_logprobs else int(end == r.written)
                 work.append((r, end, batch.add(r.slot, r.ids[r.start:end], r.start, kept)))
-        if not work:
+        if not work and not embeds:
             return
-        logits = batch.run(self.backend)
+        logits = batch.run(self.backend, hidden=bool(embeds))
+        for r, end, i in embeds:
+            self._own(r, self._embedded, r, end, batch.hidden(i))
         for r, what, at in work:
             if isinstance(what, list):  # a decoding row: its draft
                 self._own(r, self._take, r, logits[at], what)
@@ -280,6 +288,16 @@ class Engine:
             if r.drafter is not None and r.slot not in out:
                 out[r.slot] = self._own(r, r.drafter.draft, rooms[r.slot]) or []
         return out
+
+    def _embedded(self, r: Row, end: int, hidden: np.ndarray) -> None:
+        """An embedding's piece r.start..end-1 written, `hidden` its hidden states: kept ("mean" pools them all,
+        "last" the last piece's last); at the prompt's end, pooled."""
+        r.hidden = [*(r.hidden or []), hidden] if r.pooling == "mean" else [hidden]
+        r.start = end
+        if end == r.written:
+            r.embedding = pool(np.concatenate(r.hidden), r.pooling, r.normalize)
+            r.hidden = None
+            r.decoding.finish_reason = "length"
 
     def _wrote(self, r: Row, end: int, logits: np.ndarray) -> None:
         """A prompt piece r.start..end-1 written, `logits` those it kept: a scored prompt's scores; the prompt's
