@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from llgraph.runtime.engine.backend import Backend
+
 
 class Packed:
     def __init__(self):
@@ -32,7 +34,7 @@ class Packed:
         self._tail += [(t, start + cut + i, slot) for i, t in enumerate(tokens[cut:])]
         return slice(first, first + kept)
 
-    def run(self, backend, hidden: bool = False) -> np.ndarray:
+    def run(self, backend: Backend, hidden: bool = False) -> np.ndarray:
         """The forward -> the wanted logits [K, V], in the order they were added; with `hidden` (the backend can:
         Backend.forward_hidden), also the hidden states of every add's tokens without logits (`self.hidden(i)`)."""
         tokens, positions, slots = (np.array([column], np.int64) for column in zip(*self._body, *self._tail))

@@ -4,6 +4,8 @@ shared prefix once (`shared_prefix`); the scheduler keeps what each slot's row h
 
 from __future__ import annotations
 
+from llgraph.runtime.engine.backend import Backend
+
 MIN_REUSE = 8  # prompt tokens a cached prefix must cover to be copied between rows rather than computed again
 
 
@@ -26,7 +28,7 @@ class CachedRows:
     """The tokens each cache row holds at positions 0.. (kept after its request leaves), and the rows admitted but
     not yet prefilled (about to change: never a source)."""
 
-    def __init__(self, backend, rows: int, enabled: bool = True):
+    def __init__(self, backend: Backend, rows: int, enabled: bool = True):
         self.backend, self.enabled = backend, enabled
         self.held: list[list[int]] = [[] for _ in range(rows)]
         self.pending: set[int] = set()

@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.sampling import RequestError
 
 
@@ -58,7 +59,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def check_pair(backend, context: Sequence[int], continuation: Sequence[int]) -> None:
+def check_pair(backend: Backend, context: Sequence[int], continuation: Sequence[int]) -> None:
     """A pair the backend's cache can score, or a RequestError saying why not."""
     if not context or not continuation:
         raise RequestError("a scored pair needs at least one context and one continuation token")
@@ -68,7 +69,8 @@ def check_pair(backend, context: Sequence[int], continuation: Sequence[int]) -> 
                            "shorten it or raise --max-seq-len")
 
 
-def score_pairs(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
+def score_pairs(backend: Backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+                batch_size: int = 8) -> list[Score]:
     out = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start:start + batch_size]
@@ -89,7 +91,7 @@ def score_pairs(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], b
     return out
 
 
-def rolling_logprob(backend, ids: Sequence[int], window: int | None = None, stride: int | None = None,
+def rolling_logprob(backend: Backend, ids: Sequence[int], window: int | None = None, stride: int | None = None,
                     scorer=None) -> tuple[float, int]:
     """Sum of log p(token t | the tokens before it in its window) over tokens 1..n-1, each scored exactly once.
     Windows of at most `window` tokens start every `stride` tokens (default: the window); each scores the tokens

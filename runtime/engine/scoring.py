@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.sampling import RequestError
 from llgraph.runtime.engine.score import Score, check_pair, score_pairs
 from llgraph.runtime.engine.step import Engine, Row
 
 
-def score(backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
+def score(backend: Backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
     if not backend.ragged:
         return score_pairs(backend, pairs, batch_size)
     out: list[Score] = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.packed import Packed
 from llgraph.runtime.engine.sampling import RequestError, Sampling, distribution, draw, sample
 
@@ -171,7 +172,7 @@ class ModelDrafter:
     token after all of them, None until the tokens it lacks are written (lazily: draft_together writes every row's
     in one forward)."""
 
-    def __init__(self, backend, row: int, tokens: list[int], draft_max: int = MAX_DRAFT):
+    def __init__(self, backend: Backend, row: int, tokens: list[int], draft_max: int = MAX_DRAFT):
         self.backend, self.row, self.tokens, self.valid = backend, row, list(tokens), 0
         self.length = DraftLength(draft_max)
         self.next: int | None = None
@@ -233,8 +234,8 @@ def draft_together(drafters: list[ModelDrafter], rooms: list[int]) -> list[list[
     return drafts
 
 
-def verify_logits(backend, last: list[int], pos: list[int], drafts: list[list[int]], rows: list[int] | None = None
-                  ) -> list[np.ndarray]:
+def verify_logits(backend: Backend, last: list[int], pos: list[int], drafts: list[list[int]],
+                  rows: list[int] | None = None) -> list[np.ndarray]:
     """Each row's logits for its last token and its draft, [len(draft) + 1, V]; `rows`: their cache rows (None:
     every allocated row, in order), row r's last token at position pos[r]. One forward padded to the longest draft,
     or, where the backend cannot run several rows of more than one token after a cached prefix (ONNX Runtime's

@@ -23,6 +23,7 @@ import numpy as np
 
 from llgraph.errors import described
 from llgraph.runtime.engine import speculative
+from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import pool
 from llgraph.runtime.engine.packed import Packed
@@ -94,7 +95,7 @@ class Row:
 
 
 class Engine:
-    def __init__(self, backend, metrics: Metrics | None = None, draft_backend=None,
+    def __init__(self, backend: Backend, metrics: Metrics | None = None, draft_backend: Backend | None = None,
                  on_error: Callable[[Row], None] = lambda row: None):
         """`draft_backend`: a draft model's backend (rows that speculate "draft" draft with it, each from the cache
         row of its own slot); `on_error(row)`: told when a row ends in an error (the scheduler forgets its cached
@@ -347,7 +348,7 @@ class Engine:
             return None
 
 
-def _last_logits(backend, rows: list[list[int]], start: int, slots: list[int]) -> np.ndarray:
+def _last_logits(backend: Backend, rows: list[list[int]], start: int, slots: list[int]) -> np.ndarray:
     """One right-padded forward of `rows` (row r's tokens at positions start.. of cache row slots[r]) -> each row's
     last-token logits [B, V]. Only the positions from the shortest row's last token on are asked for (one row of the
     head for a single prompt)."""
@@ -361,7 +362,7 @@ def _last_logits(backend, rows: list[list[int]], start: int, slots: list[int]) -
     return logits[np.arange(len(rows)), lengths - 1 - (longest - logits.shape[1])]
 
 
-def _packed_last_logits(backend, rows: list[Row]) -> np.ndarray:
+def _packed_last_logits(backend: Backend, rows: list[Row]) -> np.ndarray:
     """Every row's prompt after its `start` in one packed forward (runtime/engine/packed.py) -> each row's last-token
     logits [B, V]."""
     batch = Packed()
