@@ -15,7 +15,7 @@ import sys
 
 import onnx
 
-from llgraph.export.engine import load_tensorrt
+from llgraph.export.trt_build import load_tensorrt
 from llgraph.plugins.tensorrt import spec
 
 trt = load_tensorrt("rtx").module
@@ -40,7 +40,7 @@ creators = [Recorder(op) for op in spec.PLUGIN_OPS]  # kept alive for the regist
 for c in creators:
     assert registry.register_creator(c, spec.NAMESPACE), c.name
 if sys.argv[3:] == ["--none"]:
-    from llgraph.export.engine import TensorRT, parse
+    from llgraph.export.trt_build import TensorRT, parse
 
     parsed = parse(folder, max_seq, TensorRT(trt, "rtx"), plugins="none")
     print(f"llgraph's parse with --plugins none: {len(seen)} nodes reached a creator; "

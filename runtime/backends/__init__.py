@@ -106,7 +106,7 @@ def open_runner(model: str, name: str = "ort", *, max_seq_len: int | None = None
                 kv_cache: str | None = None):
     """MODEL is an export folder (has manifest.json) or a checkpoint (or 'smollm2'); the backend opens it. A
     checkpoint for the ort backend is exported once into the cache (keyed on the checkpoint's content and
-    `weights.mode`, see runtime/backends/cache.py) and reused. `kv_cache`: the KV cache's format (f32, f16, int8;
+    `weights.mode`, see runtime/backends/export_cache.py) and reused. `kv_cache`: the KV cache's format (f32, f16, int8;
     llgraph/kv_cache.py), default the backend's."""
     from llgraph.bundled import resolve
     from llgraph.errors import LlgraphError

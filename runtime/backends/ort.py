@@ -289,12 +289,13 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
 
 
 def _open(path: Path, options: RunOptions) -> ORTRunner:
-    """An export folder as it is; a checkpoint exported once into the cache (runtime/backends/cache.py), then run."""
+    """An export folder as it is; a checkpoint exported once into the cache (runtime/backends/export_cache.py), then
+    run."""
     if Manifest.find(path) is not None:
         return ORTRunner(path, options.max_seq_len, options.threads, options.kv_cache)
     from llgraph.checkpoint import load_config
     from llgraph.export import export_model, resolve_kernels
-    from llgraph.runtime.backends.cache import cache_dir, entry_for, heal
+    from llgraph.runtime.backends.export_cache import cache_dir, entry_for, heal
 
     load_config(path)  # a folder or file that is no checkpoint fails here, before "exporting ..." is said
     for adapter in options.weights.lora:  # and an adapter that cannot be merged

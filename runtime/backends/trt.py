@@ -1,4 +1,4 @@
-"""TensorRT as a backend of the shared loop: a built engine (export/engine.py builds it) run on a GPU.
+"""TensorRT as a backend of the shared loop: a built engine (export/trt_build.py builds it) run on a GPU.
 
     TRTRunner(FOLDER).generate("Hello", max_new_tokens=32)
 
@@ -18,7 +18,7 @@ import torch
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.errors import LlgraphError
 from llgraph.executor import ids_tensor
-from llgraph.export.engine import (
+from llgraph.export.trt_build import (
     ALIGN,
     DECODE,
     PREFILL,

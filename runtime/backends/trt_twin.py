@@ -33,7 +33,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from llgraph.builder import cache_pairs
-from llgraph.export.engine import EngineError, TensorRT, load_tensorrt, parse
+from llgraph.export.trt_build import EngineError, TensorRT, load_tensorrt, parse
 
 ALIGN = 256  # setTensorAddress: "the pointer must have at least 256-byte alignment" (NvInferRuntime.h)
 

@@ -86,7 +86,7 @@ def _confirm_random(args) -> None:
 
 
 def cmd_cache(args) -> None:
-    from llgraph.runtime.backends.cache import cache_dir, clean, entries, kernel_builds, verify
+    from llgraph.runtime.backends.export_cache import cache_dir, clean, entries, kernel_builds, verify
 
     root = cache_dir(args.cache_dir)
     if args.action == "list":
@@ -141,7 +141,7 @@ def cmd_convert(args) -> None:
 
 
 def cmd_build(args) -> None:
-    from llgraph.export.engine import build_engine
+    from llgraph.export.trt_build import build_engine
     from llgraph.export_folder import ENGINE_META
 
     engine = build_engine(args.folder, args.output, max_batch=args.max_batch, max_seq_len=args.max_seq_len,

@@ -17,7 +17,7 @@ from llgraph.export import export_model
 from llgraph.export_folder import DATA_FILE, MANIFEST, MODEL_FILE, Manifest
 from llgraph.outdir import PARTIAL_MARK
 from llgraph.plugins import cpu
-from llgraph.runtime.backends.cache import entries
+from llgraph.runtime.backends.export_cache import entries
 from llgraph.weight_request import Weights
 
 
@@ -165,7 +165,7 @@ def test_a_corrupt_shared_kernel_library_is_rebuilt(tmp_path, monkeypatch):
 def test_an_export_the_record_does_not_match_is_refused_by_verify_even_when_large(ckpt, tmp_path, monkeypatch):
     """Files above HASH_ON_OPEN are only sized when opened; `cache verify` hashes them all."""
     import llgraph.export_folder as ef
-    from llgraph.runtime.backends.cache import verify
+    from llgraph.runtime.backends.export_cache import verify
 
     cache = tmp_path / "cache"
     generate(ckpt, cache)

@@ -14,8 +14,8 @@ from llgraph.builder import cache_pairs
 from llgraph.checkpoint import random_weights
 from llgraph.errors import LlgraphError
 from llgraph.export import get_target
-from llgraph.export.engine import EngineError, build_engine, load_tensorrt, profiles
 from llgraph.export.lower import export
+from llgraph.export.trt_build import EngineError, build_engine, load_tensorrt, profiles
 from llgraph.passes import model_graph
 
 

@@ -15,7 +15,7 @@ import torch
 from llgraph.bundled import bundled_model
 from llgraph.errors import LlgraphError
 from llgraph.export import export_model
-from llgraph.export.engine import build_engine
+from llgraph.export.trt_build import build_engine
 from llgraph.runtime.backends.ort import ORTRunner
 from llgraph.runtime.backends.trt import TRTBackend, TRTRunner
 from llgraph.runtime.backends.trt_twin import ContractError, DataType, Engine

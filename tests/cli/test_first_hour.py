@@ -17,7 +17,7 @@ from reference import tiny, write_hf_checkpoint
 from llgraph.checkpoint import random_weights
 from llgraph.errors import LlgraphError
 from llgraph.export import export_model
-from llgraph.runtime.backends.cache import content_key, entries
+from llgraph.runtime.backends.export_cache import content_key, entries
 from llgraph.runtime.cli.parser import build_parser
 from llgraph.weight_request import Weights
 
@@ -105,7 +105,7 @@ def test_cache_key_is_the_content_not_the_path_or_mtime(tiny_ckpt, tmp_path):
 def test_an_entry_on_llgraph_s_kernels_is_keyed_on_their_sources(tiny_ckpt, tmp_path, monkeypatch):
     """A kernel change is never served by an entry that carries the old build (each export copies its kernels)."""
     from llgraph.plugins import cpu
-    from llgraph.runtime.backends.cache import entry_for
+    from llgraph.runtime.backends.export_cache import entry_for
 
     own, standard = "float32-stored-lauto-kllgraph", "float32-stored-lauto"
     before = entry_for(tiny_ckpt, tmp_path, "ort", own), entry_for(tiny_ckpt, tmp_path, "ort", standard)

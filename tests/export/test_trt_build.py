@@ -14,7 +14,7 @@ import pytest
 
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
-from llgraph.export.engine import EngineError, configure, io_dtypes, load_tensorrt, parse
+from llgraph.export.trt_build import EngineError, configure, io_dtypes, load_tensorrt, parse
 
 # On Linux x86-64 TensorRT-RTX is a test dependency: its absence fails rather than skips
 ON_CI_PLATFORM = platform.system() == "Linux" and platform.machine() == "x86_64"
