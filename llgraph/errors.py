@@ -6,6 +6,10 @@ class LlgraphError(ValueError):
     pass
 
 
+class RequestError(LlgraphError):
+    """A request the engine cannot serve (generate, score, embed, a served request); one line naming the bad value."""
+
+
 class ExportError(LlgraphError):
     """Bad export request (target, dtype, weight flags, output folder); one line naming the fix."""
 

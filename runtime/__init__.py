@@ -10,7 +10,7 @@ import importlib
 _EXPORTS = {"Generation": "llgraph.runtime.engine.runner", "Runner": "llgraph.runtime.engine.runner",
             "ORTRunner": "llgraph.runtime.backends.ort", "TorchRunner": "llgraph.runtime.backends.pytorch",
             "TRTRunner": "llgraph.runtime.backends.trt", "open_runner": "llgraph.runtime.backends",
-            "RequestError": "llgraph.runtime.engine.sampling", "Sampling": "llgraph.runtime.engine.sampling",
+            "RequestError": "llgraph.errors", "Sampling": "llgraph.runtime.engine.sampling",
             "build_engine": "llgraph.export.trt_build"}
 
 __all__ = sorted(_EXPORTS)

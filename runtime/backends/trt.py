@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from llgraph.builder import cache_pairs, new_cache
-from llgraph.errors import LlgraphError
+from llgraph.errors import LlgraphError, RequestError
 from llgraph.executor import ids_tensor
 from llgraph.export.trt_build import (
     ALIGN,
@@ -35,7 +35,6 @@ from llgraph.plugins.tensorrt.qdp import register_plugins
 from llgraph.runtime.backends import BackendSpec, RunOptions
 from llgraph.runtime.engine.backend import Backend, Rows, span_of
 from llgraph.runtime.engine.runner import Runner
-from llgraph.runtime.engine.sampling import RequestError
 from llgraph.tokenizer import Tokenizer
 
 

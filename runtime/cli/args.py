@@ -172,8 +172,8 @@ def read_prompt(text: str | None, file: str | None) -> str:
 
 def check_sampling_flags(args) -> None:
     """The sampling flags checked before anything loads, the error naming the flag (`--top-p`), not the field."""
-    from llgraph.errors import LlgraphError
-    from llgraph.runtime.engine.sampling import RequestError, Sampling
+    from llgraph.errors import LlgraphError, RequestError
+    from llgraph.runtime.engine.sampling import Sampling
 
     try:
         Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)

@@ -10,9 +10,9 @@ HELP = "(/reset forgets the conversation, /system TEXT sets the system message, 
 
 
 def cmd_chat(args) -> int:
+    from llgraph.errors import RequestError
     from llgraph.runtime.cli.args import check_sampling_flags, runner_of, sampling_of, share_threads_for_a_draft
     from llgraph.runtime.engine.chat import Conversation
-    from llgraph.runtime.engine.sampling import RequestError
 
     check_sampling_flags(args)  # before loading
     share_threads_for_a_draft(args)

@@ -94,7 +94,7 @@ class Backend:
     def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None) -> np.ndarray:
         """Like forward (the cache rows written alike), but -> the last hidden states [B, S, H] float32 of every
         position (the final norm's output, passes.expose_hidden): what embeddings pool."""
-        from llgraph.runtime.engine.sampling import RequestError
+        from llgraph.errors import RequestError
 
         raise RequestError("this backend's graph has no hidden_states output, so it cannot embed; use --backend ort "
                            "(an export of llgraph 0.8 or later) or torch")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from llgraph.errors import RequestError
 from llgraph.runtime.engine.runner import Runner
-from llgraph.runtime.engine.sampling import RequestError
 
 
 class Conversation:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llgraph.runtime.engine.sampling import RequestError
+from llgraph.errors import RequestError
 
 POOLINGS = ("last", "mean")
 

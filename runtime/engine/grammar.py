@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llgraph.errors import LlgraphError
-from llgraph.runtime.engine.sampling import RequestError
+from llgraph.errors import LlgraphError, RequestError
 
 _OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,16}"}
 

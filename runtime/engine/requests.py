@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from llgraph.errors import RequestError
 from llgraph.runtime.engine.decoding import Decoding
-from llgraph.runtime.engine.sampling import RequestError
 from llgraph.runtime.engine.score import TokenLogprob
 from llgraph.runtime.engine.step import Row
 

@@ -14,9 +14,10 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from llgraph.errors import RequestError
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.decoding import Decoding
-from llgraph.runtime.engine.sampling import RequestError, Sampling
+from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_mode
 from llgraph.runtime.engine.step import Engine, Metrics, Row
 from llgraph.runtime.engine.tools import chat_inputs

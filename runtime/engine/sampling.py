@@ -12,16 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llgraph.errors import LlgraphError
+from llgraph.errors import RequestError
 
 # A temperature below this samples greedily (vLLM's rule): 1/T past 1e5 makes any two distinct logits' probabilities
 # differ by more than float32 can hold, so it is argmax already, while 1e-40 or 5e-324 would overflow the division.
 GREEDY_BELOW = 1e-5
 SEED_SPAN = 1 << 64  # seeds are taken modulo this (numpy's generators take seeds >= 0)
-
-
-class RequestError(LlgraphError):
-    """A generate() request that cannot be served; one line naming the bad value."""
 
 
 @dataclass(frozen=True)

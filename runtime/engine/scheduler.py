@@ -43,13 +43,13 @@ import time
 from collections import deque
 from typing import Callable
 
-from llgraph.errors import described
+from llgraph.errors import RequestError, described
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import check_pooling
 from llgraph.runtime.engine.prefix import CachedRows
 from llgraph.runtime.engine.requests import Event, Handle, QueueFull, ShuttingDown, _Request
 from llgraph.runtime.engine.runner import Runner
-from llgraph.runtime.engine.sampling import RequestError, Sampling
+from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.score import TokenLogprob
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_served_mode
 from llgraph.runtime.engine.step import Engine, Metrics

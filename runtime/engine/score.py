@@ -18,8 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
+from llgraph.errors import RequestError
 from llgraph.runtime.engine.backend import Backend
-from llgraph.runtime.engine.sampling import RequestError
 
 
 @dataclass

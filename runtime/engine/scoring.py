@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from llgraph.errors import RequestError
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.decoding import Decoding
-from llgraph.runtime.engine.sampling import RequestError
 from llgraph.runtime.engine.score import Score, check_pair, score_pairs
 from llgraph.runtime.engine.step import Engine, Row
 

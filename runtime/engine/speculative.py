@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from llgraph.errors import RequestError
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.packed import Packed
-from llgraph.runtime.engine.sampling import RequestError, Sampling, distribution, draw, sample
+from llgraph.runtime.engine.sampling import Sampling, distribution, draw, sample
 
 MODES = ("off", "ngram")  # or a draft model's runner
 MAX_NGRAM = 3

@@ -26,8 +26,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from llgraph.errors import RequestError
 from llgraph.runtime.engine.grammar import Grammar
-from llgraph.runtime.engine.sampling import RequestError
 
 FALLBACK = ("You are a function calling AI model. You are provided with function signatures within <tools></tools> "
             "XML tags. You may call one or more functions to assist with the user query. Don't make assumptions "

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llgraph.runtime.engine.sampling import RequestError, Sampling
+from llgraph.errors import RequestError
+from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.scheduler import MAX_LOGPROBS
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_served_mode
 from llgraph.runtime.serve.request import (

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from llgraph.runtime.engine.sampling import RequestError
+from llgraph.errors import RequestError
 
 KV_SHARE = 0.6  # of the memory free after loading: the rest for activations, logits, the OS and other processes
 STEP = 256  # a planned context is a multiple of this

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from fastapi.responses import JSONResponse
 
-from llgraph.runtime.engine.sampling import RequestError
+from llgraph.errors import RequestError
 
 
 class ApiError(Exception):

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from llgraph.runtime.engine.sampling import RequestError
+from llgraph.errors import RequestError
 from llgraph.runtime.serve.access import warning
 from llgraph.runtime.serve.app import ServeOptions, create_app, load_runners
 from llgraph.runtime.serve.plan import memory

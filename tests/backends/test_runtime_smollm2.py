@@ -84,7 +84,7 @@ def test_a_chat_model_answers_a_plain_prompt_through_its_template():
 def test_chat_takes_a_conversation(smollm2_export):
     """Runner.chat, generate and stream take [{"role", "content"}, ...] through the model's chat template: the
     same tokens as generate on the rendered template (the template itself == transformers', above)."""
-    from llgraph.runtime.engine.sampling import RequestError
+    from llgraph.errors import RequestError
 
     runner = ORTRunner(smollm2_export("ort", quantized=True), max_seq_len=256)
     messages = [{"role": "system", "content": "You are brief."},

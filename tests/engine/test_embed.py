@@ -11,7 +11,7 @@ transformers = need("transformers")
 
 from test_families import DIMS  # noqa: E402
 
-from llgraph.runtime.engine.sampling import RequestError  # noqa: E402
+from llgraph.errors import RequestError  # noqa: E402
 
 TOL = 1e-4
 TEXTS = [[5, 17, 42, 8, 77], [9, 3], [60, 21, 33, 4, 90, 11, 2]]

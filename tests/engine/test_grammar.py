@@ -10,8 +10,8 @@ from conftest import need
 need("llguidance")
 jsonschema = need("jsonschema")
 
+from llgraph.errors import RequestError  # noqa: E402
 from llgraph.runtime.engine.grammar import Grammar  # noqa: E402
-from llgraph.runtime.engine.sampling import RequestError  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
                                            "city": {"type": "string", "maxLength": 40}},

@@ -4,7 +4,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from llgraph.runtime.engine.sampling import RequestError, Sampling, apply_repetition_penalty, filter_logits, sample
+from llgraph.errors import RequestError
+from llgraph.runtime.engine.sampling import Sampling, apply_repetition_penalty, filter_logits, sample
 
 NONE_SEEN = np.zeros((1, 4), np.bool_)
 

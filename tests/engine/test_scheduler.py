@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from llgraph.errors import RequestError
 from llgraph.runtime.engine import speculative
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.runner import Runner
-from llgraph.runtime.engine.sampling import RequestError, Sampling
+from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.scheduler import QueueFull, Scheduler, ShuttingDown
 from llgraph.runtime.engine.step import Metrics
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import need
 
-from llgraph.runtime.engine.sampling import RequestError
+from llgraph.errors import RequestError
 from llgraph.runtime.engine.tools import FALLBACK, ToolSpec, _parse_llama3, chat_inputs, renders_tools, style
 
 WEATHER = {"type": "function", "function": {

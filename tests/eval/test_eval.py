@@ -93,7 +93,7 @@ def test_empty_text_and_too_long_context(tmp_path, tiny_setup):
     (tmp_path / "empty.txt").write_text("  \n")
     r = llgraph("eval", "smollm2", "--task", "perplexity", "--data", "empty.txt", cwd=tmp_path)
     assert r.returncode == 2 and "empty.txt: the text is empty" in r.stderr
-    from llgraph.runtime.engine.sampling import RequestError
+    from llgraph.errors import RequestError
     with pytest.raises(RequestError, match="exceed the model's cache"):
         tiny_setup[2]["ort"].score_batch([(list(range(1, 60)), list(range(1, 10)))])
 

@@ -5,9 +5,9 @@ plan stated in the startup line."""
 import pytest
 
 from llgraph.config import LlamaConfig
+from llgraph.errors import RequestError
 from llgraph.kv_cache import kv_format
 from llgraph.runtime.engine.backend import Backend
-from llgraph.runtime.engine.sampling import RequestError
 from llgraph.runtime.serve import plan as planning
 
 GB = 10**9
