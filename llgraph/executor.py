@@ -207,6 +207,9 @@ def _rotary(node: Node, x, cos, sin):
     return (torch.cat((rot, xh[..., 2 * half:]), dim=-1).view(b, s, nd),)
 
 
+GATHERED_TOKENS = 64  # a ragged step of at most this many tokens gathers each token's keys: no loop, no device read
+
+
 @torch_impl("GroupedAttention")
 def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value, slots=None):
     # q: [B, S, Hq*D]; k, v: [B, S, Hkv*D]; positions: [B, S]; caches: [rows, Hkv, M, D], written in place; slots:
@@ -220,9 +223,15 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value, slo
         cache.transpose(1, 2)[rows, positions] = _to_cache(x.view(b, s, hkv, d), cache.dtype)
     if not ragged:
         return _attend(a, q, positions, past_key[:b], past_value[:b], _cache_span(positions)), past_key, past_value
+    flat_rows = rows.reshape(-1)
+    if a["causal"] and b * s <= GATHERED_TOKENS:  # a decode step's few tokens: each a batch row, its row's keys
+        span = _cache_span(positions)
+        keys, values = (c[flat_rows, :, :span] for c in (past_key, past_value))
+        out = _attend(a, q.reshape(b * s, 1, -1), positions.reshape(-1, 1), keys, values, span)
+        return out.view(b, s, -1), past_key, past_value
     out = torch.empty_like(q)
-    flat_q, flat_pos, flat_rows = q.reshape(b * s, -1), positions.reshape(-1), rows.reshape(-1)
-    for row in flat_rows.unique().tolist():  # each cache row's tokens as one batch row of their own
+    flat_q, flat_pos = q.reshape(b * s, -1), positions.reshape(-1)
+    for row in flat_rows.unique().tolist():  # a prompt's many tokens: each cache row's as one batch row
         mine = (flat_rows == row).nonzero()[:, 0]
         pos = flat_pos[mine][None]
         span = int(pos.max()) + 1

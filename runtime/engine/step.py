@@ -106,12 +106,17 @@ class Engine:
     # -- prefill ------------------------------------------------------------------------------------------------
     def prefill(self, rows: list[Row], share: bool = True) -> None:
         """Writes each row's prompt (after the `start` positions its cache row holds) and takes its first token.
-        Rows that sample (not a scored prompt or an embedding) share one forward: on a ragged backend whatever their
-        slots and starts, every prompt's tokens packed into one batch row; elsewhere a batch in slots 0..B-1 from an
-        empty cache, right-padded. A prefix every prompt shares is computed once (in the first row, then copied;
-        `share`). Any other rows are prefilled one by one."""
+        On a ragged backend every row, whatever its slot, start and purpose, is written by one packed forward
+        (advance). Elsewhere rows that sample (not a scored prompt or an embedding) in slots 0..B-1 from an empty
+        cache share one right-padded forward, and any other rows are prefilled one by one. A prefix every sampling
+        prompt shares is computed once (in the first row, then copied; `share`)."""
         plain = [r for r in rows if not (r.prompt_logprobs or r.pooling)]
-        together = plain if self.backend.ragged else plain if (
+        if self.backend.ragged:
+            if len(plain) > 1 and share:
+                self._share_prefix(plain)
+            self.advance(rows)
+            return
+        together = plain if (
             [r.slot for r in plain] == list(range(len(plain))) and not any(r.start for r in plain)) else []
         if len(together) > 1:
             logits = self._batch_prefill(together, share)
@@ -171,17 +176,22 @@ class Engine:
             r.counted, r.cached = True, r.start
             self.metrics.prefix(r.start, prompt)
 
-    def _batch_prefill(self, rows: list[Row], share: bool) -> np.ndarray:
-        """-> each row's last-token logits [B, V]."""
+    def _share_prefix(self, rows: list[Row]) -> None:
+        """The prefix every row's prompt shares (none written yet), computed once in the first row and copied to the
+        others, each row's `start` moved past it; nothing where it is short or the backend cannot copy."""
         b, ids = self.backend, [r.ids for r in rows]
-        shared = shared_prefix(ids) if share and not any(r.start for r in rows) else 0
+        shared = 0 if any(r.start for r in rows) else shared_prefix(ids)
         if shared >= MIN_REUSE and b.caches():  # copy_prefix can copy
             b.forward(np.array([ids[0][:shared]], np.int64), np.arange(shared)[None], rows=[rows[0].slot], keep=1)
             for r in rows:
                 b.copy_prefix(rows[0].slot, r.slot, shared)
                 r.start = shared
-        if b.ragged:
-            return _packed_last_logits(b, rows)
+
+    def _batch_prefill(self, rows: list[Row], share: bool) -> np.ndarray:
+        """(A backend without ragged rows) -> each row's last-token logits [B, V]."""
+        b = self.backend
+        if share:
+            self._share_prefix(rows)
         starts = {r.start for r in rows}
         if len(starts) == 1 and (b.multi_token_rows or not rows[0].start):
             return _last_logits(b, [r.ids[r.start:] for r in rows], rows[0].start, [r.slot for r in rows])
@@ -207,10 +217,13 @@ class Engine:
         out. On a ragged backend the forward runs the busy rows only; on another the slots up to the highest busy
         one, a free slot below it taking a dummy token at its row's last position, which no prompt or reusable
         prefix reaches."""
+        if self.backend.ragged:  # the busy rows' tokens and drafts, packed
+            self.advance([r for r in rows if r.seen is not None])
+            return
         busy = {r.slot: r for r in rows if not r.finished and r.seen is not None}  # not a prompt half written
         if not busy:
             return
-        slots = sorted(busy) if self.backend.ragged else list(range(max(busy) + 1))
+        slots = list(range(max(busy) + 1))
         last = [busy[s].token if s in busy else 0 for s in slots]
         positions = [busy[s].position if s in busy else self.backend.max_seq_len - 1 for s in slots]
         drafted = self._drafts(list(busy.values()))
@@ -361,11 +374,3 @@ def _last_logits(backend: Backend, rows: list[list[int]], start: int, slots: lis
     logits = backend.forward(tokens, positions, rows=slots, keep=longest - int(lengths.min()) + 1)
     return logits[np.arange(len(rows)), lengths - 1 - (longest - logits.shape[1])]
 
-
-def _packed_last_logits(backend: Backend, rows: list[Row]) -> np.ndarray:
-    """Every row's prompt after its `start` in one packed forward (runtime/engine/packed.py) -> each row's last-token
-    logits [B, V]."""
-    batch = Packed()
-    for r in rows:
-        batch.add(r.slot, r.ids[r.start:], r.start, kept=1)
-    return batch.run(backend)
