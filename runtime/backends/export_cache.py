@@ -81,6 +81,14 @@ def entry_for(checkpoint: Path, root: Path, target: str = "ort", dtype: str = "f
     return existing[0] if existing else root / f"{checkpoint.stem}{suffix}"
 
 
+def superseded(folder: Path) -> list[Path]:
+    """Entries of the same checkpoint, target and weights mode as `folder` under another key (an older llgraph or
+    older kernels made them): kept, never removed unasked; the caller says how to remove them."""
+    prefix = folder.name[:-16]  # entry_for's STEM-TARGET-MODE-, before the key
+    return sorted(p for p in folder.parent.glob(f"{prefix}*") if p != folder and len(p.name) == len(folder.name)
+                  and (p / MANIFEST).exists())
+
+
 def _export_files_only(folder: Path) -> bool:
     """A folder without a manifest holds only names an export writes: a damaged entry, not a user's folder."""
     return all(p.is_file() and p.name in {*LEGACY_FILES, *BUILD_FILES, cpu.LIBRARY} for p in folder.iterdir())

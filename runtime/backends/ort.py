@@ -295,7 +295,7 @@ def _open(path: Path, options: RunOptions) -> ORTRunner:
         return ORTRunner(path, options.max_seq_len, options.threads, options.kv_cache)
     from llgraph.checkpoint import load_config
     from llgraph.export import export_model, resolve_kernels
-    from llgraph.runtime.backends.export_cache import cache_dir, entry_for, heal
+    from llgraph.runtime.backends.export_cache import cache_dir, entry_for, heal, superseded
 
     load_config(path)  # a folder or file that is no checkpoint fails here, before "exporting ..." is said
     for adapter in options.weights.lora:  # and an adapter that cannot be merged
@@ -307,6 +307,11 @@ def _open(path: Path, options: RunOptions) -> ORTRunner:
         print(f"exporting {path.name} for ONNX Runtime into {folder} ({why}; `llgraph cache list` shows it)",
               file=sys.stderr)
         export_model(path, checkpoint=path, out=folder, target="ort", weights=weights, force=True, progress=True)
+        older = superseded(folder)
+        if older:  # an older llgraph's or older kernels' export of the same file: the user's to remove
+            size = sum(f.stat().st_size for p in older for f in p.rglob("*") if f.is_file())
+            print(f"llgraph: {len(older)} older export(s) of {path.name} ({size / 1e9:.2f} GB) remain in the cache; "
+                  f"`llgraph cache clean {' '.join(p.name for p in older)}` removes them", file=sys.stderr)
     return ORTRunner(folder, options.max_seq_len, options.threads, options.kv_cache)
 
 

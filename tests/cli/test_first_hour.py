@@ -112,6 +112,13 @@ def test_an_entry_on_llgraph_s_kernels_is_keyed_on_their_sources(tiny_ckpt, tmp_
     monkeypatch.setattr(cpu, "source_key", lambda: "0123456789abcdef")
     after = entry_for(tiny_ckpt, tmp_path, "ort", own), entry_for(tiny_ckpt, tmp_path, "ort", standard)
     assert after[0] != before[0] and after[1] == before[1]
+    # the older entry is named, never removed: an export under the new key lists it for `cache clean`
+    from llgraph.runtime.backends.export_cache import superseded
+
+    for entry in (before[0], before[1]):
+        entry.mkdir()
+        (entry / "manifest.json").write_text("{}")
+    assert superseded(after[0]) == [before[0]] and before[0].exists()
 
 
 def test_cache_list_clean_env_and_flag(tiny_ckpt, tmp_path):
