@@ -10,7 +10,9 @@ tokenizer and cut into `--chunks` windows of `--ctx` tokens; as llama-perplexity
 BOS where the vocabulary adds one, and the KL is taken over the second half of each window (every position sees at
 least ctx/2 tokens). llgraph's exports (one per accuracy level in `--levels`: `auto` is the default, by format)
 are compared here; llama.cpp reads the reference from a file in its `--kl-divergence-base` format (log-probabilities
-within 16 nats of the top, in 16 bits) and reports its own mean KLD.
+within 16 nats of the top, in 16 bits) and reports its own mean KLD. With `--llama-perplexity` the windows are
+llama.cpp's own (the tokens of the base file it writes for the GGUF), and llgraph's distributions are also held to
+llama.cpp's directly: mean KL(llama.cpp || llgraph) on the same file.
 """
 
 from __future__ import annotations
@@ -79,12 +81,15 @@ def llgraph_logp(gguf: Path, tokens: np.ndarray, threads: int, level, work: Path
     return np.stack(out)
 
 
-def mean_kl(ref: np.ndarray, logp: np.ndarray) -> tuple[float, float]:
+def mean_kl(ref: np.ndarray, logp: np.ndarray, scored_only: bool = False) -> tuple[float, float]:
     """(mean KL(ref || logp), top-1 agreement) over the second half of each window, positions ctx/2 .. ctx-2 (those
-    llama-perplexity scores)."""
-    ctx = ref.shape[1]
-    r, p = ref[:, ctx // 2:ctx - 1], logp[:, ctx // 2:ctx - 1]
-    kl = (np.exp(r) * (r - p)).sum(-1)
+    llama-perplexity scores); `scored_only`: `ref` holds those positions only and is read from a base file, whose
+    entries more than 16 nats below the top are floored, so the sum is over log-probabilities above -16, as
+    llama-perplexity sums it."""
+    ctx = logp.shape[1]
+    r, p = (ref if scored_only else ref[:, ctx // 2:ctx - 1]), logp[:, ctx // 2:ctx - 1]
+    terms = np.exp(r) * (r - p)
+    kl = np.where(r > -16, terms, 0.0).sum(-1) if scored_only else terms.sum(-1)
     return float(kl.mean()), float((r.argmax(-1) == p.argmax(-1)).mean())
 
 
@@ -112,6 +117,37 @@ def write_base(path: Path, tokens: np.ndarray, ref: np.ndarray) -> None:
             rows.tofile(f)
 
 
+def read_base(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A --kl-divergence-base file (write_base's format, as llama-perplexity writes it from a model): its tokens
+    [chunks, ctx] and its log-probabilities [chunks, ctx - 1 - ctx/2, vocab] of the scored positions (those floored
+    at 16 nats below the top read as that floor)."""
+    raw = path.read_bytes()
+    if raw[:8] != b"_logits_":
+        raise SystemExit(f"{path} is not a llama-perplexity --kl-divergence-base file")
+    ctx = int(np.frombuffer(raw, np.uint32, 1, 8)[0])
+    vocab, chunks = (int(v) for v in np.frombuffer(raw, np.int32, 2, 12))
+    tokens = np.frombuffer(raw, np.int32, ctx * chunks, 20).reshape(chunks, ctx).astype(np.int64)
+    nv, scored = 2 * ((vocab + 1) // 2) + 4, ctx - 1 - ctx // 2
+    rows = np.frombuffer(raw, np.uint16, chunks * scored * nv, 20 + 4 * ctx * chunks).reshape(chunks, scored, nv)
+    scale, low = (np.ascontiguousarray(rows[..., i:i + 2]).view(np.float32)[..., 0].astype(np.float64)
+                  for i in (0, 2))
+    return tokens, low[..., None] + scale[..., None] * rows[..., 4:4 + vocab].astype(np.float64)
+
+
+def llama_cpp_logp(binary: str, gguf: Path, text: Path, ctx: int, chunks: int, threads: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's own windows of `text` and its log-probabilities on them (read_base), from llama-perplexity
+    writing its --kl-divergence-base file for the GGUF."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "llama.kld"
+        r = subprocess.run([binary, "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "--chunks",
+                            str(chunks), "-t", str(threads), "--kl-divergence-base", str(out)],
+                           capture_output=True, text=True)
+        if r.returncode != 0 or not out.exists():
+            raise SystemExit(f"{binary} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+        return read_base(out)
+
+
 def llama_cpp_kl(binary: str, gguf: Path, tokens: np.ndarray, ref: np.ndarray, threads: int) -> float:
     """llama-perplexity's mean KLD of the GGUF against the reference written as its base file."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -136,14 +172,22 @@ def main(argv=None) -> None:
     p.add_argument("--levels", default="auto,0", help="llgraph accuracy levels to compare (auto: the default)")
     p.add_argument("--llama-perplexity", default=None, help="llama.cpp's llama-perplexity binary: its KL too")
     args = p.parse_args(argv)
-    tokens = windows(args.model, args.text.read_text(), args.ctx, args.chunks)
+    theirs = None
+    if args.llama_perplexity:  # llama.cpp's windows of the text, so every engine meets the same tokens
+        tokens, theirs = llama_cpp_logp(args.llama_perplexity, args.model, args.text, args.ctx, args.chunks,
+                                        args.threads)
+    else:
+        tokens = windows(args.model, args.text.read_text(), args.ctx, args.chunks)
     ref = reference(args.model, tokens, args.threads)
-    rows = {}
+    rows, direct = {}, {}
     with tempfile.TemporaryDirectory() as work:
         for level in args.levels.split(","):
             lv = None if level == "auto" else int(level)
-            rows[f"llgraph, accuracy level {level}"] = mean_kl(ref, llgraph_logp(args.model, tokens, args.threads, lv,
-                                                                                 Path(work)))
+            name = f"llgraph, accuracy level {level}"
+            ours = llgraph_logp(args.model, tokens, args.threads, lv, Path(work))
+            rows[name] = mean_kl(ref, ours)
+            if theirs is not None:
+                direct[name] = mean_kl(theirs, ours, scored_only=True)
     if args.llama_perplexity:
         rows["llama.cpp (llama-perplexity --kl-divergence)"] = (
             llama_cpp_kl(args.llama_perplexity, args.model, tokens, ref, args.threads), float("nan"))
@@ -152,6 +196,11 @@ def main(argv=None) -> None:
     print("| engine | mean KL | top-1 agreement |\n|---|---|---|")
     for name, (kl, top1) in rows.items():
         print(f"| {name} | {kl:.5f} | {'-' if top1 != top1 else f'{top1:.3f}'} |")
+    if direct:
+        print(f"\nmean KL(llama.cpp's own distribution || llgraph's), the same {scored} positions")
+        print("| engine | mean KL | top-1 agreement with llama.cpp |\n|---|---|---|")
+        for name, (kl, top1) in direct.items():
+            print(f"| {name} | {kl:.5f} | {top1:.3f} |")
 
 
 if __name__ == "__main__":
