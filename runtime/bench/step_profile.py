@@ -46,7 +46,7 @@ def feeds(sess, folder: Path, past: int, cache: int) -> dict:
         elif i.name == "attention_mask":
             out[i.name] = np.ones((1, past + 1), np.int64)
         elif i.name.startswith("past_key_values"):
-            dims = [1 if d in ("batch", "batch_size") else cache if d == "max_seq" else past
+            dims = [1 if d in ("batch", "batch_size", "cache_rows") else cache if d == "max_seq" else past
                     if d == "past_sequence_length" else head if d == "kv_cache_dim" else d for d in i.shape]
             out[i.name] = np.zeros(dims, np.float16 if "float16" in i.type else np.float32)
     return out
