@@ -51,7 +51,7 @@ def export_model(config, checkpoint=None, out="out", *, target: str = "ort", wei
     # GGUF super-blocks as stored for llgraph's CPU kernels; widened to the blocked form for ONNX Runtime's own ops,
     # ONNX and TensorRT, which have no super-block kernel
     model = open_model(config, checkpoint, weights, seed, superblocks=target == "ort" and weights.kernels == "llgraph")
-    options = {} if weights.accuracy_level is None else {"accuracy_level": weights.accuracy_level}
+    options: dict[str, int | str] = {} if weights.accuracy_level is None else {"accuracy_level": weights.accuracy_level}
     if weights.kernels == "llgraph":  # their QLinear, and GroupedAttention, which every model has
         from llgraph.plugins import cpu
 

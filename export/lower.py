@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import numpy as np
 import onnx
@@ -60,7 +60,7 @@ class Target:
 class Emitter:
     graph: Graph
     source: WeightSource
-    data: object  # the open external-data file
+    data: BinaryIO  # the open external-data file
     on_weight: Callable[[int], None] = lambda nbytes: None
     max_positions: int = 0  # for targets that tabulate RoPE (ORT's GroupQueryAttention)
     nodes: list = field(default_factory=list)
@@ -106,7 +106,7 @@ class Emitter:
         name = param + (".T" if transpose else "") + (f".{compute.__name__}" if compute else "")
         rows = self._row_reader(self.graph.params[param]) if compute is None else None
         if rows is not None:
-            self.initializers.append(self._write_rows(name, *rows, transpose))
+            self.initializers.append(self._write_rows(name, rows[0], rows[1], rows[2], transpose))
         else:
             tensor = load_param(self.graph.params[param], self.source)
             if compute is not None:
@@ -210,7 +210,7 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
     if missing:
         raise NotImplementedError(f"target '{target.name}' cannot lower {missing}")
     check_weights(graph, source)
-    total = sum(int(np.prod(p.value.shape)) * DTYPE_BYTES[p.value.dtype] for p in graph.params.values())
+    total = sum(math.prod(int(d) for d in p.value.shape) * DTYPE_BYTES[p.value.dtype] for p in graph.params.values())
     check_free_space(out_dir, total)
     if progress:
         print(f"export {target.name}: about {total / 1e9:.2f} GB of weights into {out_dir.parent}", file=sys.stderr)

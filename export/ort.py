@@ -170,7 +170,7 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
     a = node.attrs
     seqlens, total = _seqlens(em, pos)
     inputs = [*qkv, past_k, past_v, seqlens, total]
-    attrs = {}
+    attrs: dict[str, int | float] = {}
     if rotary is not None:
         rot, cos_sin = rotary
         inputs += [em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "cos_cache", np.cos)),

@@ -129,7 +129,7 @@ def check_gpu() -> None:
 
 def trt_logger(trt: TensorRT):
     """TensorRT's log at WARNING, less the parser's notes that are expected for every llgraph export."""
-    class Logger(trt.module.ILogger):
+    class Logger(trt.module.ILogger):  # type: ignore[name-defined]
         def __init__(self):
             trt.module.ILogger.__init__(self)
 
@@ -313,7 +313,7 @@ RUNS_ON = {"tensorrt": "the GPU model it was built on (TensorRT engines are per 
 def _progress_monitor(t):
     from tqdm import tqdm
 
-    class Monitor(t.IProgressMonitor):
+    class Monitor(t.IProgressMonitor):  # type: ignore[name-defined]
         """One bar for the build's top-level phase; the nested phase at work is shown beside it."""
 
         def __init__(self):

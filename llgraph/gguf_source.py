@@ -69,8 +69,9 @@ def _gguf_reader(path: str, mtime_ns: int, size: int):
         slices (SmolLM2's parse: 3.0-3.4 s -> 0.8-1.3 s; fields and tensors equal, tested)."""
 
         def _get(self, *args, **kwargs):
-            if type(self.data) is np.memmap:
-                self.data = self.data.view(np.ndarray)  # its base is the memmap, which stays open
+            data: np.ndarray = self.__dict__["data"]
+            if type(data) is np.memmap:
+                self.data = data.view(np.ndarray)  # its base is the memmap, which stays open
             return super()._get(*args, **kwargs)
 
     return Reader(path, "r")
@@ -148,8 +149,9 @@ class GGUFSource(WeightSource):
         q = from_gguf_blocks(raw, t.tensor_type.name, self.shape(name))
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             heads = self._heads if m[1] == "q" else self._kv_heads
-            q = QuantTensor(*(None if a is None else interleaved_to_half(a, heads)
-                              for a in (q.codes, q.scales, q.mins)), q.fmt)
+            def half(a):
+                return None if a is None else interleaved_to_half(a, heads)
+            q = QuantTensor(half(q.codes), half(q.scales), half(q.mins), q.fmt)
         return q
 
     def load(self, name, dtype=None):

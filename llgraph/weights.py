@@ -154,7 +154,7 @@ class SafetensorsSource(WeightSource):
         row_bytes = out[0].nbytes if shape else 0
         with open(path, "rb") as f:
             f.seek(offset + start * row_bytes)
-            if f.readinto(memoryview(out.reshape(-1).view(np.uint8))) != out.nbytes:
+            if f.readinto(out.reshape(-1).view(np.uint8).data) != out.nbytes:
                 raise WeightError(f"{path} ends inside tensor {name}; the file is truncated, re-download it")
         return out
 

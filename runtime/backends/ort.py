@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,10 @@ class OrtBackend(Backend):
             check_damage(folder, checked.result())  # a damaged graph fails to load: say so, not ORT's words
             raise
         self._checked: Checked | None = checked  # waited for by ready(): after the first forward, before its answer
-        self._ort, self._batch, self._binding = ort, None, None
+        self._ort = ort
+        self._batch: int | None = None
+        self._binding: Any = None  # an onnxruntime IOBinding once allocated
+        self._rows: slice | None = None
         overridable = {i.name for i in self.session.get_overridable_initializers()}
         self._keeps = KEEP_INPUT in overridable
         # llgraph's attention reading each token's cache row (export/ort.py ragged): any rows, several in a batch

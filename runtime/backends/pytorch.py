@@ -9,6 +9,7 @@ every IR value of a step, for `llgraph diff`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,7 +52,8 @@ class TorchBackend(Backend):
         self.max_seq_len = cache_length(max_seq_len, self.context_limit, "the model's context")
         self.vocab_size = config.vocab_size
         self.executor = TorchExecutor(graph or model_graph(config, dtype, kv=kv_cache), source, device, progress)
-        self._batch, self._cache = None, {}
+        self._batch: int | None = None
+        self._cache: dict[str, Any] = {}
         self._keeps = any(v.name == KEEP_INPUT for v in self.executor.graph.inputs)
         self.ragged = any(v.name == SLOTS_INPUT for v in self.executor.graph.inputs)  # passes.ragged_slots
         self.hidden_in_forward = any(v.name == HIDDEN for v in self.executor.graph.outputs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -97,7 +98,9 @@ class TRTBackend(Backend):
                               "--max-seq-len up)")
         self.context = self.engine.create_execution_context()
         self.stream = self.device.stream()
-        self.cache, self._profile, self._bound = {}, None, None
+        self.cache: dict[str, Any] = {}
+        self._profile = None
+        self._bound: slice | None = None
 
     def _check_io(self, trt, folder: Path) -> None:
         """The engine's I/O tensors are exactly the ones this backend binds, in the modes and dtypes it binds them

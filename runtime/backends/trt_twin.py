@@ -66,7 +66,7 @@ class Tensor:
 
 class Stream:
     def __init__(self, handle: int):
-        self.cuda_stream, self.waited = handle, set()
+        self.cuda_stream, self.waited = handle, set[object]()
 
     def synchronize(self) -> None:
         pass  # the twin computes at execute time

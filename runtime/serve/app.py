@@ -17,6 +17,7 @@ This module is the app; runtime/serve/run.py runs it (uvicorn, or Ray Serve with
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import time
@@ -115,7 +116,7 @@ class PrometheusMetrics(Metrics):
                          ("kv_cache_bytes", "the KV cache's bytes, every slot's row"),
                          ("kv_cache_bytes_in_use", "bytes of the KV cache the running requests' tokens hold")):
             name = {"queue": "llgraph_queue_depth", "active": "llgraph_active_slots"}.get(key, f"llgraph_{key}")
-            Gauge(name, doc, registry=r).set_function(lambda key=key: scheduler_stats()[key])
+            Gauge(name, doc, registry=r).set_function(functools.partial(_stat, scheduler_stats, key))
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
@@ -142,6 +143,11 @@ class PrometheusMetrics(Metrics):
 
 
 # -- the app -----------------------------------------------------------------------------------------------------------
+
+
+def _stat(stats, key: str) -> float:
+    """One of the scheduler's figures, read when Prometheus scrapes."""
+    return stats()[key]
 
 
 def ids_json(ids: list[int], step: int = 50_000) -> str:

@@ -18,6 +18,7 @@ import asyncio
 import codecs
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -43,6 +44,10 @@ from llgraph.runtime.serve.request import (
     unless_gone,
 )
 
+if TYPE_CHECKING:
+    from llgraph.runtime.engine.grammar import Grammar
+    from llgraph.runtime.engine.tools import ToolSpec
+
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 NO_TOOLS = None  # Ask.tools of a request that may call no tool
 
@@ -59,13 +64,13 @@ class Ask:
     stop: tuple[str, ...]
     ignore_eos: bool
     logprobs: int | None  # alternatives per token; None: no log-probabilities
-    grammar: object  # runtime.grammar.Grammar (response_format) or None
+    grammar: Grammar | None  # response_format's
     speculative: str  # "off", "ngram" or "draft" (llgraph's field; the server's --speculative by default)
     draft_max: int  # the most tokens drafted a step ("speculative.n_max", llama.cpp's field; --draft-max by default)
     echo: bool
     stream: bool
     usage: bool
-    tools: object = NO_TOOLS  # runtime.engine.tools.ToolSpec: functions the chat answer may call
+    tools: ToolSpec | None = NO_TOOLS  # functions the chat answer may call
     template: str = ""  # the chat template (which tool-call format the answer uses)
 
 
@@ -226,12 +231,12 @@ class Choice:
             return None
         if self.ask.chat:
             return {"content": [self._chat_entry(t, s) for t, s in entries]}
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token, s in entries:
             out["text_offset"].append(self.offsets.take(self.tokenizer.token_bytes(token)))
             out["tokens"].append(self._string(token))
             out["token_logprobs"].append(None if s is None else s.logprob)
-            top = None
+            top: dict[str, float] | None = None
             if s is not None:  # the k most likely and the chosen token, most likely first
                 top = {}
                 for t, lp in sorted([*s.top, (token, s.logprob)], key=lambda tl: -tl[1]):
@@ -267,7 +272,8 @@ class Choice:
         logprobs = self.logprobs(self.scored)
         if self.ask.chat:
             text, calls = self.calls()
-            message = {"role": "assistant", "content": (text or "").strip() or None if calls else text}
+            content = (text or "").strip() or None if calls else text
+            message: dict[str, object] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = [c.openai() for c in calls]
             return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": self.reason(calls)}

@@ -148,7 +148,8 @@ async def events(chunks, body: dict, response_id: str, model: str):
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': number, **fields})}\n\n"
 
     yield event("response.created", response=_response(response_id, model, body, "in_progress", [], None))
-    item_id, text, calls, usage, opened = f"msg_{uuid.uuid4().hex}", "", [], None, False
+    calls: list[dict] = []
+    item_id, text, usage, opened = f"msg_{uuid.uuid4().hex}", "", None, False
     async for raw in chunks:
         for line in (raw.decode() if isinstance(raw, bytes) else raw).splitlines():
             if not line.startswith("data: ") or line == "data: [DONE]":

@@ -4,6 +4,7 @@ shuts Serve and its local Ray down."""
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
@@ -66,7 +67,7 @@ def serve(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, g
             threading.Thread(target=lambda: (scheduler.stop(grace), exit_after_drain(sig, frame)), daemon=True,
                              name="llgraph-drain").start()
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=math.ceil(grace))
     # uvicorn handles SIGTERM/SIGINT while it runs, then re-raises the signal to the handler it found: a drained,
     # finished server has nothing left to do, so that handler does nothing and serve() returns (exit 0)
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -1,5 +1,5 @@
-"""The core (llgraph/*.py) and the engine (runtime/engine/) type-check clean with mypy ([tool.mypy] in
-pyproject.toml names the files and the settings)."""
+"""The core (llgraph/*.py), the engine (runtime/engine/), the backends, the server and export type-check clean with
+mypy, unannotated bodies too ([tool.mypy] in pyproject.toml names the files and the settings)."""
 
 import subprocess
 import sys
@@ -10,7 +10,7 @@ from conftest import need
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_core_and_the_engine_type_check():
+def test_the_core_engine_backends_server_and_export_type_check():
     need("mypy")
     r = subprocess.run([sys.executable, "-m", "mypy"], capture_output=True, text=True, cwd=REPO)
     print(r.stdout[-3000:])
