@@ -157,8 +157,17 @@ class OrtBackend(Backend):
         if self._hidden is not None:  # an output left unbound would be allocated by ONNX Runtime each step
             self._binding.bind_ortvalue_output(HIDDEN, self._ort.OrtValue.ortvalue_from_numpy(self._hidden_out(
                 batch, seq)))
+        tapped = self._tapped if self.record else []
+        for name in tapped:  # bound after every other output, so they are the binding's last outputs
+            self._binding.bind_output(name)
         self.session.run_with_iobinding(self._binding)
         self.ready()  # the first forward ran beside the check of its weights; its answer waits for the verdict
+        if self.record:
+            rows = self._rows if self._rows is not None else slice(None)
+            self.recorded = {present: self._arrays[past][rows].astype(np.float32)
+                             for past, present in cache_pairs(self.config)} | {"logits": logits.astype(np.float32)}
+            outs = self._binding.get_outputs()[len(self._binding.get_outputs()) - len(tapped):]
+            self.recorded |= {name: v.numpy().astype(np.float32) for name, v in zip(tapped, outs)}
         return logits
 
     def _hidden_out(self, batch: int, seq: int) -> np.ndarray:
@@ -182,16 +191,12 @@ class OrtBackend(Backend):
     def caches(self) -> list:
         return list(self._arrays.values()) if self._batch is not None else []
 
-    def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, np.ndarray]:
-        """One step through session.run (no IO binding) returning every output the graph exposes (a diff side's
-        tapped model exposes every IR value), the presents written back into the cache."""
-        feeds = {"input_ids": input_ids, "position_ids": position_ids, **self._arrays}
-        names = [o.name for o in self.session.get_outputs()]
-        values = dict(zip(names, self.session.run(names, feeds)))
-        self.ready()
-        for past, present in cache_pairs(self.config):
-            self._arrays[past][...] = values[present]
-        return values
+    @property
+    def _tapped(self) -> list[str]:
+        """The graph's outputs beyond the logits, the present caches and the hidden states: a diff side's tapped
+        model's IR values, recorded by a forward when `record` is set."""
+        served = {"logits", HIDDEN, *(present for _, present in cache_pairs(self.config))}
+        return [o.name for o in self.session.get_outputs() if o.name not in served]
 
 
 def _model_with_cache(path: Path, kv: KvFormat, manifest: Manifest, opts) -> str | bytes:
@@ -277,6 +282,7 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
             model.graph.output.append(onnx.helper.make_tensor_value_info(name, ONNX_DTYPES[v.dtype], None))
     onnx.save(model, str(folder / TAPPED))
     backend = OrtBackend(folder, max_seq, model_file=TAPPED, kv_cache=dtype)  # the float cache torch's side keeps
+    backend.record = True
 
     def stepper():
         fresh = [True]
@@ -286,8 +292,8 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
             if fresh[0]:
                 backend.allocate(s["input_ids"].shape[0], zeroed=True)
                 fresh[0] = False
-            values = backend.values(s["input_ids"], s["position_ids"])
-            return {k: v.astype(np.float32) for k, v in values.items()}
+            backend.forward(s["input_ids"], s["position_ids"])
+            return backend.recorded
         return step
     return stepper
 

@@ -85,7 +85,10 @@ class TorchBackend(Backend):
 
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:
-        logits = self.executor.run(self._feeds(input_ids, position_ids, rows, keep))["logits"]
+        out = self.executor.run(self._feeds(input_ids, position_ids, rows, keep), record=self.record)
+        if self.record:  # the present caches are live storage: copied
+            self.recorded = {k: v.float().cpu().numpy().copy() for k, v in out.items() if isinstance(v, torch.Tensor)}
+        logits = out["logits"]
         if 0 < keep < logits.shape[1]:  # a graph without logits_to_keep: only the rows asked for leave the device
             logits = logits[:, -keep:]
         return logits.float().cpu().numpy()
@@ -104,10 +107,6 @@ class TorchBackend(Backend):
         if not any(v.name == HIDDEN for v in self.executor.graph.outputs):
             return super().hidden(input_ids, position_ids, rows)
         return self.executor.run(self._feeds(input_ids, position_ids, rows, 1))[HIDDEN].float().cpu().numpy()
-
-    def values(self, input_ids: np.ndarray, position_ids: np.ndarray) -> dict[str, torch.Tensor]:
-        """One step like forward, returning every IR value it computed (the present caches are live storage)."""
-        return self.executor.run(self._feeds(input_ids, position_ids, None), record=True)
 
 
 class TorchRunner(Runner):
@@ -132,6 +131,7 @@ def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", m
                graph: Graph | None = None):
     """A diff side (runtime/eval/diff.py): a TorchBackend recording every value, each stepper from a zeroed cache."""
     backend = TorchBackend(cfg, source, max_seq, dtype, graph=graph, limit=max_seq)
+    backend.record = True
 
     def stepper():
         fresh = [True]
@@ -140,8 +140,8 @@ def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", m
             if fresh[0]:
                 backend.allocate(s["input_ids"].shape[0], zeroed=True)
                 fresh[0] = False
-            recorded = backend.values(s["input_ids"], s["position_ids"])
-            return {k: v.float().numpy().copy() for k, v in recorded.items()}  # present is live storage: copy
+            backend.forward(s["input_ids"], s["position_ids"])
+            return backend.recorded
         return step
     return stepper
 

@@ -178,6 +178,10 @@ class TRTBackend(Backend):
         kept = logits[:, seq - min(keep, seq):] if keep > 0 else logits
         with self.device.on(self.stream):  # the kept rows converted and copied on the stream that wrote them
             kept = kept.float().cpu()
+            if self.record:  # an engine exposes its outputs: the logits and the present caches (copies)
+                self.recorded = {"logits": logits.float().cpu().numpy()} | {
+                    present: self.cache[past][rows].to("cpu", torch.float32, copy=True).numpy()
+                    for past, present in cache_pairs(self.config)}
         self.stream.synchronize()
         return kept.numpy()
 
@@ -186,6 +190,7 @@ def engine_side(folder: str | Path, tensorrt: str = "auto"):
     """A diff side (runtime/eval/diff.py): a TensorRT engine built from a `trt` export folder (needs tensorrt and a
     GPU, or `tensorrt="twin"`). It exposes the final outputs: logits and the present caches."""
     backend = TRTBackend(folder, tensorrt)
+    backend.record = True
 
     def stepper():
         fresh = [True]
@@ -194,10 +199,8 @@ def engine_side(folder: str | Path, tensorrt: str = "auto"):
             if fresh[0]:
                 backend.allocate(s["input_ids"].shape[0])
                 fresh[0] = False
-            values = {"logits": backend.forward(s["input_ids"], s["position_ids"])}
-            for past, present in cache_pairs(backend.config):
-                values[present] = backend.cache[past].to("cpu", torch.float32, copy=True).numpy()  # not a view
-            return values
+            backend.forward(s["input_ids"], s["position_ids"])
+            return backend.recorded
         return step
     return stepper
 

@@ -73,6 +73,11 @@ class Backend:
     # the longest cache this backend could hold (before allocate: max_seq_len may be planned up to it); None: its
     # cache length is fixed (a TensorRT engine's)
     context_limit: int | None = None
+    # diff's (runtime/eval/diff.py): with `record` set, each forward also keeps every value its graph exposes, by IR
+    # name, as float32 numpy arrays in `recorded` (the executor: all; an export: its node outputs; an engine: the
+    # logits and the present caches) — the same forward that serves, no second execution path
+    record: bool = False
+    recorded: dict[str, np.ndarray] = {}
 
     def ready(self) -> None:
         """Returns once the backend may answer; raises (one line) when it must not: an OrtBackend's weights found

@@ -6,7 +6,8 @@ ONNX export exposes its node outputs, whose names are the IR's. `compare` walks 
 first failing value is where the disagreement starts. Side A's greedy tokens drive the steps, so both sides see
 identical inputs. Saved runs are compressed .npz archives of the inputs and a chosen subset of values, so a CPU run
 can be compared with a GPU run later. The sides are the backends' own (each backend module's `*_side`, found by
-name through runtime/backends/__init__.py: torch, ort, onnx, trt).
+name through runtime/backends/__init__.py: torch, ort, onnx, trt), each recording through the backend's own
+forward (`Backend.record`): the values compared are those of the path that serves.
 """
 
 from __future__ import annotations
