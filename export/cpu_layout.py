@@ -79,3 +79,21 @@ def interleave16(t: np.ndarray) -> np.ndarray:
     if t.ndim == 3:
         return t.reshape(groups, 16, t.shape[1], -1, 4).transpose(0, 2, 3, 1, 4).reshape(groups, t.shape[1], -1)
     return np.ascontiguousarray(t.reshape(groups, 16, -1).transpose(0, 2, 1))
+
+
+def fifth_bits(t: np.ndarray) -> np.ndarray:
+    """5-bit codes held one a byte (GGUF's Q5_0/Q5_1: [N, nb, 32], values 0..31) at their own bits: per block the low
+    4 bits as the 4-bit layout packs them (byte i: weight 2i in its low nibble, 2i + 1 in its high), then the fifth
+    bits as one little-endian 32-bit word (bit j: weight j) -> [N, nb, 20], the 22 bytes of a GGUF block less its
+    scale; the kernels read it interleaved (interleave16_5bit)."""
+    low = (t[..., 0::2] & 15) | ((t[..., 1::2] & 15) << 4)
+    high = ((t.astype(np.uint32) >> 4) & 1) << np.arange(t.shape[-1], dtype=np.uint32)
+    word = np.bitwise_or.reduce(high, axis=-1).astype("<u4")
+    return np.concatenate([low.astype(np.uint8), word[..., None].view(np.uint8)], axis=-1)
+
+
+def interleave16_5bit(t: np.ndarray) -> np.ndarray:
+    """5-bit codes (fifth_bits) interleaved 16 rows at a time: a block's four chunks of low nibbles, then its chunk of
+    fifth-bit words, each 4 bytes of each of 16 rows (plugins/cpu/qlinear_blocks.inc's InterleavedCode)."""
+    return interleave16(fifth_bits(t))
+

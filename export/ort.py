@@ -22,7 +22,7 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 import llgraph.export.onnx as std
-from llgraph.export.cpu_layout import glu_groups, glu_groups_half, interleave16_half, interleaver
+from llgraph.export.cpu_layout import glu_groups, glu_groups_half, interleave16_5bit, interleave16_half, interleaver
 from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Graph, Node
@@ -289,8 +289,10 @@ def qembedding_gather(em: Emitter, node: Node) -> None:
     gathered and added, as the executor adds them."""
     ids, codes, scales, mins = (list(node.inputs) + [None, None])[:4]
     bits, zp = node.attrs["bits"], node.attrs["zero_point"]
-    if em.options.get("kernels") == "llgraph":
-        inputs = [ids, em.weight(codes, compute=interleaver(node.attrs["format"]))]
+    if em.options.get("kernels") == "llgraph":  # the head's layout (its level: the same format's default or the asked)
+        layout, bits = _codes_layout(node, accuracy_level_of(em.options.get("accuracy_level"),
+                                                             node.attrs["format"] != "blocks"))
+        inputs = [ids, em.weight(codes, compute=layout)]
         inputs += [em.weight(scales, compute=interleave16_half)] if scales else []
         inputs += [em.weight(mins, compute=interleave16_half)] if mins else []
         rows = em.node("QEmbedding", inputs, hint=node.name, domain=cpu.DOMAIN, format=node.attrs["format"],
@@ -357,7 +359,7 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
     the RMSNorm its x passes first (all computed in the node: _plan_qlinear_fusions)."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
     level = accuracy_level_of(em.options.get("accuracy_level"), node.attrs["format"] != "blocks")
-    interleave = interleaver(node.attrs["format"])
+    interleave, bits = _codes_layout(node, level)
     if swiglu:
         layout, per_block = {"compute": glu_groups(interleave)}, {"compute": glu_groups_half}
     else:
@@ -375,6 +377,18 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
     outputs = [swiglu] if swiglu else [residual[1]] if residual else node.outputs
     em.node("QLinear", inputs, outputs, domain=cpu.DOMAIN, hint=node.name, format=node.attrs["format"], bits=bits,
             block_size=block, zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
+
+
+def _codes_layout(node: Node, level: int):
+    """(the layout the kernels read a QLinear's or QEmbedding's codes in, the bits it writes them at): the
+    format's interleaved layout; 5-bit codes held one a byte in the IR (GGUF's Q5_0/Q5_1) at their own bits, 5.5/6.0
+    a weight as in the file, in exact mode (the blocked formats' default: level 4's int8 dots read bytes). A tied
+    table and its head decide alike (the same node format and level), so the export holds their codes once."""
+    a = node.attrs
+    if a["format"] == "blocks" and a["bits"] == 8 and a.get("code_bits") == 5 and a["block_size"] == 32 \
+            and level == 0:
+        return interleave16_5bit, 5
+    return interleaver(a["format"]), a["bits"]
 
 
 def extras(folder: Path, manifest) -> None:

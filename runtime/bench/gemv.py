@@ -5,7 +5,7 @@ llama.cpp's source with -DLLAMA_BUILD_TESTS=ON; it runs on half the cores, so co
 host; it does not repack weights as llama.cpp's model loader may) when `--ggml` names that binary; the host's read
 bandwidth on 1 and 2 threads printed with them.
 
-    python -m llgraph.runtime.bench.gemv [--threads 1] [--types Q4_K,Q5_K,Q6_K,Q8_0,Q4_0] [--level auto]
+    python -m llgraph.runtime.bench.gemv [--threads 1] [--types Q4_K,Q5_K,Q6_K,Q8_0,Q5_0,Q4_0] [--level auto]
                                          [--ggml /path/to/test-backend-ops] [--tokens 1] [--library A.so B.so]
 
 `--tokens M`: M tokens a call (a serving step's decode rows; GB/s then counts the weights once a call, so it rises
@@ -27,7 +27,8 @@ import numpy as np
 
 K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}, 4), "Q5_K": (176, {0: 5e-4, 2: 7.75e-3}, 5),
             "Q6_K": (210, {208: 2e-4}, 6)}  # bytes a super-block, its half-float d/dmin, code bits
-BLOCKS = {"Q8_0": (8, 32, 128, 34), "Q4_0": (4, 32, 8, 18)}  # bits, block, zero point, GGUF bytes a block
+# bits, block, zero point, GGUF bytes a block (Q5_0/Q5_1: at their own bits, export/cpu_layout.py fifth_bits)
+BLOCKS = {"Q8_0": (8, 32, 128, 34), "Q4_0": (4, 32, 8, 18), "Q5_0": (5, 32, 16, 22), "Q5_1": (5, 32, 0, 24)}
 
 
 def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng, library: str | None = None):
@@ -36,7 +37,7 @@ def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng, 
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from llgraph.export.cpu_layout import interleave16_half, interleaver
+    from llgraph.export.cpu_layout import interleave16_5bit, interleave16_half, interleaver
     from llgraph.plugins import cpu
 
     if kind in K_LAYOUT:
@@ -53,9 +54,12 @@ def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng, 
         q = rng.integers(0, 2 ** bits, size=(rows, cols // block, block)).astype(np.uint8)
         codes = q[..., 0::2] | (q[..., 1::2] << 4) if bits == 4 else q
         scales = (rng.standard_normal((rows, cols // block)) * 0.01).astype(np.float32)
-        given = {"codes": interleaver("blocks")(codes),
+        given = {"codes": interleave16_5bit(q) if bits == 5 else interleaver("blocks")(codes),
                  "scales": interleave16_half(scales)}
-        attrs = dict(bits=bits, block_size=block, zero_point=zero, accuracy_level=0 if level is None else level)
+        if kind == "Q5_1":
+            given["mins"] = interleave16_half(scales)
+        attrs = dict(bits=bits, block_size=block, zero_point=zero, accuracy_level=0 if level is None else level,
+                     **({"code_bits": 5} if bits == 5 else {}))
         nbytes = rows * cols // block * gguf_bytes
     inits = [numpy_helper.from_array(v, k) for k, v in given.items()]
     qlinear = helper.make_node("QLinear", ["x", *given], ["y"], domain="llgraph", interleave=16, rows=rows, **attrs)
@@ -81,7 +85,8 @@ def llgraph_gbps(kind: str, rows: int, cols: int, level: int | None, threads: in
     return nbytes * runs / (time.perf_counter() - start) / 1e9
 
 
-BYTES_PER_WEIGHT = {"Q4_K": 144 / 256, "Q5_K": 176 / 256, "Q6_K": 210 / 256, "Q8_0": 34 / 32, "Q4_0": 18 / 32}
+BYTES_PER_WEIGHT = {"Q4_K": 144 / 256, "Q5_K": 176 / 256, "Q6_K": 210 / 256, "Q8_0": 34 / 32, "Q4_0": 18 / 32,
+                    "Q5_0": 22 / 32, "Q5_1": 24 / 32}
 
 
 def ggml_gbps(binary: str, types: list[str], rows: int, cols: int) -> dict[str, float]:
@@ -105,7 +110,7 @@ def main(argv=None) -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q8_0,Q4_0")
+    p.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q8_0,Q5_0,Q4_0")
     p.add_argument("--rows", type=int, default=4096, help="outputs (default 4096: an 8B's down projection)")
     p.add_argument("--cols", type=int, default=14336, help="inputs (default 14336)")
     p.add_argument("--level", type=int, default=None, help="accuracy level (default: the format's own)")
@@ -125,7 +130,7 @@ def main(argv=None) -> None:
                 for i, lib in enumerate(args.library):
                     best[i] = max(best[i], llgraph_gbps(kind, args.rows, args.cols, args.level, args.threads, 1.0,
                                                         args.tokens, lib))
-            print(f"| {kind} | " + " | ".join(f"{b:.1f}" for b in best) + " |", flush=True)
+            print(f"| {kind} | " + " | ".join(f"{b:.3g}" for b in best) + " |", flush=True)
         return
     theirs = ggml_gbps(args.ggml, types, args.rows, args.cols) if args.ggml else {}
     print("| type | llgraph GB/s | ggml GB/s | llgraph x ggml |")

@@ -125,6 +125,38 @@ for bits, B, zp, M in [(4, 32, 0, 1), (8, 32, 128, 3), (4, 64, 8, 6)]:
              "mins": interleave16(mins), "bias": bias, "residual": residual, "norm": norm}
     got = qlinear(given, x, bits=bits, block_size=B, zero_point=zp, interleave=16, rows=N, epsilon=1e-5)
     worst["norm, residual"] = max(worst["norm, residual"], float(np.abs(got - want).max() / np.abs(want).max()))
+# 5-bit codes at their own bits (GGUF's Q5_0: zero point 16, no mins; Q5_1: mins), blocks of 32, exact, as the
+# ort export writes them (cpu_layout.interleave16_5bit); with the swiglu epilogue, and with a norm and a residual
+from llgraph.export.cpu_layout import interleave16_5bit
+worst["5-bit"] = 0.0
+for zp, with_mins, with_bias, M, fused in [(16, False, True, 1, ""), (0, True, False, 3, ""), (16, False, False, 8, ""),
+                                            (0, True, False, 2, "swiglu"), (16, True, True, 5, "norm")]:
+    N, nb = (2 * 21 if fused == "swiglu" else 37), 4
+    q, codes, scales, mins, bias, x = blocks(5, 32, with_mins, with_bias, M, N, nb)
+    scales = scales.astype(np.float16).astype(np.float32)
+    mins = None if mins is None else mins.astype(np.float16).astype(np.float32)
+    w = scales[..., None].astype(np.float64) * (q.astype(np.float64) - zp) + (0 if mins is None else mins[..., None])
+    x64, attrs = x.reshape(M, -1).astype(np.float64), {}
+    given = {"codes": interleave16_5bit(q), "scales": interleave16(scales).astype(np.float16),
+             "mins": None if mins is None else interleave16(mins).astype(np.float16), "bias": bias}
+    if fused == "swiglu":
+        y = x64 @ w.reshape(N, -1).T
+        want = y[:, :21] / (1 + np.exp(-y[:, :21])) * y[:, 21:]
+        given = {"codes": glu_groups(interleave16_5bit)(q), "scales": glu_groups_half(scales),
+                 "mins": glu_groups_half(mins)}
+        attrs = {"activation": 1}
+    elif fused == "norm":
+        norm = rng.standard_normal(nb * 32).astype(np.float32)
+        residual = rng.standard_normal((1, M, N)).astype(np.float32)
+        xn = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * norm
+        want = xn @ w.reshape(N, -1).T + bias + residual[0]
+        given |= {"residual": residual, "norm": norm}
+        attrs = {"epsilon": 1e-5}
+    else:
+        want = x64 @ w.reshape(N, -1).T + (0 if bias is None else bias)
+    got = qlinear(given, x, bits=5, block_size=32, zero_point=zp, code_bits=5, interleave=16,
+                  rows=21 if fused == "swiglu" else N, **attrs).reshape(M, -1)
+    worst["5-bit"] = max(worst["5-bit"], float(np.abs(got - want).max() / np.abs(want).max()))
 print(isa().decode(), *worst.values())
 '''
 
@@ -140,14 +172,16 @@ def library():
 def test_every_instruction_set_path_equals_float64(library, isa, report):
     """4- and 8-bit codes, blocks of 16 to 128, with and without mins and bias, 1 to 9 rows at once, both layouts,
     the interleaved one with float and half-float scales and mins (37 output rows: its last group is partial), and
-    with what the export fuses into it: the SwiGLU epilogue, the RMSNorm before, the residual Add after."""
+    with what the export fuses into it: the SwiGLU epilogue, the RMSNorm before, the residual Add after; and 5-bit
+    codes at their own bits (GGUF's Q5_0/Q5_1), alone and fused."""
     r = subprocess.run([sys.executable, "-c", PROBE, str(library)], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa}, check=True)
     ran, *worst = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
     for layout, diff in zip(("blocks as stored", "interleaved", "interleaved, half-float scales and mins",
-                             "interleaved with activation=swiglu", "interleaved with a norm and a residual"), worst,
+                             "interleaved with activation=swiglu", "interleaved with a norm and a residual",
+                             "5-bit codes interleaved (Q5_0/Q5_1 as stored)"), worst,
                             strict=True):
         report(f"llgraph QLinear on {isa}, {layout}, vs float64, relative to max |y|", float(diff), 2e-6)
 
@@ -172,6 +206,14 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     assert len(layers) >= 4 * cfg.num_layers
     scale_types = {i.data_type for i in graph.initializer if i.name in {n.input[2] for n in layers if len(n.input) > 2}}
     assert scale_types == ({10} if qtype.name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") else set())  # FLOAT16
+    # Q5_0/Q5_1 at their own bits (20 code bytes a block of 32, as the file's 22 less its scale), the tied table's
+    # QEmbedding reading the head's codes
+    bits = {a.i for n in ours + tables for a in n.attribute if a.name == "bits"}
+    if not qtype.name.endswith("_K"):  # (a super-block format's bits attribute is its own: 4, 5, 6)
+        assert bits == ({5} if qtype.name in ("Q5_0", "Q5_1") else {4} if qtype.name in ("Q4_0", "Q4_1") else {8})
+    if qtype.name in ("Q5_0", "Q5_1"):
+        codes = {i.name: i for i in graph.initializer}
+        assert all(list(codes[n.input[1]].dims)[2] == 16 * 20 for n in ours + tables)
     # each MLP's gate/up QLinear computes the SwiGLU itself, the norms and the residual Adds are the QLinears' too:
     # no Split, no separate activation, no norm, no Add; the attention is llgraph's GroupedAttention (rotary inside,
     # reading the positions itself: no sequence-length nodes)
