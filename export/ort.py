@@ -289,9 +289,8 @@ def qembedding_gather(em: Emitter, node: Node) -> None:
     gathered and added, as the executor adds them."""
     ids, codes, scales, mins = (list(node.inputs) + [None, None])[:4]
     bits, zp = node.attrs["bits"], node.attrs["zero_point"]
-    if em.options.get("kernels") == "llgraph":  # the head's layout (its level: the same format's default or the asked)
-        layout, bits = _codes_layout(node, accuracy_level_of(em.options.get("accuracy_level"),
-                                                             node.attrs["format"] != "blocks"))
+    if em.options.get("kernels") == "llgraph":  # the head's layout
+        layout, bits = _codes_layout(node)
         inputs = [ids, em.weight(codes, compute=layout)]
         inputs += [em.weight(scales, compute=interleave16_half)] if scales else []
         inputs += [em.weight(mins, compute=interleave16_half)] if mins else []
@@ -359,7 +358,7 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
     the RMSNorm its x passes first (all computed in the node: _plan_qlinear_fusions)."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
     level = accuracy_level_of(em.options.get("accuracy_level"), node.attrs["format"] != "blocks")
-    interleave, bits = _codes_layout(node, level)
+    interleave, bits = _codes_layout(node)
     if swiglu:
         layout, per_block = {"compute": glu_groups(interleave)}, {"compute": glu_groups_half}
     else:
@@ -379,14 +378,13 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
             block_size=block, zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
 
 
-def _codes_layout(node: Node, level: int):
+def _codes_layout(node: Node):
     """(the layout the kernels read a QLinear's or QEmbedding's codes in, the bits it writes them at): the
     format's interleaved layout; 5-bit codes held one a byte in the IR (GGUF's Q5_0/Q5_1) at their own bits, 5.5/6.0
-    a weight as in the file, in exact mode (the blocked formats' default: level 4's int8 dots read bytes). A tied
-    table and its head decide alike (the same node format and level), so the export holds their codes once."""
+    a weight as in the file, at every accuracy level. A tied table and its head decide alike, so the export holds
+    their codes once."""
     a = node.attrs
-    if a["format"] == "blocks" and a["bits"] == 8 and a.get("code_bits") == 5 and a["block_size"] == 32 \
-            and level == 0:
+    if a["format"] == "blocks" and a["bits"] == 8 and a.get("code_bits") == 5 and a["block_size"] == 32:
         return interleave16_5bit, 5
     return interleaver(a["format"]), a["bits"]
 

@@ -124,7 +124,7 @@ WIDENED = {"Q4_K": QuantFormat(4, 32, 0, True), "Q5_K": QuantFormat(8, 32, 0, Tr
            "Q6_K": QuantFormat(8, 16, 32, False, 6)}
 # Q5_0/Q5_1 (llama.cpp's fallback where a row is not whole super-blocks: Gemma 3's, Qwen2.5's, SmolLM2's hidden
 # sizes) hold their 5-bit codes one a byte here; the ort export on llgraph's kernels writes them back at 5 bits
-# (export/cpu_layout.py fifth_bits: 5.5/6.0 bits a weight, as the file) where it computes exactly
+# (export/cpu_layout.py fifth_bits: 5.5/6.0 bits a weight, as the file), read at every accuracy level
 GGUF_FORMATS = {"Q4_0": QuantFormat(4, 32, 8, False), "Q4_1": QuantFormat(4, 32, 0, True),
                 "Q5_0": QuantFormat(8, 32, 16, False, code_bits=5), "Q5_1": QuantFormat(8, 32, 0, True, code_bits=5),
                 "Q8_0": QuantFormat(8, 32, 128, False), **{k: superblock_format(k) for k in SUPERBLOCK_BYTES}}

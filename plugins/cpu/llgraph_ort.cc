@@ -168,9 +168,9 @@ struct QLinearKernel : BlockFormat {
     if (sb_ == 0 && ((bits_ != 4 && bits_ != 5 && bits_ != 8) || block_ < 16 || (block_ & (block_ - 1)) != 0))
       ORT_CXX_API_THROW("llgraph QLinear: bits must be 4, 5 or 8 and block_size a power of 2 >= 16",
                         ORT_INVALID_ARGUMENT);
-    if (sb_ == 0 && bits_ == 5 && (block_ != 32 || interleave_ != 16 || level == 4))  // Q5_0/Q5_1 as stored
-      ORT_CXX_API_THROW("llgraph QLinear: 5-bit codes are read in blocks of 32, interleaved (interleave=16), "
-                        "exactly (accuracy_level 0)", ORT_INVALID_ARGUMENT);
+    if (sb_ == 0 && bits_ == 5 && (block_ != 32 || interleave_ != 16))  // GGUF's Q5_0/Q5_1 as stored
+      ORT_CXX_API_THROW("llgraph QLinear: 5-bit codes are read in blocks of 32, interleaved (interleave=16)",
+                        ORT_INVALID_ARGUMENT);
     rows_ = interleave_ ? k.GetAttribute<int64_t>("rows") : 0;
     glu_ = OptionalAttribute(info, "activation", 0);  // 1: swiglu over the interleaved gate/up row groups
     float eps = 0.f;  // with a norm weight input: x's RMSNorm first, with this epsilon

@@ -26,12 +26,14 @@ from llgraph.weight_request import Weights
 # codes as cpu_layout.interleave16 does; HALF=1 then passes the scales and mins as half floats (every case's are
 # rounded to half first, as GGUF stores them).
 PROBE = QLINEAR_PROBE + r'''
-from llgraph.export.cpu_layout import interleave16
+from llgraph.export.cpu_layout import interleave16, interleave16_5bit
 worst, far = 0.0, 0.0
 interleave, half = int(os.environ["INTERLEAVE"]), os.environ["HALF"] == "1"
 cases = [(4, 32, 8, False, False, 1), (4, 32, 0, True, False, 3), (8, 32, 128, False, True, 5),
          (8, 16, 32, False, False, 1), (4, 64, 8, True, True, 7), (4, 16, 8, True, False, 2),
          (8, 64, 0, True, True, 9), (4, 128, 8, False, False, 2)]
+if interleave:  # 5-bit codes at their own bits (GGUF's Q5_0, Q5_1), interleaved only
+    cases += [(5, 32, 16, False, True, 1), (5, 32, 0, True, False, 3), (5, 32, 16, True, True, 6)]
 for bits, B, zp, with_mins, with_bias, M in cases:
     N, nb = 37, 5 if B < 128 else 3
     q, codes, scales, mins, bias, x = blocks(bits, B, with_mins, with_bias, M, N, nb)
@@ -54,6 +56,8 @@ for bits, B, zp, with_mins, with_bias, M in cases:
     given = {"codes": codes, "scales": scales, "mins": mins}
     if interleave:
         given = {k: v if v is None else interleave16(v) for k, v in given.items()}
+        if bits == 5:
+            given["codes"] = interleave16_5bit(q)
     if half:
         given = {k: v if v is None or k == "codes" else v.astype(np.float16) for k, v in given.items()}
     given["bias"] = bias
@@ -79,7 +83,7 @@ def test_level_4_paths_equal_float64_of_the_int8_arithmetic(library, isa, interl
     assert 1e-4 < float(far) < 0.05  # it does round x (else level 4 would not be running), and only that much
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K])
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K])
 def test_level_4_export_is_interleaved_and_as_near_exact_as_onnxruntime_s_own(library, qtype, tmp_path,  # noqa: F811
                                                                               report):
     """Prefill + 8 decode steps, batch 2, against the executor's exact computation (float64): int8 activations move
@@ -99,6 +103,8 @@ def test_level_4_export_is_interleaved_and_as_near_exact_as_onnxruntime_s_own(li
              if n.domain == cpu.DOMAIN and n.op_type == "QLinear"]
     attrs = [{a.name: a.i for a in n.attribute} for n in nodes]
     assert all(a["accuracy_level"] == 4 and a["interleave"] == 16 for a in attrs)
+    if qtype == T.Q5_0:  # at its own bits at level 4 too
+        assert {a["bits"] for a in attrs} == {5}
     assert len(attrs) == 4 * cfg.num_layers + 1
     for part in ("logits", "present caches"):
         print(f"{qtype.name} {part} from exact: ONNX Runtime's level 4 {seen[f'standard {part}']:.3e}")
