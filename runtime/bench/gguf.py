@@ -53,10 +53,15 @@ SHAPES = {  # hidden, layers, heads, kv heads, ffn
     "gemma3-270m": (640, 18, 4, 1, 2048),
     "gemma3-1b": (1152, 26, 4, 1, 6912),
     "qwen2.5-0.5b": (896, 24, 14, 2, 4864),
+    # the other families' block switches at a small size (not a released model's shapes; for KL against llama.cpp)
+    "gemma2-small": (1024, 8, 8, 4, 4096),
+    "olmo2-small": (1024, 8, 8, 8, 4096),
+    "phi3-small": (1024, 8, 8, 8, 4096),
 }
 # the architecture, head_dim and vocabulary of the shapes that are not Llama's
 FAMILY = {"gemma3-270m": ("gemma3", 256, 262144), "gemma3-1b": ("gemma3", 256, 262144),
-          "qwen2.5-0.5b": ("qwen2", 64, 151936)}
+          "qwen2.5-0.5b": ("qwen2", 64, 151936), "gemma2-small": ("gemma2", 128, None),
+          "olmo2-small": ("olmo2", 128, None), "phi3-small": ("phi3", 128, None)}
 Q8_0 = (34, {0: 2.7e-4})  # 32 int8 codes after a float16 d
 Q5_0 = (22, {0: 4.3e-3})  # a float16 d, 32 high bits, 16 bytes of low nibbles
 # (bytes per 256-weight super-block, {byte offset of a float16 field: its value}); Q4_K/Q5_K: d, dmin; Q6_K: d
@@ -87,20 +92,29 @@ def random_q8_0(rows: int, cols: int, rng: np.random.Generator, layout=Q8_0) -> 
 def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, arch: str = "llama",
             head_dim: int | None = None):
     """(gguf name, [rows, cols], type) of every tensor, in llama.cpp's order: Gemma 3's QK-norms and post-sublayer
-    norms, Qwen2's q/k/v biases, and both with a tied head (no `output`)."""
+    norms (Gemma 2's post-sublayer norms), Qwen2's q/k/v biases, and those three with a tied head (no `output`);
+    OLMo 2's whole-projection QK-norms and post-sublayer norms only; Phi-3's fused qkv and gate/up."""
     d = head_dim or hidden // heads
     q, kv = heads * d, kv_heads * d
 
     def k_quant(kind, cols):  # llama.cpp's fallback for rows that are not whole super-blocks
         return kind if cols % 256 == 0 else "Q5_0" if kind == "Q4_K" else "Q8_0"
-    tied = arch != "llama"
+    tied = arch in ("qwen2", "gemma2", "gemma3")
+    post = arch in ("gemma2", "gemma3", "olmo2")  # norms after each sublayer
     yield "token_embd.weight", (vocab, hidden), k_quant("Q6_K" if tied else "Q4_K", hidden)
     for i in range(layers):
         more = "Q6_K" if i % 2 == 0 else "Q4_K"
-        yield f"blk.{i}.attn_norm.weight", (hidden,), "F32"
-        yield f"blk.{i}.attn_q.weight", (q, hidden), k_quant("Q4_K", hidden)
-        yield f"blk.{i}.attn_k.weight", (kv, hidden), k_quant("Q4_K", hidden)
-        yield f"blk.{i}.attn_v.weight", (kv, hidden), k_quant(more, hidden)
+        if arch != "olmo2":
+            yield f"blk.{i}.attn_norm.weight", (hidden,), "F32"
+        if arch == "phi3":
+            yield f"blk.{i}.attn_qkv.weight", (q + 2 * kv, hidden), k_quant("Q4_K", hidden)
+        else:
+            yield f"blk.{i}.attn_q.weight", (q, hidden), k_quant("Q4_K", hidden)
+            yield f"blk.{i}.attn_k.weight", (kv, hidden), k_quant("Q4_K", hidden)
+            yield f"blk.{i}.attn_v.weight", (kv, hidden), k_quant(more, hidden)
+        if arch == "olmo2":
+            yield f"blk.{i}.attn_q_norm.weight", (q,), "F32"
+            yield f"blk.{i}.attn_k_norm.weight", (kv,), "F32"
         if arch == "qwen2":
             for name, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
                 yield f"blk.{i}.{name}.bias", (rows,), "F32"
@@ -108,13 +122,17 @@ def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab
             yield f"blk.{i}.attn_q_norm.weight", (d,), "F32"
             yield f"blk.{i}.attn_k_norm.weight", (d,), "F32"
         yield f"blk.{i}.attn_output.weight", (hidden, q), k_quant("Q4_K", q)
-        if arch == "gemma3":
+        if post:
             yield f"blk.{i}.post_attention_norm.weight", (hidden,), "F32"
-        yield f"blk.{i}.ffn_norm.weight", (hidden,), "F32"
-        yield f"blk.{i}.ffn_gate.weight", (ffn, hidden), k_quant("Q4_K", hidden)
-        yield f"blk.{i}.ffn_up.weight", (ffn, hidden), k_quant("Q4_K", hidden)
+        if arch != "olmo2":
+            yield f"blk.{i}.ffn_norm.weight", (hidden,), "F32"
+        if arch == "phi3":
+            yield f"blk.{i}.ffn_up.weight", (2 * ffn, hidden), k_quant("Q4_K", hidden)
+        else:
+            yield f"blk.{i}.ffn_gate.weight", (ffn, hidden), k_quant("Q4_K", hidden)
+            yield f"blk.{i}.ffn_up.weight", (ffn, hidden), k_quant("Q4_K", hidden)
         yield f"blk.{i}.ffn_down.weight", (hidden, ffn), k_quant(more, ffn)
-        if arch == "gemma3":
+        if post:
             yield f"blk.{i}.post_ffw_norm.weight", (hidden,), "F32"
     yield "output_norm.weight", (hidden,), "F32"
     if not tied:
@@ -149,7 +167,9 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
     types += [gguf.TokenType.CONTROL] * (vocab - len(types))
 
     w = gguf.GGUFWriter(str(out), arch)
-    w.add_name(f"llgraph-bench-{size}")
+    # (llama.cpp sets Phi-3's special-token attributes by a model *name* holding "phi3", which looks up Phi-3's own
+    # tokens; this file carries SmolLM2's vocabulary)
+    w.add_name(f"llgraph-bench-{size.replace('phi3', 'phi')}")
     w.add_context_length(8192)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
@@ -159,9 +179,13 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base({"gemma3": 1e6, "qwen2": 1e6}.get(arch, 500000.0))
+    w.add_rope_freq_base({"gemma3": 1e6, "qwen2": 1e6, "gemma2": 1e4, "phi3": 1e4}.get(arch, 500000.0))
     if arch == "gemma3":
         w.add_sliding_window(512)
+    if arch == "gemma2":  # Gemma 2's window, attention and final softcaps
+        w.add_sliding_window(4096)
+        w.add_attn_logit_softcapping(50.0)
+        w.add_final_logit_softcapping(30.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)

@@ -52,12 +52,12 @@ def reference(gguf: Path, tokens: np.ndarray, threads: int) -> np.ndarray:
     """[chunks, ctx, vocab] float64 log-probabilities of the float64 executor on the GGUF's dequantized weights."""
     import torch
 
-    from llgraph.checkpoint import load_config
-    from llgraph.gguf_source import GGUFSource
+    from llgraph.checkpoint import load_config, open_checkpoint
     from llgraph.runtime.backends.pytorch import TorchBackend
 
     torch.set_num_threads(threads)
-    backend = TorchBackend(load_config(gguf), GGUFSource(gguf), tokens.shape[1], "float64", progress=True)
+    config = load_config(gguf)  # the GGUF as a checkpoint opens (Phi-3's fused projections seen split)
+    backend = TorchBackend(config, open_checkpoint(gguf, config, 0), tokens.shape[1], "float64", progress=True)
     out = []
     for row in tokens:
         backend.allocate(1, zeroed=True)
