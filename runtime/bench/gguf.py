@@ -6,6 +6,8 @@
     python -m llgraph.runtime.bench.gguf 1b OUT.gguf --vocab 128256   # Llama 3's vocabulary size
     python -m llgraph.runtime.bench.gguf gemma3-270m OUT.gguf          # Gemma 3 270M / 1B shapes (gemma3 arch)
     python -m llgraph.runtime.bench.gguf qwen2.5-0.5b OUT.gguf         # Qwen2.5-0.5B (q/k/v biases, tied)
+    python -m llgraph.runtime.bench.gguf gemma2-small|olmo2-small|phi3-small OUT.gguf   # the other families'
+                                                                       # switches at 1,024 hidden, 8 layers
 
 The layout: Q4_K for every Linear and the embedding, Q6_K for `output` and for every other layer's `attn_v` and
 `ffn_down` (llama.cpp's Q4_K_M gives those more bits), F32 norms; a tensor whose rows are not whole super-blocks
