@@ -231,7 +231,9 @@ QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbed
     Attr("bits", int, "code width (blocks: 4 or 8; super-blocks: 4, 5, 6)", (4, 5, 6, 8)),
     Attr("block_size", int, "codes per scale along the input features (super-blocks: 256)"),
     Attr("zero_point", int, "the code that means 0 (before mins)"),
-    Attr("code_bits", int, "bits the codes use, <= bits (5 for GGUF Q5_K, 6 for Q6_K held in 8)"),
+    # (the ort export on llgraph's kernels writes blocks of 5-bit codes packed at 5 bits: a layout of that lowering,
+    # export/ort_qlinear.py, like its 16-row interleaving; the IR holds them in 8)
+    Attr("code_bits", int, "bits the codes use, <= bits (5 for GGUF Q5_0/Q5_1/Q5_K, 6 for Q6_K held in 8)"),
 )
 
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (

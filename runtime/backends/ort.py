@@ -164,10 +164,12 @@ class OrtBackend(Backend):
         self.ready()  # the first forward ran beside the check of its weights; its answer waits for the verdict
         if self.record:
             rows = self._rows if self._rows is not None else slice(None)
-            self.recorded = {present: self._arrays[past][rows].astype(np.float32)
-                             for past, present in cache_pairs(self.config)} | {"logits": logits.astype(np.float32)}
-            outs = self._binding.get_outputs()[len(self._binding.get_outputs()) - len(tapped):]
-            self.recorded |= {name: v.numpy().astype(np.float32) for name, v in zip(tapped, outs)}
+            outs = self._binding.get_outputs()
+            outs = outs[len(outs) - len(tapped):]
+            self.recorded = {"logits": logits.astype(np.float32),
+                             **{present: self._arrays[past][rows].astype(np.float32)
+                                for past, present in cache_pairs(self.config)},
+                             **{name: v.numpy().astype(np.float32) for name, v in zip(tapped, outs)}}
         return logits
 
     def _hidden_out(self, batch: int, seq: int) -> np.ndarray:

@@ -87,7 +87,7 @@ class TorchBackend(Backend):
                 keep: int = 0) -> np.ndarray:
         out = self.executor.run(self._feeds(input_ids, position_ids, rows, keep), record=self.record)
         if self.record:  # the present caches are live storage: copied
-            self.recorded = {k: v.float().cpu().numpy().copy() for k, v in out.items() if isinstance(v, torch.Tensor)}
+            self.recorded = {k: v.float().cpu().numpy().copy() for k, v in out.items()}
         logits = out["logits"]
         if 0 < keep < logits.shape[1]:  # a graph without logits_to_keep: only the rows asked for leave the device
             logits = logits[:, -keep:]

@@ -140,12 +140,18 @@ def llama_cpp_logp(binary: str, gguf: Path, text: Path, ctx: int, chunks: int, t
     writing its --kl-divergence-base file for the GGUF."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "llama.kld"
-        r = subprocess.run([binary, "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "--chunks",
-                            str(chunks), "-t", str(threads), "--kl-divergence-base", str(out)],
-                           capture_output=True, text=True)
-        if r.returncode != 0 or not out.exists():
-            raise SystemExit(f"{binary} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+        _perplexity(binary, gguf, ctx, threads, "-f", str(text), "--chunks", str(chunks), "--kl-divergence-base",
+                    str(out))
         return read_base(out)
+
+
+def _perplexity(binary: str, gguf: Path, ctx: int, threads: int, *flags: str) -> str:
+    """llama-perplexity on the GGUF with these flags -> its output; a failure is one line naming its last words."""
+    r = subprocess.run([binary, "-m", str(gguf), "-c", str(ctx), "-b", str(ctx), "-t", str(threads), *flags],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{binary} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return r.stdout + r.stderr
 
 
 def llama_cpp_kl(binary: str, gguf: Path, tokens: np.ndarray, ref: np.ndarray, threads: int) -> float:
@@ -153,12 +159,11 @@ def llama_cpp_kl(binary: str, gguf: Path, tokens: np.ndarray, ref: np.ndarray, t
     with tempfile.TemporaryDirectory() as scratch:
         base = Path(scratch) / "reference.kld"
         write_base(base, tokens, ref)
-        ctx = tokens.shape[1]
-        r = subprocess.run([binary, "-m", str(gguf), "--kl-divergence-base", str(base), "--kl-divergence", "-c",
-                            str(ctx), "-b", str(ctx), "-t", str(threads)], capture_output=True, text=True)
-    m = re.search(r"Mean\s+KLD:\s+([-0-9.e]+)", r.stdout + r.stderr)
-    if r.returncode != 0 or m is None:
-        raise SystemExit(f"{binary} failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+        said = _perplexity(binary, gguf, tokens.shape[1], threads, "--kl-divergence-base", str(base),
+                           "--kl-divergence")
+    m = re.search(r"Mean\s+KLD:\s+([-0-9.e]+)", said)
+    if m is None:
+        raise SystemExit(f"{binary} printed no mean KLD: {(said.strip().splitlines() or ['no output'])[-1]}")
     return float(m[1])
 
 
