@@ -8,19 +8,23 @@ against one node's values. ONNX Runtime runs the bodies; TensorRT's parser (10.1
 `plugin_namespace` to the registered plugin first. The remaining ops (Embedding, Linear, Split, RotaryCosSin, Add)
 are the `onnx` target's lowerings.
 
-GroupedAttention's present_key/present_value are the plugin's in-place cache update (aliased to past_key/value in
-TensorRT); the body writes them with TensorScatter at each row's first position, so — as for the `onnx` target and
-the plugin kernel — the positions of a row must be contiguous.
+Ragged rows by slot id (passes.ragged_slots): every GroupedAttention takes the graph input `slot_ids`, each token's
+cache row, so a step runs only the busy rows (runtime/backends/trt.py); its ONNX initializer is empty (an ONNX
+Runtime caller that does not feed it gets row b) and a plugin build makes it an engine input (trt_build.parse). A
+build on TensorRT's native layers (no plugins) gets the contiguous-rows body in its place. GroupedAttention's
+present_key/present_value are the plugin's in-place cache update (aliased to past_key/value in TensorRT); a row's
+positions in one call must be one contiguous range (the plugin kernel's and the native body's rule).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from onnx import AttributeProto, FunctionProto, TensorProto, helper
+from onnx import AttributeProto, FunctionProto, TensorProto, helper, numpy_helper
 
 import llgraph.export.onnx as std
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
+from llgraph.passes import SLOTS_INPUT, ragged_slots
 from llgraph.plugins.tensorrt import spec
 
 INT, FLOAT = AttributeProto.INT, AttributeProto.FLOAT
@@ -83,9 +87,9 @@ def _rotary(f: _Body) -> None:
     f.heads_last(f("Concat", rotated, rest, axis=3), "out")
 
 
-def _grouped_attention(f: _Body) -> None:
-    """Causal: query (b, s) sees cache slots 0..positions[b, s], the last `window` of them with a window
-    (non-causal nodes are refused at export)."""
+def _rows_attention(f: _Body) -> None:
+    """Contiguous rows (token (b, s) in cache row b, no `slots`; what a native build runs, trt_build.parse): query
+    (b, s) sees cache slots 0..positions[b, s], the last `window` of them with a window."""
     q = f.heads_first("q", f.attr("num_heads"))
     kv_heads = f.attr("num_kv_heads")
     first = f("Gather", "positions", f.scalar(0), axis=1)
@@ -102,14 +106,57 @@ def _grouped_attention(f: _Body) -> None:
                  "out")
 
 
+def _grouped_attention(f: _Body) -> None:
+    """Ragged rows by slot id: token i = b * S + s in cache row slots[i] (an empty `slots`: row b). Every token's
+    k, v scattered into its row at its position first (ScatterND), then each token attends alone, as a batch of one
+    query, to its own row's slots 0..positions[b, s] (the last `window` of them), gathered from the updated cache.
+    The reference for any order of rows and positions; it holds tokens x max(positions) keys at once (the plugin
+    kernel reads the cache in place)."""
+    shape = f("Shape", "q")
+    batch_seq = f("Slice", shape, f.ints(0), f.ints(2))
+    tokens = f("ReduceProd", batch_seq, keepdims=1)
+    kv_heads = f("Unsqueeze", f.attr("num_kv_heads"), f.ints(0))
+    batch = f("Squeeze", f("Slice", shape, f.ints(0), f.ints(1)))
+    row_b = f("Reshape", f("Expand", f("Unsqueeze", f("Range", f.scalar(0), batch, f.scalar(1)), f.ints(1)),
+                           batch_seq), f.ints(-1))
+    rows = f("Slice", f("Concat", "slots", row_b, axis=0), f.ints(0), tokens)  # slots, or row b when empty
+    positions = f("Reshape", "positions", f.ints(-1))
+    per_head = f("Concat", tokens, kv_heads, f.ints(1), axis=0)  # [T, KV, 1]
+    heads = f("Reshape", f("Range", f.scalar(0), f.attr("num_kv_heads"), f.scalar(1)), f.ints(1, -1, 1))
+    index = f("Concat", *(f("Expand", t, per_head) for t in (f("Unsqueeze", rows, f.ints(1, 2)), heads,
+                                                           f("Unsqueeze", positions, f.ints(1, 2)))), axis=2)
+    for new, past, present in (("k", "past_key", "present_key"), ("v", "past_value", "present_value")):
+        f("ScatterND", past, index, f("Reshape", new, f("Concat", tokens, kv_heads, f.ints(-1), axis=0)), out=present)
+    length = f("Reshape", f("Add", f("ReduceMax", positions, keepdims=1), f.ints(1)), f.ints(1))
+    slots = f("Range", f.scalar(0), f("Squeeze", length), f.scalar(1))
+    limit = f("Reshape", positions, f.ints(-1, 1, 1, 1))  # [T, 1, 1, 1]
+    window = f.attr("window")  # 0: no window, as if it were longer than any position
+    window = f("Where", f("Equal", window, f.scalar(0)), f.scalar(1 << 62), window)
+    mask = f("And", f("LessOrEqual", slots, limit), f("Greater", slots, f("Sub", limit, window)))
+    keys, values = (f("Gather", f("Slice", c, f.ints(0), length, f.ints(2)), rows, axis=0)
+                    for c in ("present_key", "present_value"))
+    heads = f("Unsqueeze", f.attr("num_heads"), f.ints(0))
+    q = f("Reshape", "q", f("Concat", f.ints(0, 0), heads, f.ints(-1), axis=0))  # [B, S, H, D]: D known to a parser
+    q = f("Reshape", q, f("Concat", tokens, heads, f.ints(1), f("Shape", q, start=3), axis=0))  # [T, H, 1, D]
+    y = f("Attention", q, keys, values, mask, refs={"scale": ("scale", FLOAT), "softcap": ("softcap", FLOAT)})
+    f("Reshape", y, f("Concat", batch_seq, f.ints(-1), axis=0), out="out")
+
+
 BODIES = {"RMSNorm": _rmsnorm, "SwiGLU": _swiglu, "Rotary": _rotary, "GroupedAttention": _grouped_attention}
 
 
-def function(op: str) -> FunctionProto:
-    """The model-local function for plugin op `op`: inputs, outputs and attributes are the plugin's."""
+def function(op: str, rows: bool = False) -> FunctionProto:
+    """The model-local function for plugin op `op`: inputs, outputs and attributes are the plugin's. `rows`:
+    GroupedAttention's on contiguous rows, without the `slots` input (what trt_build.parse puts in its place for a
+    build on TensorRT's native layers, whose attention and KV-cache update take no slot ids)."""
     body = _Body()
-    BODIES[op](body)
-    return helper.make_function(spec.NAMESPACE, op, list(spec.inputs(op)), list(spec.outputs(op)), body.nodes,
+    inputs = list(spec.inputs(op))
+    if rows and op == "GroupedAttention":
+        _rows_attention(body)
+        inputs.remove("slots")
+    else:
+        BODIES[op](body)
+    return helper.make_function(spec.NAMESPACE, op, inputs, list(spec.outputs(op)), body.nodes,
                                 [helper.make_opsetid("", std.OPSET)], attributes=list(spec.fields(op)),
                                 doc_string=f"reference decomposition of plugin {spec.plugin_id(op)}")
 
@@ -117,15 +164,16 @@ def function(op: str) -> FunctionProto:
 def plugin_node(em: Emitter, node: Node) -> None:
     if node.op == "GroupedAttention" and not node.attrs["causal"]:
         raise NotImplementedError("non-causal GroupedAttention has no plugin or ONNX lowering yet")
-    if node.op == "GroupedAttention":
-        std.refuse_slots(node, "the TensorRT plugin")
     if node.op not in em.functions:
         em.functions[node.op] = function(node.op)
     inputs = [em.weight(name) if name in em.graph.params else name for name in node.inputs]
+    if node.op == "GroupedAttention" and SLOTS_INPUT not in em.shared:  # an ONNX Runtime caller that does not
+        em.initializers.append(numpy_helper.from_array(np.zeros(0, np.int64), SLOTS_INPUT))  # feed it: row b
+        em.shared[SLOTS_INPUT] = SLOTS_INPUT
     em.node(node.op, inputs, node.outputs, domain=spec.NAMESPACE, hint=node.name,
             **spec.onnx_attrs(node.op, node.attrs))
 
 
 LOWERINGS = {**std.LOWERINGS, **{op: plugin_node for op in spec.PLUGIN_OPS}}
 
-TARGET = Target("trt", LOWERINGS, {"": std.OPSET, spec.NAMESPACE: 1})
+TARGET = Target("trt", LOWERINGS, {"": std.OPSET, spec.NAMESPACE: 1}, passes=(ragged_slots,))

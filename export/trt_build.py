@@ -3,8 +3,9 @@
     llgraph build FOLDER [-o FOLDER/model.engine]      # or build_engine(folder)
 
 The engine has two optimization profiles over the same I/O: 0 = prefill (seq 1..max_seq_len), 1 = decode
-(seq 1). The KV cache is the static [batch, kv_heads, max_seq_len, head_dim] of the export, fixed at build time;
-GroupedAttention's plugin aliases present to past. `engine.json` in the export folder records the profiles and
+(seq 1). The KV cache is the static [rows, kv_heads, max_seq_len, head_dim] of the export, fixed at build time;
+GroupedAttention's plugin aliases present to past. An engine on llgraph's plugins takes `slot_ids`, each token's
+cache row (ragged rows: a step runs only the busy rows); one on TensorRT's native layers runs contiguous rows. `engine.json` in the export folder records the profiles and
 limits; runtime/backends/trt.py runs the engine. tensorrt is imported lazily, with a one-line error when it is missing.
 """
 
@@ -26,6 +27,7 @@ from llgraph.errors import LlgraphError
 from llgraph.export_folder import ENGINE_FILE, ENGINE_META, TIMING_CACHE, Manifest
 from llgraph.ir import DTYPE_BYTES
 from llgraph.outdir import write_atomic
+from llgraph.passes import SLOTS_INPUT
 from llgraph.plugins.tensorrt.qdp import TensorRTMissing, register_plugins
 
 PREFILL, DECODE = 0, 1
@@ -92,21 +94,25 @@ def read_manifest(folder: Path) -> Manifest:
     return manifest
 
 
-def io_dtypes(cfg: LlamaConfig, dtype: str) -> dict[str, str]:
-    """Every engine I/O tensor and the dtype `TRTBackend` binds it with (ids int64; logits and caches the model's)."""
+def io_dtypes(cfg: LlamaConfig, dtype: str, ragged: bool = False) -> dict[str, str]:
+    """Every engine I/O tensor and the dtype `TRTBackend` binds it with (ids int64; logits and caches the model's;
+    a ragged engine's slot_ids int64)."""
     pairs = cache_pairs(cfg)
-    return {"input_ids": "int64", "position_ids": "int64", **{past: dtype for past, _ in pairs},
-            "logits": dtype, **{present: dtype for _, present in pairs}}
+    return {"input_ids": "int64", "position_ids": "int64", **({SLOTS_INPUT: "int64"} if ragged else {}),
+            **{past: dtype for past, _ in pairs}, "logits": dtype, **{present: dtype for _, present in pairs}}
 
 
-def profiles(cfg: LlamaConfig, max_batch: int, max_seq_len: int, opt_prefill: int) -> list[dict]:
-    """Per profile, input name -> (min, opt, max) shape. The cache's max_seq dim is fixed at max_seq_len."""
+def profiles(cfg: LlamaConfig, max_batch: int, max_seq_len: int, opt_prefill: int, ragged: bool = False
+             ) -> list[dict]:
+    """Per profile, input name -> (min, opt, max) shape. The cache's max_seq dim is fixed at max_seq_len; a ragged
+    engine's slot_ids name one row per token (its cache bound whole, any rows running)."""
     batch = (1, 1, max_batch)
 
     def shapes(seq: tuple[int, int, int]) -> dict:
         ids = tuple(zip(batch, seq))
         cache = tuple((b, cfg.num_kv_heads, max_seq_len, cfg.head_dim) for b in batch)
-        return {"input_ids": ids, "position_ids": ids, **{past: cache for past, _ in cache_pairs(cfg)}}
+        slots = {SLOTS_INPUT: tuple((b * n,) for b, n in ids)} if ragged else {}
+        return {"input_ids": ids, "position_ids": ids, **slots, **{past: cache for past, _ in cache_pairs(cfg)}}
     return [shapes((1, min(opt_prefill, max_seq_len), max_seq_len)), shapes((1, 1, 1))]
 
 
@@ -169,6 +175,7 @@ def parse(folder: str | Path, max_seq_len: int, trt: TensorRT, plugins: str = "n
             if len(kept) != len(node.attribute):
                 del node.attribute[:]
                 node.attribute.extend(kept)
+    _ragged_for(model, plugins)
     t = trt.module
     logger = trt_logger(trt)
     builder = t.Builder(logger)
@@ -240,6 +247,32 @@ def configure(config, trt: TensorRT, dtype: str, plugins: str):
     return config
 
 
+def _ragged_for(model, plugins: str) -> None:
+    """A `trt` export's ragged rows (slot_ids, export/trt.py) as this build runs them: with llgraph's plugins an
+    engine input (its empty ONNX initializer dropped: the parser would fold it as a constant); on TensorRT's native
+    layers, whose attention and KV-cache update take no slot ids, gone — the input, the nodes' last input, and
+    GroupedAttention's body on contiguous rows in place of the ragged one."""
+    graph = model.graph
+    if not any(i.name == SLOTS_INPUT for i in graph.input):
+        return
+    kept = [t for t in graph.initializer if t.name != SLOTS_INPUT]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if plugins != "none":
+        return
+    from llgraph.export.trt import function
+
+    kept_inputs = [i for i in graph.input if i.name != SLOTS_INPUT]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+    for node in graph.node:
+        if SLOTS_INPUT in node.input:
+            del node.input[list(node.input).index(SLOTS_INPUT):]
+    for i, f in enumerate(model.functions):
+        if f.name == "GroupedAttention":
+            model.functions[i].CopyFrom(function("GroupedAttention", rows=True))
+
+
 def build_engine(folder, engine: str | Path | None = None, *, max_batch: int = 8, max_seq_len: int | None = None,
                  opt_prefill: int = 128, plugins: str | None = None, tensorrt: str = "auto",
                  progress: bool = True) -> Path:
@@ -276,7 +309,8 @@ def build_engine(folder, engine: str | Path | None = None, *, max_batch: int = 8
     net = parse(folder, max_seq_len, trt, plugins)
     config = configure(net.builder.create_builder_config(), trt, manifest.dtype, plugins)
     reported = []  # each profile's shapes as TensorRT holds them, recorded in engine.json
-    for shapes in profiles(cfg, max_batch, max_seq_len, opt_prefill):
+    inputs = {net.network.get_input(i).name for i in range(net.network.num_inputs)}
+    for shapes in profiles(cfg, max_batch, max_seq_len, opt_prefill, SLOTS_INPUT in inputs):
         profile = net.builder.create_optimization_profile()
         for name, (lo, opt, hi) in shapes.items():
             profile.set_shape(name, lo, opt, hi)
@@ -299,6 +333,7 @@ def build_engine(folder, engine: str | Path | None = None, *, max_batch: int = 8
     meta = {"engine": os.path.relpath(engine.resolve(), folder.resolve()), "max_batch": max_batch,
             "max_seq_len": max_seq_len, "opt_prefill": opt_prefill,
             "profiles": {"prefill": PREFILL, "decode": DECODE}, "profile_shapes": reported, "plugins": plugins,
+            "ragged": SLOTS_INPUT in inputs,
             "tensorrt": trt.module.__version__, "flavor": trt.flavor,
             "runs_on": RUNS_ON[trt.flavor], "built_on": gpu or "CPU (ahead of time, no GPU)",
             "build_seconds": round(time.perf_counter() - started, 2), "engine_bytes": len(data)}

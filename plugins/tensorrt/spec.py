@@ -24,13 +24,10 @@ def fields(op: str) -> dict[str, type]:
     return {a.name: a.type for a in SCHEMAS[op].attrs}
 
 
-# schema inputs the plugins do not take yet: GroupedAttention's slots (ragged rows; export/trt.py refuses a node that
-# has them, and TRTBackend runs contiguous rows)
-NOT_TAKEN = {"GroupedAttention": ("slots?",)}
-
-
 def inputs(op: str) -> tuple[str, ...]:
-    return tuple(name.rstrip("?") for name in SCHEMAS[op].inputs if name not in NOT_TAKEN.get(op, ()))
+    """Every schema input, optional ones too: GroupedAttention's `slots` (ragged rows by slot id) is always passed,
+    an empty tensor meaning row b."""
+    return tuple(name.rstrip("?") for name in SCHEMAS[op].inputs)
 
 
 def outputs(op: str) -> tuple[str, ...]:

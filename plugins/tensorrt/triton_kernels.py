@@ -4,7 +4,7 @@ of time to PTX (plugins/tensorrt/aot.py).
 
 Semantics are the op schemas' (llgraph/ops.py) as the PyTorch executor implements them; layouts are contiguous:
 activations [batch, seq, features] with heads packed in the features, RoPE cos/sin [batch, seq, rotary_dim / 2]
-float32, caches [batch, kv_heads, max_seq, head_dim].
+float32, caches [rows, kv_heads, max_seq, head_dim] (GroupedAttention's slots name each token's row).
 
 Every kernel takes its arguments in the order a TensorRT AOT plugin launches it: input pointers, then int32 scalars,
 then output pointers; per-model values (eps, scale, head counts) and block sizes are constexprs. `plan()` says, for
@@ -92,49 +92,75 @@ def _attend(q, k_ptrs, v_ptrs, mask, dmask, m, total, acc, SCALE: tl.constexpr, 
 
 
 @triton.jit
-def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, seq, max_seq, out_ptr, kc_out_ptr, vc_out_ptr,
-                     NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SCALE: tl.constexpr,
-                     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """GroupedAttention in one launch, for prefill and decode. One (batch row, token, query head) per program.
+def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, slots_ptr, seq, max_seq, n_slots, out_ptr,
+                     kc_out_ptr, vc_out_ptr, NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    """GroupedAttention in one launch, for prefill, decode and ragged batches. One (batch row, token, query head)
+    per program; token i = b * seq + s lives in cache row slots[i] (n_slots > 0: ragged rows by slot id, any rows
+    in any order, several rows' tokens in one batch row) or row b (n_slots == 0).
 
-    Row b's positions are contiguous from start = positions[b, 0]: query (b, s) attends to the cached slots
-    0..start-1 (read from the cache) and to the row's new tokens 0..s (read from k/v), with an online softmax in
-    float32. The first query head of each group then writes the group's new k/v row into the cache at slot
-    positions[b, s]. The writes touch only slots >= start and the reads of the cache only slots < start, so the
-    programs never race, and the caches may be updated in place (kc_out_ptr == kc_ptr, as TensorRT aliases them).
-    With WINDOW > 0 the query sees only the positions p > its own - WINDOW: both loops start at the first such
-    key, so no block is wholly masked (an all -inf block would make the online softmax NaN)."""
+    The call writes each token's k/v into its row at its position, and query i at position p attends to its row's
+    positions 0..p. One launch cannot order every write before every read, so a program reads no cache slot this
+    call writes: the positions a row's tokens take in one call must be one contiguous range [first, ...] (a
+    prompt chunk, a decode token and its drafts; TRTBackend checks it) — positions below `first` come from the
+    cache, the row's new tokens from k/v (found by scanning the call's tokens for the row's id, blocks with none
+    skipped). Writes touch only slots >= first, reads of the cache only slots < first: no race, and the caches may
+    be updated in place (kc_out_ptr == kc_ptr, as TensorRT aliases them). With WINDOW > 0 the query sees only the
+    positions > p - WINDOW; every block it attends holds at least one such key (an all -inf block would make the
+    online softmax NaN)."""
     b, s, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     kvh = h // (NUM_HEADS // KV_HEADS)
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
     n = tl.arange(0, BLOCK_N)
-    start = tl.load(pos_ptr + b * seq).to(tl.int64)
-    q = tl.load(q_ptr + ((b * seq + s) * NUM_HEADS + h) * HEAD_DIM + d, mask=dmask, other=0.0).to(tl.float32)
+    i = b * seq + s
+    row = b
+    lo, hi = b * seq, b * seq + seq  # the tokens that may share the row: its batch row's, or (ragged) every one
+    if n_slots > 0:
+        row = tl.load(slots_ptr + i).to(tl.int64)
+        lo, hi = lo * 0, (tl.num_programs(0) * seq).to(tl.int64)
+    p = tl.load(pos_ptr + i).to(tl.int64)
+    oldest = p * 0
+    if WINDOW > 0:
+        oldest = tl.maximum(p - WINDOW + 1, 0)
+    first = p
+    for t0 in range(lo, hi, BLOCK_N):  # the row's first position in this call
+        t = t0 + n
+        mine = _same_row(slots_ptr, t, hi, seq, row, n_slots)
+        first = tl.minimum(first, tl.min(tl.where(mine, tl.load(pos_ptr + t, mask=mine, other=0), p), axis=0))
+    q = tl.load(q_ptr + (i * NUM_HEADS + h) * HEAD_DIM + d, mask=dmask, other=0.0).to(tl.float32)
     m = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)
     total = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)
     acc = tl.zeros([BLOCK_D], tl.float32)
-    cache = (b * KV_HEADS + kvh) * max_seq * HEAD_DIM
-    first_slot, first_new = 0, 0
-    if WINDOW > 0:
-        first_slot = tl.maximum(start + s - WINDOW + 1, 0)
-        first_new = tl.maximum(s - WINDOW + 1, 0)
-    for n0 in range(first_slot, start, BLOCK_N):  # the cached prefix
+    cache = (row * KV_HEADS + kvh) * max_seq * HEAD_DIM
+    for n0 in range(oldest, first, BLOCK_N):  # the cached prefix
         offs = cache + (n0 + n)[:, None] * HEAD_DIM + d[None, :]
-        m, total, acc = _attend(q, kc_ptr + offs, vc_ptr + offs, n0 + n < start, dmask, m, total, acc, SCALE,
+        m, total, acc = _attend(q, kc_ptr + offs, vc_ptr + offs, n0 + n < first, dmask, m, total, acc, SCALE,
                                 SOFTCAP)
-    new = (b * seq * KV_HEADS + kvh) * HEAD_DIM
-    for t0 in range(first_new, s + 1, BLOCK_N):  # this call's tokens, causally
-        offs = new + (t0 + n)[:, None] * (KV_HEADS * HEAD_DIM) + d[None, :]
-        m, total, acc = _attend(q, k_ptr + offs, v_ptr + offs, t0 + n <= s, dmask, m, total, acc, SCALE,
-                                SOFTCAP)
-    tl.store(out_ptr + ((b * seq + s) * NUM_HEADS + h) * HEAD_DIM + d, (acc / total).to(out_ptr.dtype.element_ty),
-             mask=dmask)
+    for t0 in range(lo, hi, BLOCK_N):  # this call's tokens of the row, causally and within the window
+        t = t0 + n
+        mine = _same_row(slots_ptr, t, hi, seq, row, n_slots)
+        at = tl.load(pos_ptr + t, mask=mine, other=0)
+        seen = mine & (at <= p) & (at >= oldest)
+        if tl.max(seen.to(tl.int32), axis=0) > 0:
+            offs = (t * KV_HEADS + kvh)[:, None] * HEAD_DIM + d[None, :]
+            m, total, acc = _attend(q, k_ptr + offs, v_ptr + offs, seen, dmask, m, total, acc, SCALE, SOFTCAP)
+    tl.store(out_ptr + (i * NUM_HEADS + h) * HEAD_DIM + d, (acc / total).to(out_ptr.dtype.element_ty), mask=dmask)
     if h % (NUM_HEADS // KV_HEADS) == 0:
-        row = ((b * seq + s) * KV_HEADS + kvh) * HEAD_DIM + d
-        slot = cache + tl.load(pos_ptr + b * seq + s).to(tl.int64) * HEAD_DIM + d
-        tl.store(kc_out_ptr + slot, tl.load(k_ptr + row, mask=dmask), mask=dmask)
-        tl.store(vc_out_ptr + slot, tl.load(v_ptr + row, mask=dmask), mask=dmask)
+        new = (i * KV_HEADS + kvh) * HEAD_DIM + d
+        slot = cache + p * HEAD_DIM + d
+        tl.store(kc_out_ptr + slot, tl.load(k_ptr + new, mask=dmask), mask=dmask)
+        tl.store(vc_out_ptr + slot, tl.load(v_ptr + new, mask=dmask), mask=dmask)
+
+
+@triton.jit
+def _same_row(slots_ptr, t, hi, seq, row, n_slots):
+    """Which of tokens `t` (a block of flat indices, < hi) live in cache row `row`."""
+    inside = t < hi
+    ragged = (t * 0 + n_slots) > 0
+    ids = tl.load(slots_ptr + t, mask=inside & ragged, other=-1)  # no read at all when not ragged
+    return inside & (tl.where(ragged, ids, t // seq) == row)
 
 
 # -- the launch plan (shared by the JIT launchers below and the plugins' aot_impl) ---------------------------------
@@ -171,8 +197,8 @@ def plan(op: str, shapes: dict, attrs: dict) -> Launch:
         return Launch(rotary_kernel, (b * s, heads), (heads, head_dim, half),
                       dict(INTERLEAVED=bool(attrs["interleaved"]), BLOCK=block))
     if op == "GroupedAttention":
-        (b, s, _), (_, _, max_seq, head_dim) = shapes["q"], shapes["past_key"]
-        return Launch(attention_kernel, (b, s, attrs["num_heads"]), (s, max_seq), dict(
+        (b, s, _), (_, _, max_seq, head_dim), (n_slots,) = shapes["q"], shapes["past_key"], shapes["slots"]
+        return Launch(attention_kernel, (b, s, attrs["num_heads"]), (s, max_seq, n_slots), dict(
             NUM_HEADS=attrs["num_heads"], KV_HEADS=attrs["num_kv_heads"], HEAD_DIM=static(head_dim),
             SCALE=float(attrs["scale"]), WINDOW=int(attrs.get("window", 0)),
             SOFTCAP=float(attrs.get("softcap", 0.0)), BLOCK_N=32, BLOCK_D=triton.next_power_of_2(static(head_dim))))
@@ -208,12 +234,14 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
 
 
 def grouped_attention(q, k, v, positions, past_key, past_value, num_heads: int, num_kv_heads: int, scale: float,
-                      window: int = 0, softcap: float = 0.0):
-    """GroupedAttention: q [B, S, Hq*D]; k, v [B, S, Hkv*D]; positions [B, S] (contiguous per row); caches
-    [B, Hkv, M, D], written in place at the positions. Returns out [B, S, Hq*D]."""
+                      window: int = 0, softcap: float = 0.0, slots: torch.Tensor | None = None):
+    """GroupedAttention: q [B, S, Hq*D]; k, v [B, S, Hkv*D]; positions [B, S]; caches [R, Hkv, M, D], written in
+    place at the positions; `slots` [B*S] int64 each token's cache row (None: row b; R == B). A row's positions
+    in one call are one contiguous range. Returns out [B, S, Hq*D]."""
     q, out = q.contiguous(), torch.empty_like(q)
+    slots = torch.zeros(0, dtype=torch.int64, device=q.device) if slots is None else slots.contiguous()
     inputs = {"q": q, "k": k.contiguous(), "v": v.contiguous(), "positions": positions.contiguous(),
-              "past_key": past_key, "past_value": past_value}
+              "past_key": past_key, "past_value": past_value, "slots": slots}
     launch("GroupedAttention", inputs, [out, past_key, past_value],
            {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "scale": scale, "causal": True, "window": window,
             "softcap": softcap})

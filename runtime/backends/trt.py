@@ -4,7 +4,9 @@
 
 The backend binds each cache buffer (a torch CUDA tensor) as both past and present, once per request (the
 engine's GroupedAttention plugin aliases present to past), and nothing is copied per step; prefill and decode
-run on the engine's two optimization profiles.
+run on the engine's two optimization profiles. An engine on llgraph's plugins is ragged: the whole cache stays
+bound and each token names its row (slot_ids), so a step runs only the busy rows; a packed step of up to
+max_batch tokens runs on the decode profile, one longer than the prefill profile in pieces.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from llgraph.export.trt_build import (
 from llgraph.export_folder import ENGINE_META, Manifest
 from llgraph.plugins.tensorrt.qdp import register_plugins
 from llgraph.runtime.backends import BackendSpec, RunOptions
-from llgraph.runtime.engine.backend import Backend, Rows, span_of
+from llgraph.passes import SLOTS_INPUT
+from llgraph.runtime.engine.backend import Backend, Rows, span_of, token_rows
 from llgraph.runtime.engine.runner import Runner
 from llgraph.tokenizer import Tokenizer
 
@@ -70,7 +73,9 @@ class TRTBackend(Backend):
         meta = json.loads(meta_path.read_text())
         self.config = manifest.config
         # what the build test checks the network against, as the torch dtypes bound
-        self.io = {name: getattr(torch, d) for name, d in io_dtypes(self.config, manifest.dtype).items()}
+        # a ragged engine (llgraph's plugins) takes each token's cache row: a step runs only the busy rows
+        self.ragged = bool(meta.get("ragged", False))
+        self.io = {name: getattr(torch, d) for name, d in io_dtypes(self.config, manifest.dtype, self.ragged).items()}
         self.vocab_size = self.config.vocab_size
         self.max_seq_len, self.max_batch = meta["max_seq_len"], meta["max_batch"]
         if tensorrt == "twin":
@@ -113,7 +118,7 @@ class TRTBackend(Backend):
             where = "the engine has" if name in names else "the engine lacks"
             raise EngineError(f"{where} the I/O tensor {name} (the export's are {len(self.io)}); rebuild the engine "
                               f"from this folder with `llgraph build {folder}`")
-        inputs = {n for n in self.io if not n.startswith(("present.", "logits"))}
+        inputs = {n for n in self.io if not n.startswith(("present.", "logits"))}  # ids, slot_ids, past caches
         for name in names:
             mode = self.engine.get_tensor_mode(name)
             dtype = dtypes.get(self.engine.get_tensor_dtype(name))
@@ -155,8 +160,30 @@ class TRTBackend(Backend):
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:  # the engine computes every position's; the last `keep` leave the GPU
         batch, seq = input_ids.shape
-        rows = span_of(rows, input_ids.shape[0])
-        rows = slice(0, next(iter(self.cache.values())).shape[0]) if rows is None else rows
+        want = min(keep, seq) if keep > 0 else seq
+        whole = slice(0, next(iter(self.cache.values())).shape[0])
+        if not self.ragged:  # one contiguous range of rows, bound as the cache
+            return self._host(self._run(input_ids, position_ids, None, span_of(rows, batch) or whole)[:, seq - want:])
+        slots = token_rows(rows, input_ids.shape)
+        slots = np.repeat(np.arange(batch, dtype=np.int64), seq) if slots is None else slots
+        check_runs(slots, position_ids.reshape(-1))
+        if batch == 1 and 1 < seq <= self.max_batch:  # a packed step of few tokens: the decode profile, one a row
+            logits = self._run(input_ids.reshape(seq, 1), position_ids.reshape(seq, 1), slots, whole)
+            return self._host(logits[seq - want:, 0][None])
+        step = self.max_seq_len if batch == 1 else seq  # a packed step longer than the prefill profile: in pieces
+        pieces = []
+        for a in range(0, seq, step):
+            b = min(seq, a + step)
+            logits = self._run(input_ids[:, a:b], position_ids[:, a:b], slots.reshape(batch, seq)[:, a:b].ravel(),
+                               whole)
+            if b > seq - want:
+                pieces.append(self._host(logits[:, max(a, seq - want) - a:]))
+        return np.concatenate(pieces, axis=1)
+
+    def _run(self, input_ids: np.ndarray, position_ids: np.ndarray, slots: np.ndarray | None, rows: slice):
+        """One execution on cache rows `rows` (bound as the cache; a ragged engine binds them all and reads each
+        token's row from `slots`) -> the logits of every position [B, S, V] on the device."""
+        batch, seq = input_ids.shape
         with self.device.on(self.stream):
             profile = DECODE if seq == 1 else PREFILL
             if profile != self._profile:
@@ -166,24 +193,44 @@ class TRTBackend(Backend):
             if self._bound != rows:
                 self._bind_cache(rows)
             # row-major copies: TensorRT reads a bound address as a dense tensor of the shape set
-            ids = self.device.upload(ids_tensor(input_ids), self.io["input_ids"])
-            pos = self.device.upload(ids_tensor(position_ids), self.io["position_ids"])
+            feeds = {"input_ids": self.device.upload(ids_tensor(input_ids), self.io["input_ids"]),
+                     "position_ids": self.device.upload(ids_tensor(position_ids), self.io["position_ids"])}
+            if slots is not None:
+                feeds[SLOTS_INPUT] = self.device.upload(torch.tensor(slots, dtype=torch.int64), torch.int64)
             logits = self.device.empty((batch, seq, self.vocab_size), self.io["logits"])
-            for name, t in (("input_ids", ids), ("position_ids", pos)):
+            for name, t in feeds.items():
                 self._call(self.context.set_input_shape(name, tuple(t.shape)), f"the shape {tuple(t.shape)} of {name}")
                 self._call(self.context.set_tensor_address(name, t.data_ptr()), f"the address of {name}")
             self._call(self.context.set_tensor_address("logits", logits.data_ptr()), "the address of logits")
             if not self.context.execute_async_v3(self.stream.cuda_stream):
                 raise EngineError("TensorRT failed to run the engine (see its log above)")
-        kept = logits[:, seq - min(keep, seq):] if keep > 0 else logits
-        with self.device.on(self.stream):  # the kept rows converted and copied on the stream that wrote them
-            kept = kept.float().cpu()
             if self.record:  # an engine exposes its outputs: the logits and the present caches (copies)
                 self.recorded = {"logits": logits.float().cpu().numpy()} | {
                     present: self.cache[past][rows].to("cpu", torch.float32, copy=True).numpy()
                     for past, present in cache_pairs(self.config)}
+        return logits
+
+    def _host(self, kept: torch.Tensor) -> np.ndarray:
+        """Device logits to the host as float32, converted and copied on the stream that wrote them."""
+        with self.device.on(self.stream):
+            kept = kept.float().cpu()
         self.stream.synchronize()
         return kept.numpy()
+
+
+def check_runs(slots: np.ndarray, positions: np.ndarray) -> None:
+    """A ragged forward's tokens as TensorRT's attention plugin takes them: each cache row's tokens one run of
+    consecutive positions, in order along the batch (a prompt chunk, a decode token and its drafts; the engine's
+    packed steps and right-padded batches are such). The kernel reads the cache below a row's first new position
+    and the call's own tokens above it (plugins/tensorrt/triton_kernels.py), and a long step runs in pieces."""
+    order = np.argsort(slots, kind="stable")
+    rows, at = slots[order], positions[order]
+    broken = (rows[1:] == rows[:-1]) & (at[1:] != at[:-1] + 1)
+    if broken.any():
+        row = int(rows[1:][broken][0])
+        raise LlgraphError(f"cache row {row}'s tokens in one forward are not consecutive positions in order "
+                           f"({at[rows == row].tolist()[:8]}...); TensorRT's attention plugin takes each row's tokens "
+                           "as one run (split the forward)")
 
 
 def engine_side(folder: str | Path, tensorrt: str = "auto"):

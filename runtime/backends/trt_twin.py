@@ -5,8 +5,9 @@ contract enforced and each step computed by ONNX Runtime from the export's funct
 
 No engine can run on this machine, so the twin stands in for `IRuntime`, `ICudaEngine` and `IExecutionContext`:
 - **the engine's I/O** is what TensorRT-RTX's builder reports for the folder's export on this machine (the parsed
-  network's tensor names, modes and dtypes), with the optimization profiles `llgraph build` recorded from TensorRT
-  (`engine.json`) and each present cache aliased to its past input (the plugin's alias, the native KV-cache update);
+  network's tensor names, modes and dtypes; an engine on llgraph's plugins adds slot_ids, its ragged rows), with
+  the optimization profiles `llgraph build` recorded from TensorRT (`engine.json`) and each present cache aliased
+  to its past input (the plugin's alias, the native KV-cache update);
 - **the contract** (TensorRT's API documentation): a profile is selected before shapes; `set_input_shape` is refused
   outside the active profile; `set_tensor_address` is refused unless 256-byte aligned; at `execute_async_v3` every
   input shape and every I/O address is set, each address lies in memory the twin device allocated with room for the
@@ -34,6 +35,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from llgraph.builder import cache_pairs
 from llgraph.export.trt_build import EngineError, TensorRT, load_tensorrt, parse
+from llgraph.passes import SLOTS_INPUT
 
 ALIGN = 256  # setTensorAddress: "the pointer must have at least 256-byte alignment" (NvInferRuntime.h)
 
@@ -154,7 +156,7 @@ class ILogger:
 class Engine:
     def __init__(self, folder: Path, meta: dict, device: TwinDevice):
         self.folder, self.meta, self.device = folder, meta, device
-        self.tensors, self.aliases = contract(folder, meta["max_seq_len"])
+        self.tensors, self.aliases = contract(folder, meta["max_seq_len"], bool(meta.get("ragged")))
         self.profiles = meta["profile_shapes"]  # per profile, input -> [min, opt, max], as TensorRT reported them
         self._session = None
 
@@ -280,13 +282,14 @@ class Runtime:
         return Engine(self.folder, self.meta, self.device) if data else None
 
 
-def contract(folder: Path, max_seq_len: int) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """(name -> Tensor, present -> past) of the export as TensorRT-RTX's builder parses it here."""
+def contract(folder: Path, max_seq_len: int, ragged: bool = False) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """(name -> Tensor, present -> past) of the export as TensorRT-RTX's builder parses it here; `ragged`: an engine
+    built on llgraph's plugins (on a GPU: TensorRT-RTX runs no plugins), whose I/O adds slot_ids, int64."""
     from llgraph.export_folder import Manifest
 
     rtx = load_tensorrt("rtx")
     net = parse(folder, max_seq_len, rtx, "none").network
-    tensors = {}
+    tensors = {SLOTS_INPUT: Tensor(SLOTS_INPUT, TensorIOMode.INPUT, DataType.INT64)} if ragged else {}
     for count, get, mode in ((net.num_inputs, net.get_input, TensorIOMode.INPUT),
                              (net.num_outputs, net.get_output, TensorIOMode.OUTPUT)):
         for i in range(count):

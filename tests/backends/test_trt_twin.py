@@ -45,6 +45,30 @@ def smollm2(tmp_path_factory):
     return trt, export_model(path, checkpoint=path, out=root / "ort", target="ort", max_seq_len=128)
 
 
+def as_plugin_engine(folder: Path, out: Path) -> Path:
+    """A copy of `folder` whose engine.json is what a build on llgraph's plugins writes (no such build runs here:
+    TensorRT-RTX runs no plugins): ragged, its profiles taking slot_ids (trt_build.profiles). The twin then presents
+    slot_ids among the engine's inputs, and enforces those profiles."""
+    import shutil
+
+    from llgraph.export.trt_build import profiles
+    from llgraph.export_folder import Manifest
+
+    shutil.copytree(folder, out)
+    meta = json.loads((out / "engine.json").read_text())
+    shapes = profiles(Manifest.read(out).config, meta["max_batch"], meta["max_seq_len"], meta["opt_prefill"],
+                      ragged=True)
+    meta.update(plugins="aot", ragged=True,
+                profile_shapes=[{n: [list(d) for d in dims] for n, dims in p.items()} for p in shapes])
+    (out / "engine.json").write_text(json.dumps(meta))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ragged(tiny, tmp_path_factory):
+    return as_plugin_engine(tiny[0], tmp_path_factory.mktemp("ragged") / "trt"), tiny[1]
+
+
 @pytest.mark.parametrize("model", ["tiny", "smollm2"])
 def test_trt_runner_on_the_twin_answers_as_onnx_runtime(model, request):
     trt, ort = request.getfixturevalue(model)
@@ -86,6 +110,68 @@ def test_scheduler_over_trt_backend_on_the_twin(tiny):
     finally:
         scheduler.stop()
     assert results == solo
+
+
+def test_ragged_engine_runs_only_the_busy_rows(ragged):
+    """An engine on llgraph's plugins takes each token's cache row (slot_ids): the scheduler's step packs the busy
+    rows' tokens into one forward and an idle slot costs nothing (one active row among 8 slots runs one token, not
+    8 rows); concurrent requests, with prompts arriving mid-run, equal their solo answers, and a request equals ONNX
+    Runtime's on the ort export of the same weights."""
+    from llgraph.runtime.engine.scheduler import Scheduler
+
+    runner = TRTRunner(ragged[0], tensorrt="twin")
+    assert runner.backend.ragged and "slot_ids" in runner.backend.engine.tensors
+    assert runner.generate(PROMPTS[0], 16, eos_token_ids=[]).token_ids == \
+        ORTRunner(ragged[1]).generate(PROMPTS[0], 16, eos_token_ids=[]).token_ids
+    prompts = [[1 + i, 5 + 2 * i, 9 + i, 3, 7][: 1 + i % 5] for i in range(8)]
+    solo = [runner.generate(p, 12, eos_token_ids=[]).token_ids for p in prompts]
+    shapes, slots = [], []
+    run = runner.backend._run
+
+    def recording(ids, positions, rows_of_tokens, rows):
+        shapes.append(ids.shape)
+        slots.append(sorted(set(rows_of_tokens.tolist())))
+        return run(ids, positions, rows_of_tokens, rows)
+    runner.backend._run = recording
+    scheduler = Scheduler(runner, slots=8).start()
+    try:
+        handles = [scheduler.submit(p, 12, eos_token_ids=[]) for p in prompts]
+        results = [h.result(timeout=120).tokens for h in handles]
+        together = len(shapes)
+        again = scheduler.submit(prompts[7], 12, eos_token_ids=[])  # alone, in the slot holding its prompt (7)
+        assert again.result(timeout=120).tokens == solo[7]
+    finally:
+        scheduler.stop()
+    alone = shapes[together:]
+    print(f"8 requests: {together} forwards of up to {max(s[0] * s[1] for s in shapes[:together])} tokens; one "
+          f"request in slot {slots[-1]} of 8: forwards of {sorted(set(alone))}")
+    assert results == solo
+    assert all(s[0] * s[1] == 1 for s in alone) and slots[-1] == [7], (alone, slots[-1])  # rows 0-6 idle, not run
+
+
+def test_ragged_engine_runs_a_long_packed_step_in_pieces(ragged):
+    """A packed forward longer than the engine's prefill profile (its max_seq_len tokens) runs as consecutive
+    pieces and gives what each row run alone gives (ONNX Runtime, a forward per row): the kept logits, and each
+    row's cache (the next token's logits of every row); tokens of a row that are not one run are refused."""
+    backend, reference = TRTBackend(ragged[0], tensorrt="twin"), ORTRunner(ragged[1]).backend
+    backend.allocate(4)
+    reference.allocate(4)
+    rng = np.random.default_rng(0)
+    lengths, rows = [40, 50, 30], [3, 0, 2]  # 120 tokens > 64
+    prompts = [rng.integers(1, 200, n) for n in lengths]
+    ids, positions = np.concatenate(prompts)[None], np.concatenate([np.arange(n) for n in lengths])[None]
+    got = backend.forward(ids, positions, rows=np.repeat(rows, lengths)[None], keep=5)
+    want = [reference.forward(p[None], np.arange(len(p))[None], rows=slice(r, r + 1), keep=5)[:, -5:]
+            for p, r in zip(prompts, rows)]
+    nxt = np.array([[7], [8], [9]])
+    after = backend.forward(nxt, np.array(lengths)[:, None], rows=np.array(rows), keep=1)
+    after_want = np.concatenate([reference.forward(nxt[i:i + 1], np.array([[n]]), rows=slice(r, r + 1), keep=1)
+                                 for i, (n, r) in enumerate(zip(lengths, rows))])
+    diff = max(np.abs(got - want[-1]).max(), np.abs(after - after_want).max())
+    print(f"{ids.shape[1]} tokens in pieces of {backend.max_seq_len}: max |diff| {diff:.2e} (tol 1e-4)")
+    assert got.shape == (1, 5, backend.vocab_size) and diff < 1e-4
+    with pytest.raises(LlgraphError, match="cache row 1's tokens in one forward are not consecutive"):
+        backend.forward(np.array([[5, 6, 7]]), np.array([[4, 6, 5]]), rows=np.array([[1, 1, 1]]), keep=1)
 
 
 def test_llgraph_diff_against_the_engine_on_the_twin(tiny, tmp_path):

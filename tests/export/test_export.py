@@ -84,7 +84,8 @@ def test_checker_shape_inference_and_metadata(target, tmp_path):
     assert names[:4] == ["input_ids", "position_ids", "past_key_values.0.key", "past_key_values.0.value"]
     assert [o.name for o in model.graph.output][:3] == ["logits", "present.0.key", "present.0.value"]
     dims = [d.dim_param or d.dim_value for d in model.graph.input[2].type.tensor_type.shape.dim]
-    assert dims == ["batch", cfg.num_kv_heads, "max_seq", cfg.head_dim]
+    rows = "cache_rows" if target == "trt" else "batch"  # trt: ragged rows by slot id, any number of cache rows
+    assert dims == [rows, cfg.num_kv_heads, "max_seq", cfg.head_dim]
     values = {o for n in model.graph.node for o in n.output}
     assert {"layers.0.attn_norm", "layers.1.mlp_out", "final_norm", "embed"} <= values  # IR names, traceable
     assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer if t.dims and

@@ -101,6 +101,39 @@ def test_grouped_attention(dtype, batch, seq, heads, kv_heads, head_dim, max_seq
     assert torch.equal(key, ref_key) and torch.equal(value, ref_value)  # the same slots written, bit for bit
 
 
+
+@pytest.mark.parametrize("dtype, window, softcap", [(torch.float32, 0, 0.0), (torch.float16, 0, 0.0),
+                                                    (torch.float32, 6, 0.0), (torch.float32, 0, 1.5)])
+def test_grouped_attention_ragged_rows_by_slot(dtype, window, softcap, report):
+    """Ragged rows by slot id (GroupedAttention's `slots`), laid out as the engine packs a step (one batch row:
+    each add's tokens without logits first, then the ones whose logits are wanted): a decode token with two
+    drafts in row 5, a 20-token prompt chunk in row 0 onto a cached prefix, a fresh 3-token prompt in row 2; rows
+    1, 3, 4, 6 and 7 idle. Caches hold noise, so a read of a slot the call did not write, or of another row, would
+    show; the idle rows must come back bit for bit."""
+    import math
+
+    torch.manual_seed(4)
+    heads, kv_heads, head_dim, max_seq = 8, 2, 64, 96
+    adds = [(5, 30, 3, 3), (0, 17, 20, 1), (2, 0, 3, 1)]  # (cache row, first position, tokens, kept)
+    body = [(r, p0 + j) for r, p0, n, kept in adds for j in range(n - kept)]
+    tail = [(r, p0 + j) for r, p0, n, kept in adds for j in range(n - kept, n)]
+    slots, positions = (torch.tensor([c for c in column])[None] for column in zip(*body, *tail))
+    tokens = slots.shape[1]
+    q = torch.randn(1, tokens, heads * head_dim).to(DEVICE, dtype)
+    k, v = (torch.randn(1, tokens, kv_heads * head_dim).to(DEVICE, dtype) for _ in range(2))
+    key, value = (torch.randn(8, kv_heads, max_seq, head_dim).to(DEVICE, dtype) for _ in range(2))
+    ref_key, ref_value = key.clone(), value.clone()
+    attrs = dict(num_heads=heads, num_kv_heads=kv_heads, scale=1 / math.sqrt(head_dim), window=window,
+                 softcap=softcap)
+    slots, positions = slots.to(DEVICE), positions.to(DEVICE)
+    want, _, _ = reference("GroupedAttention", q, k, v, positions, ref_key, ref_value, slots.reshape(-1), causal=True,
+                           **attrs)
+    got = kernels.grouped_attention(q, k, v, positions, key, value, heads, kv_heads, attrs["scale"], window, softcap,
+                                    slots=slots.reshape(-1))
+    report(f"ragged attention {dtype} {tokens} tokens of rows 5, 0, 2 among 8 window {window} softcap {softcap}",
+           max_diff(got, want), TOL[dtype])
+    assert torch.equal(key, ref_key) and torch.equal(value, ref_value)  # the same slots written, idle rows untouched
+
 AOT = """
 from llgraph.plugins.tensorrt import spec
 from llgraph.plugins.tensorrt.aot import PTX_FLOOR, assemble, compile_op
@@ -109,10 +142,11 @@ cases = [("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=4096)),
          ("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=128)), ("SwiGLU", dict(gate=(1, 7, 14336)), {}),
          ("Rotary", dict(x=(1, 7, 4096), cos=(1, 7, 64)), dict(num_heads=32, interleaved=False)),
          ("Rotary", dict(x=(1, 7, 576), cos=(1, 7, 32)), dict(num_heads=9, interleaved=True)),
-         ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(1, 8, 512, 128)), attn),
-         ("GroupedAttention", dict(q=(1, 1, 576), past_key=(1, 3, 512, 64)), dict(attn, num_heads=9, num_kv_heads=3)),
-         ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(1, 8, 512, 128)), dict(attn, window=4096)),
-         ("GroupedAttention", dict(q=(1, 1, 4096), past_key=(1, 8, 512, 128)), dict(attn, softcap=50.0))]
+         ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(1, 8, 512, 128), slots=(0,)), attn),
+         ("GroupedAttention", dict(q=(1, 1, 576), past_key=(1, 3, 512, 64), slots=(1,)),
+          dict(attn, num_heads=9, num_kv_heads=3)),
+         ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(8, 8, 512, 128), slots=(7,)), dict(attn, window=4096)),
+         ("GroupedAttention", dict(q=(1, 1, 4096), past_key=(1, 8, 512, 128), slots=(0,)), dict(attn, softcap=50.0))]
 for cc in (80, 90):
     for dtype in ("float32", "float16", "bfloat16"):
         for op, shapes, attrs in cases:
