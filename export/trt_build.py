@@ -5,8 +5,9 @@
 The engine has two optimization profiles over the same I/O: 0 = prefill (seq 1..max_seq_len), 1 = decode
 (seq 1). The KV cache is the static [rows, kv_heads, max_seq_len, head_dim] of the export, fixed at build time;
 GroupedAttention's plugin aliases present to past. An engine on llgraph's plugins takes `slot_ids`, each token's
-cache row (ragged rows: a step runs only the busy rows); one on TensorRT's native layers runs contiguous rows. `engine.json` in the export folder records the profiles and
-limits; runtime/backends/trt.py runs the engine. tensorrt is imported lazily, with a one-line error when it is missing.
+cache row (ragged rows: a step runs only the busy rows); one on TensorRT's native layers runs contiguous rows.
+`engine.json` in the export folder records the profiles and limits; runtime/backends/trt.py runs the engine.
+tensorrt is imported lazily, with a one-line error when it is missing.
 """
 
 from __future__ import annotations

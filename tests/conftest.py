@@ -21,11 +21,15 @@ sys.path[:0] = [str(TESTS)] + sorted(str(room) for room in TESTS.iterdir() if ro
                                      and not room.name.startswith((".", "_")))
 
 
-def need(module: str):
+def need(module: str, linux_x86_64: bool = False):
     """`module`, which the [test] extra installs: its absence fails the test (a partial install must not drop a
-    suite silently), in one line naming the install."""
+    suite silently), in one line naming the install. `linux_x86_64`: the extra installs it only there (its
+    platform marker in pyproject.toml: triton, TensorRT-RTX), so elsewhere the test is skipped."""
     import importlib
+    import platform
 
+    if linux_x86_64 and (sys.platform != "linux" or platform.machine() != "x86_64"):
+        pytest.skip(f"the test extra installs {module} on Linux x86_64 only", allow_module_level=True)
     try:
         return importlib.import_module(module)
     except ImportError as e:

@@ -34,9 +34,9 @@ from llgraph.export.trt_build import (
     trt_logger,
 )
 from llgraph.export_folder import ENGINE_META, Manifest
+from llgraph.passes import SLOTS_INPUT
 from llgraph.plugins.tensorrt.qdp import register_plugins
 from llgraph.runtime.backends import BackendSpec, RunOptions
-from llgraph.passes import SLOTS_INPUT
 from llgraph.runtime.engine.backend import Backend, Rows, span_of, token_rows
 from llgraph.runtime.engine.runner import Runner
 from llgraph.tokenizer import Tokenizer

@@ -2,7 +2,7 @@
 onnxruntime-genai's), the summed kernel time of each op type in ms per step, beside each folder's wall time a step.
 
     python -m llgraph.runtime.bench.step_profile FOLDER [FOLDER ...] [--threads 2] [--past 64] [--cache 256]
-                                                 [--steps 50]
+                                                 [--steps 50] [--rows 1]
 
 Each folder's model.onnx runs one-token steps after `--past` cached positions (zeros: a step's cost does not depend
 on the values), with llgraph's kernel library registered where the folder carries it. The cache: llgraph's static
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from llgraph.passes import SLOTS_INPUT
+
 
 def session(folder: Path, threads: int, trace_dir: str | None = None):
     """An ONNX Runtime session of the folder's graph; with `trace_dir`, profiling into it (never into the folder)."""
@@ -34,19 +36,24 @@ def session(folder: Path, threads: int, trace_dir: str | None = None):
     return ort.InferenceSession(str(folder / "model.onnx"), opts, providers=["CPUExecutionProvider"])
 
 
-def feeds(sess, folder: Path, past: int, cache: int) -> dict:
-    """One decode step's inputs after `past` cached positions, by input name (llgraph's or genai's)."""
+def feeds(sess, folder: Path, past: int, cache: int, rows: int = 1) -> dict:
+    """One decode step's inputs after `past` cached positions, by input name (llgraph's or genai's); `rows` > 1:
+    that many rows' decode tokens packed into one forward, each in its own cache row (a ragged export's slot_ids),
+    as the server's step runs `rows` streams."""
     head = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
-    out = {}
+    names = {i.name for i in sess.get_inputs()} | {i.name for i in sess.get_overridable_initializers()}
+    if rows > 1 and SLOTS_INPUT not in names:
+        raise SystemExit(f"--rows {rows} needs a ragged export (slot_ids: --kernels llgraph); {folder} has none")
+    out = {SLOTS_INPUT: np.arange(rows, dtype=np.int64)} if rows > 1 else {}
     for i in sess.get_inputs():
         if i.name == "input_ids":
-            out[i.name] = np.array([[5]], np.int64)
+            out[i.name] = np.full((1, rows), 5, np.int64)
         elif i.name == "position_ids":
-            out[i.name] = np.array([[past]], np.int64)
+            out[i.name] = np.full((1, rows), past, np.int64)
         elif i.name == "attention_mask":
             out[i.name] = np.ones((1, past + 1), np.int64)
         elif i.name.startswith("past_key_values"):
-            dims = [1 if d in ("batch", "batch_size", "cache_rows") else cache if d == "max_seq" else past
+            dims = [rows if d in ("batch", "batch_size", "cache_rows") else cache if d == "max_seq" else past
                     if d == "past_sequence_length" else head if d == "kv_cache_dim" else d for d in i.shape]
             out[i.name] = np.zeros(dims, np.float16 if "float16" in i.type else np.float32)
     return out
@@ -65,17 +72,19 @@ def stepper(sess, inputs: dict):
             shared = ort.OrtValue.ortvalue_from_numpy(value)
             binding.bind_ortvalue_input(name, shared)
             binding.bind_ortvalue_output(name.replace("past_key_values", "present"), shared)
+        elif name == SLOTS_INPUT:  # an overridable initializer: bind_cpu_input looks among the required inputs
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))
         else:
             binding.bind_cpu_input(name, value)
     binding.bind_output("logits")
     return lambda: sess.run_with_iobinding(binding)
 
 
-def profile(folder: Path, threads: int, past: int, cache: int, steps: int
+def profile(folder: Path, threads: int, past: int, cache: int, steps: int, rows: int = 1
             ) -> tuple[dict[str, float], float, dict[str, float]]:
     """(op type -> kernel ms per step, wall ms per step, node -> kernel ms per step) of one folder."""
     timed = session(folder, threads)
-    run = stepper(timed, feeds(timed, folder, past, cache))
+    run = stepper(timed, feeds(timed, folder, past, cache, rows))
     for _ in range(5):
         run()
     start = time.perf_counter()
@@ -84,7 +93,7 @@ def profile(folder: Path, threads: int, past: int, cache: int, steps: int
     wall = (time.perf_counter() - start) / steps * 1e3
     with tempfile.TemporaryDirectory() as trace_dir:
         profiled = session(folder, threads, trace_dir)
-        run = stepper(profiled, feeds(profiled, folder, past, cache))
+        run = stepper(profiled, feeds(profiled, folder, past, cache, rows))
         for _ in range(5 + steps):
             run()
         events = json.loads(Path(profiled.end_profiling()).read_text())
@@ -106,13 +115,15 @@ def main(argv=None) -> None:
     p.add_argument("--past", type=int, default=64, help="cached positions before the step (default 64)")
     p.add_argument("--cache", type=int, default=256, help="llgraph's static cache length (default 256)")
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--rows", type=int, default=1, help="rows decoding, packed into one forward (default 1)")
     p.add_argument("--nodes", type=int, default=5, help="each folder's costliest nodes to list (default 5)")
     args = p.parse_args(argv)
-    results = {f.name: profile(f, args.threads, args.past, args.cache, args.steps) for f in args.folders}
+    results = {f.name: profile(f, args.threads, args.past, args.cache, args.steps, args.rows) for f in args.folders}
     ops = sorted({op for per_op, _, _ in results.values() for op in per_op},
                  key=lambda op: -max(per_op.get(op, 0.0) for per_op, _, _ in results.values()))
     names = list(results)
-    print(f"ms per one-token step after {args.past} cached positions, {args.threads} threads, {args.steps} steps")
+    print(f"ms per step of {args.rows} row(s) of one token after {args.past} cached positions, {args.threads} "
+          f"threads, {args.steps} steps")
     print(f"{'op':<28}" + "".join(f"{n[:30]:>32}" for n in names))
     for op in ops:
         print(f"{op:<28}" + "".join(f"{results[n][0].get(op, 0.0):>32.3f}" for n in names))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import need
 
 # A process where `import torch` (and triton, which imports it) raises what a missing package raises.
 NO_TORCH = """
@@ -60,7 +61,7 @@ def test_generate_eval_build_and_diff_run_without_torch(tmp_path):
     assert r.returncode == 0 and "perplexity" in r.stdout, r.stderr[-2000:]
     r = without_torch("diff", "tiny", "--tokens", "1,2,3", "--a", "ort", "--b", "onnx", cwd=tmp_path)
     assert r.returncode == 0 and "first divergence: none" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    pytest.importorskip("tensorrt_rtx_bindings")
+    need("tensorrt_rtx_bindings", linux_x86_64=True)
     assert without_torch("export", "--config", "tiny", "--target", "trt", "-o", "tiny-trt",
                          cwd=tmp_path).returncode == 0
     r = without_torch("build", "tiny-trt", "--tensorrt", "rtx", cwd=tmp_path)

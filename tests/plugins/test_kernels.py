@@ -15,12 +15,12 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from conftest import max_diff  # noqa: E402
+from conftest import max_diff, need  # noqa: E402
 
 from llgraph.executor import TORCH_IMPLS  # noqa: E402
 from llgraph.ir import Node  # noqa: E402
 
-triton = pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
+triton = need("triton", linux_x86_64=True)
 from llgraph.plugins.tensorrt import triton_kernels as kernels  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2}
