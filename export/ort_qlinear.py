@@ -62,7 +62,11 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
     output of a SwiGLU over its two halves; `residual`: (the stream, the Add's output) it adds to its own; `norm`:
     the RMSNorm its x passes first (all computed in the node: plan_qlinear_fusions)."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
-    level = accuracy_level_of(em.options.get("accuracy_level"), node.attrs["format"] != "blocks")
+    superblocks = em.shared.get("superblocks")
+    if superblocks is None:  # the model's level (weight_request.py): a K-quant file's blocked tensors take it too
+        superblocks = em.shared["superblocks"] = any(n.op == "QLinear" and n.attrs["format"] != "blocks"
+                                                     for n in em.graph.nodes)
+    level = accuracy_level_of(em.options.get("accuracy_level"), superblocks)
     interleave, bits = _codes_layout(node)
     if swiglu:
         layout, per_block = {"compute": glu_groups(interleave)}, {"compute": glu_groups_half}

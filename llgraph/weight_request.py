@@ -31,12 +31,16 @@ DEFAULT_ACCURACY_LEVEL = 0
 # ... except for GGUF K-quant super-blocks (Q4_K, Q5_K, Q6_K: the 1B-8B models users run), whose default is level 4 on
 # llgraph's kernels: there exact fp32 compute is prefill-bound at half llama.cpp's speed, while int8 x (per 32,
 # centred) keeps the next-token distributions closer to the exact ones than llama.cpp's own Q8_K (per 256,
-# uncentred) does: the README's "Quantized weights" has the figures.
+# uncentred) does: the README's "Quantized weights" has the figures. The level is the model's: the blocked tensors a
+# K-quant file carries beside its super-blocks (llama.cpp's Q4_K_M writes Q5_0/Q8_0 wherever a row is not whole
+# super-blocks: 166 of SmolLM2-Q4_K_M's 272 tensors) take it too, since exact fp32 on them runs decode at a third and
+# prefill at 0.4x the rate of int8 x (`python -m llgraph.runtime.bench.gemv --types Q5_0,Q8_0 --level 0|4`).
 SUPERBLOCK_ACCURACY_LEVEL = 4
 
 
 def accuracy_level_of(requested: int | None, superblocks: bool) -> int:
-    """A quantized Linear's accuracy level: the one requested, else its format's default."""
+    """A quantized Linear's accuracy level: the one requested, else its model's default (`superblocks`: the model
+    holds GGUF K-quant super-blocks)."""
     if requested is not None:
         return requested
     return SUPERBLOCK_ACCURACY_LEVEL if superblocks else DEFAULT_ACCURACY_LEVEL
