@@ -149,6 +149,21 @@ def test_ragged_engine_runs_only_the_busy_rows(ragged):
     assert all(s[0] * s[1] == 1 for s in alone) and slots[-1] == [7], (alone, slots[-1])  # rows 0-6 idle, not run
 
 
+def test_ragged_engine_verifies_drafts_in_the_packed_step(ragged):
+    """Speculative decoding on a ragged engine: each row's token and its draft ride the step's one packed forward
+    (a run of positions per row, as the plugin takes them) and give plain decoding's tokens."""
+    runner = TRTRunner(ragged[0], tensorrt="twin")
+    seed = [5, 6, 7]
+    told = runner.generate(seed, 12, eos_token_ids=[]).token_ids
+    prompts = [seed + told + seed, [9, 4, 9, 4, 9], [3]]  # the first repeats its own answer: lookup drafts it
+    plain = runner.generate(prompts, 16, eos_token_ids=[])
+    stats: dict = {}
+    "".join(runner.stream(prompts[0], 16, eos_token_ids=[], speculative="ngram", stats=stats))
+    fast = runner.generate(prompts, 16, eos_token_ids=[], speculative="ngram")
+    print(f"ragged twin: {stats['drafted']} tokens drafted, {stats['accepted']} accepted")
+    assert [g.token_ids for g in fast] == [g.token_ids for g in plain] and stats["drafted"] > 0
+
+
 def test_ragged_engine_runs_a_long_packed_step_in_pieces(ragged):
     """A packed forward longer than the engine's prefill profile (its max_seq_len tokens) runs as consecutive
     pieces and gives what each row run alone gives (ONNX Runtime, a forward per row): the kept logits, and each
