@@ -339,3 +339,33 @@ def test_cache_clean_takes_llgraph_s_kernel_builds_and_nothing_else(tmp_path):
     left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
     print(r.stdout.strip(), left)
     assert left == [cpu.BUILDS, f"{cpu.BUILDS}/mine", f"{cpu.BUILDS}/mine/notes.txt"]
+
+
+def test_a_k_quant_files_blocked_fallbacks_take_its_level(tmp_path):
+    """The accuracy level is the model's (llgraph/weight_request.py): in a file with K-quant super-blocks, the blocked
+    tensors llama.cpp writes beside them (Q5_0/Q8_0 where a row is not whole super-blocks) run at level 4 too; a
+    file of blocked formats alone stays exact; an explicit --accuracy-level wins in both."""
+    import onnx
+    from reference import write_gguf
+
+    from llgraph.checkpoint import random_weights
+
+    cfg = tiny(**K_CFG)
+    mixed = {"mlp": T.Q4_K, "self_attn": T.Q5_0, "embed_tokens": T.Q8_0, "lm_head": T.Q8_0}
+
+    def levels(path, weights=KERNELS):
+        folder = export_model(path, checkpoint=path, out=tmp_path / f"ort-{len(list(tmp_path.iterdir()))}",
+                              max_seq_len=64, weights=weights)
+        graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+        attrs = [{a.name: a for a in n.attribute} for n in graph.node if n.op_type == "QLinear"]
+        return {(a["accuracy_level"].i, a["format"].s.decode()) for a in attrs}
+
+    for name, types in (("mixed", mixed), ("blocked", {"mlp": T.Q5_0, "self_attn": T.Q8_0, "embed_tokens": T.Q8_0,
+                                                       "lm_head": T.Q8_0})):
+        write_gguf(tmp_path / f"{name}.gguf", cfg, random_weights(cfg, seed=3, std=0.25),
+                   lambda i, name, x, types=types: next((t for k, t in types.items() if k in name), T.F32))
+    found = levels(tmp_path / "mixed.gguf")
+    print(f"a Q4_K file with Q5_0/Q8_0 fallbacks: (level, format) of its QLinears {sorted(found)}")
+    assert {level for level, _ in found} == {4} and len({fmt for _, fmt in found}) > 1  # blocks and super-blocks
+    assert {level for level, _ in levels(tmp_path / "blocked.gguf")} == {0}
+    assert {level for level, _ in levels(tmp_path / "mixed.gguf", KERNELS.replace(accuracy_level=0))} == {0}
