@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
@@ -198,6 +198,17 @@ def attention_mask(em: Emitter, pos: str, hint: str, window: int = 0) -> tuple[s
         oldest = em.node("Sub", [limit, em.const(window, "int64")], hint=hint)[0]
         mask = em.node("And", [mask, em.node("Greater", [slots, oldest], hint=hint)[0]], hint=hint)[0]
     return length, mask
+
+
+def slots_input(em: Emitter, node: Node) -> str | None:
+    """A GroupedAttention's `slots` (the graph input passes.ragged_slots adds), given an empty ONNX initializer once
+    per graph, so that a caller that does not feed it (onnxruntime-genai, an ONNX Runtime session) gets row b; None
+    where the node has none."""
+    slots = node.inputs[6] if len(node.inputs) > 6 else None
+    if slots is not None and slots not in em.shared:
+        em.initializers.append(numpy_helper.from_array(np.zeros(0, np.int64), slots))
+        em.shared[slots] = slots
+    return slots
 
 
 def refuse_slots(node: Node, lowering: str) -> None:

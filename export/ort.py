@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 import llgraph.export.onnx as std
 from llgraph.export.genai import write_genai_config
@@ -150,16 +150,13 @@ def attention_llgraph(em: Emitter, node: Node, qkv: str, rotary: tuple[Node, Nod
     GroupQueryAttention, whose CPU kernel runs q.k and p.v in SSE loops: paired on SmolLM2 int4 level 4, 2 threads
     on one pool, a one-token step took 0.97x the time at position 30, 0.93x at 100 and 0.87x at 300."""
     _, _, _, pos, past_k, past_v = node.inputs[:6]
-    slots = node.inputs[6] if len(node.inputs) > 6 else None
+    slots = std.slots_input(em, node)
     a = node.attrs
     rot, cos_sin = rotary
     inputs = [qkv, past_k, past_v, pos,
               em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "cos_cache", np.cos)),
               em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "sin_cache", np.sin))]
-    if slots is not None:  # a graph input whose initializer is empty: a caller that does not feed it gets row b
-        if slots not in em.shared:
-            em.initializers.append(numpy_helper.from_array(np.zeros(0, np.int64), slots))
-            em.shared[slots] = slots
+    if slots is not None:
         inputs.append(slots)
     em.node("GroupedAttention", inputs, node.outputs, domain=cpu.DOMAIN, hint=node.name, num_heads=a["num_heads"],
             num_kv_heads=a["num_kv_heads"], scale=float(a["scale"]), window=a["window"],

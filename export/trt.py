@@ -19,12 +19,12 @@ positions in one call must be one contiguous range (the plugin kernel's and the 
 from __future__ import annotations
 
 import numpy as np
-from onnx import AttributeProto, FunctionProto, TensorProto, helper, numpy_helper
+from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
 import llgraph.export.onnx as std
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
-from llgraph.passes import SLOTS_INPUT, ragged_slots
+from llgraph.passes import ragged_slots
 from llgraph.plugins.tensorrt import spec
 
 INT, FLOAT = AttributeProto.INT, AttributeProto.FLOAT
@@ -167,9 +167,8 @@ def plugin_node(em: Emitter, node: Node) -> None:
     if node.op not in em.functions:
         em.functions[node.op] = function(node.op)
     inputs = [em.weight(name) if name in em.graph.params else name for name in node.inputs]
-    if node.op == "GroupedAttention" and SLOTS_INPUT not in em.shared:  # an ONNX Runtime caller that does not
-        em.initializers.append(numpy_helper.from_array(np.zeros(0, np.int64), SLOTS_INPUT))  # feed it: row b
-        em.shared[SLOTS_INPUT] = SLOTS_INPUT
+    if node.op == "GroupedAttention":
+        std.slots_input(em, node)
     em.node(node.op, inputs, node.outputs, domain=spec.NAMESPACE, hint=node.name,
             **spec.onnx_attrs(node.op, node.attrs))
 

@@ -103,12 +103,12 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, slots_ptr, se
     The call writes each token's k/v into its row at its position, and query i at position p attends to its row's
     positions 0..p. One launch cannot order every write before every read, so a program reads no cache slot this
     call writes: the positions a row's tokens take in one call must be one contiguous range [first, ...] (a
-    prompt chunk, a decode token and its drafts; TRTBackend checks it) — positions below `first` come from the
-    cache, the row's new tokens from k/v (found by scanning the call's tokens for the row's id, blocks with none
-    skipped). Writes touch only slots >= first, reads of the cache only slots < first: no race, and the caches may
-    be updated in place (kc_out_ptr == kc_ptr, as TensorRT aliases them). With WINDOW > 0 the query sees only the
-    positions > p - WINDOW; every block it attends holds at least one such key (an all -inf block would make the
-    online softmax NaN)."""
+    prompt chunk, a decode token and its drafts; TRTBackend checks it) — the row's new tokens come from k/v (found by
+    scanning the call's tokens for the row's id, blocks with none skipped; the same scan finds `first`), then the
+    positions below `first` from the cache. Writes touch only slots >= first, reads of the cache only slots < first:
+    no race, and the caches may be updated in place (kc_out_ptr == kc_ptr, as TensorRT aliases them). With
+    WINDOW > 0 the query sees only the positions > p - WINDOW; every block it attends holds at least one such key
+    (a block of the call's tokens with none is skipped; an all -inf block would make the online softmax NaN)."""
     b, s, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     kvh = h // (NUM_HEADS // KV_HEADS)
     d = tl.arange(0, BLOCK_D)
@@ -124,28 +124,25 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, slots_ptr, se
     oldest = p * 0
     if WINDOW > 0:
         oldest = tl.maximum(p - WINDOW + 1, 0)
-    first = p
-    for t0 in range(lo, hi, BLOCK_N):  # the row's first position in this call
-        t = t0 + n
-        mine = _same_row(slots_ptr, t, hi, seq, row, n_slots)
-        first = tl.minimum(first, tl.min(tl.where(mine, tl.load(pos_ptr + t, mask=mine, other=0), p), axis=0))
     q = tl.load(q_ptr + (i * NUM_HEADS + h) * HEAD_DIM + d, mask=dmask, other=0.0).to(tl.float32)
     m = tl.max(tl.full([BLOCK_N], float("-inf"), tl.float32), axis=0)
     total = tl.sum(tl.zeros([BLOCK_N], tl.float32), axis=0)
     acc = tl.zeros([BLOCK_D], tl.float32)
-    cache = (row * KV_HEADS + kvh) * max_seq * HEAD_DIM
-    for n0 in range(oldest, first, BLOCK_N):  # the cached prefix
-        offs = cache + (n0 + n)[:, None] * HEAD_DIM + d[None, :]
-        m, total, acc = _attend(q, kc_ptr + offs, vc_ptr + offs, n0 + n < first, dmask, m, total, acc, SCALE,
-                                SOFTCAP)
+    first = p  # the row's first position in this call, found by the same scan (the softmax takes keys in any order)
     for t0 in range(lo, hi, BLOCK_N):  # this call's tokens of the row, causally and within the window
         t = t0 + n
         mine = _same_row(slots_ptr, t, hi, seq, row, n_slots)
         at = tl.load(pos_ptr + t, mask=mine, other=0)
+        first = tl.minimum(first, tl.min(tl.where(mine, at, p), axis=0))
         seen = mine & (at <= p) & (at >= oldest)
         if tl.max(seen.to(tl.int32), axis=0) > 0:
             offs = (t * KV_HEADS + kvh)[:, None] * HEAD_DIM + d[None, :]
             m, total, acc = _attend(q, k_ptr + offs, v_ptr + offs, seen, dmask, m, total, acc, SCALE, SOFTCAP)
+    cache = (row * KV_HEADS + kvh) * max_seq * HEAD_DIM
+    for n0 in range(oldest, first, BLOCK_N):  # the cached prefix below it
+        offs = cache + (n0 + n)[:, None] * HEAD_DIM + d[None, :]
+        m, total, acc = _attend(q, kc_ptr + offs, vc_ptr + offs, n0 + n < first, dmask, m, total, acc, SCALE,
+                                SOFTCAP)
     tl.store(out_ptr + (i * NUM_HEADS + h) * HEAD_DIM + d, (acc / total).to(out_ptr.dtype.element_ty), mask=dmask)
     if h % (NUM_HEADS // KV_HEADS) == 0:
         new = (i * KV_HEADS + kvh) * HEAD_DIM + d
