@@ -4,6 +4,7 @@ export of the same weights, the scheduler's concurrent requests equal their solo
 passes, and each runtime defect of issue 25 (streams, alignment, unchecked calls, I/O, contiguity) is caught."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,15 +43,14 @@ def smollm2(tmp_path_factory):
     path = bundled_model("smollm2")
     root = tmp_path_factory.mktemp("twin-smollm2")
     trt = built(export_model(path, checkpoint=path, out=root / "trt", target="trt", max_seq_len=128), max_batch=4)
-    return trt, export_model(path, checkpoint=path, out=root / "ort", target="ort", max_seq_len=128)
+    yield trt, export_model(path, checkpoint=path, out=root / "ort", target="ort", max_seq_len=128)
+    shutil.rmtree(root)  # 650 MB the rest of the session does not need
 
 
 def as_plugin_engine(folder: Path, out: Path) -> Path:
     """A copy of `folder` whose engine.json is what a build on llgraph's plugins writes (no such build runs here:
     TensorRT-RTX runs no plugins): ragged, its profiles taking slot_ids (trt_build.profiles). The twin then presents
     slot_ids among the engine's inputs, and enforces those profiles."""
-    import shutil
-
     from llgraph.export.trt_build import profiles
     from llgraph.export_folder import Manifest
 

@@ -151,15 +151,13 @@ def test_a_bad_draft_max_is_one_line(draft_max, tiny_runners):
         tiny_runners[2]["torch"].generate([5, 6], 4, speculative="ngram", draft_max=draft_max)
 
 
-def test_a_draft_model_gives_plain_greedy_output(serve_export, tiny_runners):
+def test_a_draft_model_gives_plain_greedy_output(serve_export, smollm2_export, tiny_runners):
     """A draft model (here the 4-bit SmolLM2 drafting for the float32 one; and the tiny model for itself, with a
     batch) drafts greedily, so the target's greedy output is unchanged; most of its drafts are kept."""
     from llgraph.runtime import ORTRunner
-    from llgraph.runtime.backends import open_runner
-    from llgraph.weight_request import Weights
 
-    target = open_runner("smollm2", "ort", max_seq_len=256, weights=Weights(dequantize=True))
-    draft = ORTRunner(serve_export, max_seq_len=256)
+    target = ORTRunner(serve_export, max_seq_len=256)  # the GGUF dequantized to float32
+    draft = ORTRunner(smollm2_export("ort", quantized=True), max_seq_len=256)  # its Q4_1 blocks as stored
     prompts = [[{"role": "user", "content": "Write a haiku about the sea."}], "The capital of France is"]
     stats = {}
     "".join(target.stream(prompts[0], 32, speculative=draft, stats=stats))

@@ -6,6 +6,7 @@ rolling log-likelihoods of texts longer than the model (several windows each), a
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,12 @@ def hf_reference(tmp_path_factory):
         "llgraph": [sys.executable, "-m", "llgraph", "lm-eval", "--model", "llgraph", "--model_args",
                     f"model={folder},backend=ort,max_seq_len={MAX_LEN}"],
     }, tmp)
-    return folder, tmp, out
+    yield folder, tmp, out
+    # 1 GB the rest of the session does not read: the HF folder, and its export in the session's cache
+    from llgraph.runtime.backends.export_cache import cache_dir, clean, entries
+
+    shutil.rmtree(tmp)
+    clean(cache_dir(), [e.name for e in entries(cache_dir()) if e.name.startswith("smollm2-hf-")])
 
 
 def _same_as_hf(out: Path, name: str, report) -> None:
