@@ -80,27 +80,8 @@ def smollm2_export(tmp_path_factory):
                               accuracy_level=0 if quantized and target == "ort" else None, kernels=kernels)
             made[key] = export_model(path, checkpoint=path, out=out, target=target, weights=weights,
                                      max_seq_len=max_seq_len)
-            _link_identical(made[key], [f for k, f in made.items() if k != key])
         return made[key]
     return get
-
-
-def _link_identical(folder: Path, others: list[Path]) -> None:
-    """Hard-link `folder`'s large files to byte-identical ones of the session's earlier exports (the onnx and trt
-    targets write the same float32 weights: 0.54 GB each), so the suite's disk use stays what it must be. The exports
-    are read-only to the tests."""
-    import filecmp
-
-    for f in folder.iterdir():
-        if f.stat().st_size < 1 << 24:
-            continue
-        for other in others:
-            twin = other / f.name
-            if twin.exists() and twin.stat().st_size == f.stat().st_size and filecmp.cmp(f, twin, shallow=False):
-                tmp = f.with_name(f".{f.name}.link")
-                os.link(twin, tmp)
-                tmp.replace(f)
-                break
 
 
 @pytest.fixture(scope="session")
