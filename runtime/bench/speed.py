@@ -4,14 +4,15 @@ backend, the weight bytes a decode step reads and the bandwidth that implies bes
 machine's load.
 
     llgraph bench MODEL [--backend ort|torch] [-p 512] [-n 128] [-d 0] [--repeats 3] [--threads N]
-                        [--kv-cache f32,f16,int8] [--peer 'llama-bench=PATH [FLAGS]'] [--peer transformers]
-                        [--device cuda] [--dtype D]
+                        [--kv-cache f32,f16,int8] [--accuracy-level 0,4] [--peer 'llama-bench=PATH [FLAGS]']
+                        [--peer transformers] [--device cuda] [--dtype D]
 
 MODEL is what `llgraph generate` takes (an export folder, a checkpoint such as a GGUF, 'smollm2'), or, for --backend
 torch, a config preset (`llama-3.2-1b`, `8b`, ...) on seeded random weights: speed does not depend on the values.
 pp: one forward of `-p` random prompt tokens into an empty cache (tok/s = p / its time); tg: `-n` one-token steps
 into an empty cache, or after `-d` tokens of context (tok/s = n / their time) — llama-bench's definitions, with no
-sampling or text. `--kv-cache` names the KV cache format(s): one llgraph row each (default: the backend's).
+sampling or text. `--kv-cache` names the KV cache format(s) and `--accuracy-level` the quantized weights' compute
+(0 exact, 4 int8 activations): one llgraph row each (default: the backend's, the model's).
 The engines run in turn `--repeats` times (so drift in the machine's speed hits each alike), each
 figure the best of its runs, after a warm-up run. Peers: `llama-bench=PATH` runs
 llama.cpp's (or ik_llama.cpp's) llama-bench on the same GGUF with the same -p/-n/-d/-t; `transformers` times HF
@@ -106,10 +107,12 @@ def onnx_bytes_per_token(folder: Path) -> int:
     return sum(v for k, v in sizes.items() if k in read or k not in gathered)
 
 
-def llgraph_engine(args, kv_cache: str | None = None) -> tuple[Timed, int | None, str, dict]:
+def llgraph_engine(args, kv_cache: str | None = None, level: int | None = None) -> tuple[Timed, int | None, str, dict]:
     """(its timer, weight bytes a decode step reads or None, a description, extras) of MODEL on llgraph's
-    --backend, its KV cache in format `kv_cache` (None: the backend's default)."""
+    --backend, its KV cache in format `kv_cache` (None: the backend's default), its quantized weights at accuracy
+    level `level` (None: the model's default)."""
     from llgraph.runtime.backends import open_runner
+    from llgraph.weight_request import Weights
 
     start = time.perf_counter()
     if args.backend == "torch":
@@ -120,7 +123,7 @@ def llgraph_engine(args, kv_cache: str | None = None) -> tuple[Timed, int | None
         allocate = lambda: b.allocate(1, zeroed=True)  # noqa: E731
     else:
         runner = open_runner(args.model, args.backend, max_seq_len=max(args.p, args.depth + args.n) + 1,
-                             threads=args.threads, kv_cache=kv_cache)
+                             threads=args.threads, kv_cache=kv_cache, weights=Weights(accuracy_level=level))
         b, sync = runner.backend, (lambda: None)
         weight_bytes = onnx_bytes_per_token(Path(b.folder)) if hasattr(b, "folder") else None
         allocate = lambda: b.allocate(1)  # noqa: E731
@@ -129,6 +132,7 @@ def llgraph_engine(args, kv_cache: str | None = None) -> tuple[Timed, int | None
                   args.depth)
     device = f" on {args.device}" if args.backend == "torch" else ""
     kv = f", KV {b.kv_format().name}" if kv_cache or args.depth else ""
+    kv += f", accuracy level {level}" if level is not None else ""
     return timed, weight_bytes, f"llgraph {args.backend}{device}{kv}", {"load s": f"{opened:.2f}"}
 
 
@@ -234,6 +238,8 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: every core)")
     p.add_argument("--kv-cache", help="llgraph's KV cache format, or several (f32,f16,int8: a row each)")
+    p.add_argument("--accuracy-level", help="quantized weights' compute on ONNX Runtime, or several (0,4: a row each; "
+                                            "default: the model's)")
     p.add_argument("--peer", action="append", default=[],
                    help="'llama-bench=PATH [FLAGS]' (a llama-bench binary on the same GGUF, with its own flags, e.g. "
                         "'-rtr 1') or transformers; repeatable")
@@ -243,7 +249,14 @@ def main(argv=None) -> None:
 
     threads = args.threads or __import__("os").cpu_count()
     bandwidth = read_bandwidth(threads)
-    engines = [llgraph_engine(args, kv) for kv in (args.kv_cache.split(",") if args.kv_cache else [None])]
+    levels = args.accuracy_level.split(",") if args.accuracy_level else [None]
+    if any(v is not None and not v.isdigit() for v in levels):
+        raise LlgraphError(f"--accuracy-level {args.accuracy_level}: give levels 0-4, comma-separated (e.g. 0,4)")
+    levels = [None if v is None else int(v) for v in levels]
+    if args.backend != "ort" and levels != [None]:
+        raise LlgraphError("--accuracy-level is ONNX Runtime's (--backend ort); the torch executor computes exactly")
+    engines = [llgraph_engine(args, kv, level) for kv in (args.kv_cache.split(",") if args.kv_cache else [None])
+               for level in levels]
     for peer in args.peer:
         if peer == "transformers":
             engines.append(transformers_engine(args, load_config(args.model)))

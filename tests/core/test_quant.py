@@ -266,6 +266,29 @@ def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
     assert levels == {4}
 
 
+def test_bench_times_each_accuracy_level_asked(tmp_path):
+    """`llgraph bench --accuracy-level 0,4`: a row per level, each timing an export whose quantized Linears compute at
+    that level (what a user reads to choose one); a level that is not a number is one line, exit 2."""
+    import os
+    from pathlib import Path
+
+    path = tmp_path / "bench-levels.gguf"  # a name of its own, to find the exports the bench makes in the cache
+    tiny_gguf(path, T.Q8_0)
+    r = llgraph("bench", str(path), "-p", "8", "-n", "2", "--repeats", "1", "--threads", "1", "--accuracy-level", "0,4")
+    bad = llgraph("bench", str(path), "--accuracy-level", "exact")
+    print(r.stdout[-600:])
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| llgraph ort")]
+    assert [row.split("|")[1].strip() for row in rows] == ["llgraph ort, accuracy level 0",
+                                                           "llgraph ort, accuracy level 4"]
+    found = set()
+    for model in Path(os.environ["LLGRAPH_CACHE_DIR"]).glob("bench-levels-*/model.onnx"):
+        found |= {a.i for n in onnx.load(str(model), load_external_data=False).graph.node
+                  if n.op_type in ("QLinear", "MatMulNBits") for a in n.attribute if a.name == "accuracy_level"}
+    assert found == {0, 4}, found  # two exports, one at each level
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "0,4" in bad.stderr, bad.stderr
+
+
 def test_bad_quantization_requests(tmp_path):
     path = tmp_path / "tq2.gguf"
     tiny_gguf(path, T.TQ2_0, tiny(**K_CFG))  # a ternary type llgraph does not carry
