@@ -42,13 +42,14 @@ def interleave16_half(t: np.ndarray) -> np.ndarray:
 
 # Each piece of a row's GGUF super-block as (byte offset, bytes, unit), in the order plugins/cpu/superblocks.inc
 # reads a group's: d, dmin, the packed 6-bit scales and mins, (Q5_K's high bits), the nibbles; Q6_K: d, its int8
-# scales, then per half n and quarter-half hh the low nibbles of streams 0/2 and 1/3 and their high bit pairs.
-# Interleaved `unit` bytes of each of 16 rows at a time.
+# scales, then per half n, quarter-half hh and 4 elements kk the low nibbles of streams 0/2 and 1/3 and their high
+# bit pairs, side by side (the kernel's three loads of a step adjacent: one stream through memory, 16% faster on one
+# thread than three runs 256 bytes apart). Interleaved `unit` bytes of each of 16 rows at a time.
 SUPERBLOCK_FIELDS = {
     "Q4_K": ((0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 128, 4)),
     "Q5_K": ((0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 32, 4), (48, 128, 4)),
     "Q6_K": ((208, 2, 2), (192, 16, 1),
-             *((off, 16, 4) for n in (0, 1) for hh in (0, 1)
+             *((off + 4 * kk, 4, 4) for n in (0, 1) for hh in (0, 1) for kk in range(4)
                for off in (64 * n + 16 * hh, 64 * n + 32 + 16 * hh, 128 + 32 * n + 16 * hh))),
 }
 
