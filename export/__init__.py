@@ -84,19 +84,26 @@ def resolve_kernels(weights: Weights, target: str, checkpoint, progress: bool = 
 
 
 def _gguf_tokenizer(gguf_path):
-    """Writes tokenizer.json + tokenizer_config.json built from the GGUF's own vocabulary and chat template (None
-    for a GGUF that carries no vocabulary)."""
+    """Writes tokenizer.json + tokenizer_config.json built from the GGUF's own vocabulary and chat template (none
+    for a GGUF that carries no vocabulary), and generation_config.json from its recommended sampling
+    (general.sampling.*) where it names any."""
     import json
 
+    from llgraph import generation_config
     from llgraph.gguf_source import gguf_reader
-    from llgraph.tokenizer import Tokenizer
+    from llgraph.tokenizer import GGUF_KEY, Tokenizer
 
-    if "tokenizer.ggml.tokens" not in gguf_reader(gguf_path).fields:
-        return None
-    tok = Tokenizer.from_gguf(gguf_path)  # built before any weight is written: one that cannot be is refused first
+    reader = gguf_reader(gguf_path)
+    # built before any weight is written: one that cannot be is refused first
+    tok = Tokenizer.from_gguf(gguf_path) if "tokenizer.ggml.tokens" in reader.fields else None
+    sampling = generation_config.of_gguf(reader)
 
     def write(folder: Path):
-        tok.tk.save(str(folder / "tokenizer.json"))
-        config = {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "chat_template": tok.chat_template}
-        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+        if tok is not None:
+            tok.tk.save(str(folder / "tokenizer.json"))
+            config = {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "chat_template": tok.chat_template,
+                      GGUF_KEY: True}
+            (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+        if sampling:
+            (folder / generation_config.FILE).write_text(json.dumps(sampling, indent=2))
     return write

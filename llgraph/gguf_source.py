@@ -293,8 +293,15 @@ def _llama3_rope(r, theta: float) -> dict:
 
 SPECIAL_TYPES = {2, 3, 4}  # token types unknown, control, user-defined: split out of the text before the model runs
 # end-of-generation tokens by their text, as llama.cpp knows them (beside the eos/eot/eom ids a GGUF names)
+# (src/llama-vocab.cpp's list; such a token is control whatever type the file gives it)
 EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
-             "<|end_of_text|>", "<|return|>", "<|call|>")
+             "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+             "<end_of_utterance>", "<｜end▁of▁sentence｜>")
+# fill-in-the-middle tokens by their text: control too, as llama.cpp reads them
+FIM_TEXTS = ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|fim_suffix|>",
+             "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|fim_middle|>", "<fim-middle>",
+             "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|fim_pad|>", "<fim-pad>", "<fim_pad>",
+             "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>")
 
 
 def end_of_generation(reader) -> tuple[int, ...]:

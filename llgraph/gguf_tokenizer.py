@@ -11,14 +11,15 @@ Two kinds of `tokenizer.ggml.model`:
 - `llama`, SentencePiece BPE: spaces as `▁` (one prepended to every text between special tokens where
   `add_space_prefix`, as llama.cpp), merges in the order of the merged piece's score, bytes without a piece as
   `<0xNN>`.
-Control, user-defined and unknown tokens are split out of the text first (special tokens); `add_bos_token`/
-`add_eos_token` are honoured by the post-processor.
+Control, user-defined and unknown tokens are split out of the text first; on decode a user-defined piece is text as
+written (Gemma's `\n\n` and runs of spaces, Qwen's `<think>`) and control and unknown ones are skipped, as llama.cpp
+renders them. `add_bos_token`/`add_eos_token` are honoured by the post-processor.
 """
 
 from __future__ import annotations
 
 from llgraph.errors import LlgraphError
-from llgraph.gguf_source import SPECIAL_TYPES, metadata
+from llgraph.gguf_source import EOG_TEXTS, FIM_TEXTS, SPECIAL_TYPES, metadata
 
 # the regexes of each pre-tokenizer (byte-level BPE), in the order they split
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -43,6 +44,15 @@ _DEEPSEEK_LETTERS = (
     "\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
     "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
     "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943")
+# contractions, case-insensitive as llama.cpp spells them (its regex engine has no inline flags)
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_QWEN2_LIKE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)"
+               r"|\s+")
+_GPT2_NO_TAIL = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_PORO = r" ?[^(\s|.,!?…。，、।۔،)]+"
+_DEEPSEEK3 = ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+              "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+# llama.cpp's regexes of each pre-tokenizer (byte-level BPE; src/llama-vocab.cpp), in the order they split
 PRE_SPLITS: dict[str, tuple[str, ...]] = {
     "gpt2": (_GPT2,),
     "llama3": (_LLAMA3,),
@@ -52,20 +62,64 @@ PRE_SPLITS: dict[str, tuple[str, ...]] = {
     "smollm": (r"\p{N}", _GPT2),  # every digit alone, then GPT-2's (StarCoder's)
     "deepseek-llm": (r"[\r\n]", rf"\s?[{_DEEPSEEK_LETTERS}]+", "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f"
                      "\u3000-\u3002]+", r"\s+$", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}+"),
+    "deepseek-coder": (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}"),
+    "deepseek-v3": (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+", _DEEPSEEK3),
+    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_NO_TAIL, r"[0-9][0-9][0-9]"),
+    "gpt2-no-tail": (_GPT2_NO_TAIL,),  # trillion, granite-docling
+    "poro": (_PORO,),  # poro-chat, bloom, gpt3-finnish
+    "viking": (_PORO, r"\p{N}"),
+    "chatglm4": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)"
+                 r"|\s+",),
+    "chameleon": (r"<sentinel:[0-9]+>", r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", r"([\t\n]|    |  )", r"\p{N}",
+                  r"[\p{P}!-/:-@\[-`{-~]", _GPT2_NO_TAIL),
+    "superbpe": (r"\p{N}+", r"(?=(\d{3})+(?!\d))"),
+    "bailingmoe": (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+                   r"[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",),
+    "seed-coder": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)"
+                   r"|\s+",),
+    "qwen2-like": (_QWEN2_LIKE,),  # grok-2, solar-open: Qwen2's regex as llama.cpp spells it
+    "qwen35": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+",),
+    "ufakzeka": (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "minicpm5": (r"\p{N}{1,3}", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+"),
+    "laguna": (r"[^\n]+|[\n]+", _QWEN2_LIKE),
+    "exaone-moe": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+                   r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",),
+    "tiny-aya": (r"\d{1,3}(?=(?:\d{3})*\b)", _GPT4O),
+    "jais-2": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4)) + r"|\s{1,2}(?!\S)|\s{1}",),
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),  # llama.cpp's for an unnamed one
 }
 # tokenizer.ggml.pre as llama.cpp's converter writes it -> its splits (llama.cpp's llama-vocab.cpp groups them so)
 PRE_NAMES = {
     **{n: "llama3" for n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "dbrx",
                              "smaug-bpe", "lfm2", "midm-2.0")},
-    **{n: "qwen2" for n in ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan")},
-    **{n: "gpt2" for n in ("gpt-2", "gpt2", "phi-2", "olmo", "mpt", "jais", "roberta-bpe", "exaone4")},
-    **{n: "smollm" for n in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")},
-    **{n: "gpt4o" for n in ("gpt-4o", "llama4", "kanana2")},
-    "tekken": "tekken", "deepseek-llm": "deepseek-llm", "default": "default",
+    **{n: "qwen2" for n in ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "kormo", "f2llmv2")},
+    **{n: "gpt2" for n in ("gpt-2", "gpt2", "phi-2", "olmo", "mpt", "jais", "roberta-bpe", "exaone4", "jina-es",
+                           "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum", "modern-bert")},
+    **{n: "smollm" for n in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b",
+                             "mellum2")},
+    **{n: "gpt4o" for n in ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2")},
+    **{n: "poro" for n in ("poro-chat", "bloom", "gpt3-finnish")},
+    **{n: "gpt2-no-tail" for n in ("trillion", "granite-docling")},
+    **{n: "deepseek-v3" for n in ("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4")},
+    **{n: "chatglm4" for n in ("chatglm-bpe", "glm4", "glm5")},
+    **{n: "bailingmoe" for n in ("bailingmoe", "bailingmoe2", "llada-moe")},
+    **{n: "qwen2-like" for n in ("grok-2", "solar-open")},
+    **{n: "tiny-aya" for n in ("tiny_aya", "cohere2moe")},
+    **{n: n for n in ("tekken", "deepseek-llm", "deepseek-coder", "falcon", "viking", "chameleon", "superbpe",
+                      "seed-coder", "qwen35", "ufakzeka", "minicpm5", "laguna", "exaone-moe", "jais-2", "default")},
 }
-IGNORE_MERGES = {"llama3", "tekken"}  # a piece that is a vocabulary token is that token, whatever the merges say
-BYTE = 6  # the token type of a byte-fallback piece <0xNN>
+# pre-types llama.cpp splits with code of its own, not regexes: refused, saying so
+UNCARRIED = {"kimi-k2": "Kimi K2's Han-aware splitter", "afmoe": "AFMoE's digit grouping",
+             "gemma4": "SentencePiece-style BPE on raw UTF-8", "sarvam-moe": "SentencePiece-style BPE on raw UTF-8",
+             "whitespace": "whitespace splitting without byte encoding"}
+# a piece that is a vocabulary token is that token, whatever the merges say (by tokenizer.ggml.pre, as llama.cpp)
+_LLAMA3_GROUP = {n for n, s in PRE_NAMES.items() if s == "llama3"} - {"dbrx", "smaug-bpe"}
+IGNORE_MERGES = {*_LLAMA3_GROUP, "tekken", "glm4", "glm5", "minicpm5"}
+ADD_BOS = {*_LLAMA3_GROUP, "tekken", "chameleon"}  # llama.cpp adds a BOS for these unless the file says otherwise
+USER_DEFINED, BYTE = 4, 6  # token types: a piece rendered as written; a byte-fallback piece <0xNN>
 
 
 class TokenizerError(LlgraphError):
@@ -77,9 +131,13 @@ def check(reader) -> None:
     kind, pre = metadata(reader, "tokenizer.ggml.model"), metadata(reader, "tokenizer.ggml.pre", "default")
     if kind is None:  # a GGUF without a vocabulary: token ids only
         return
+    if kind == "gpt2" and pre in UNCARRIED:
+        raise TokenizerError(f"GGUF pre-tokenizer '{pre}' is not supported: llama.cpp splits it with code of its own "
+                             f"({UNCARRIED[pre]}); export from an HF folder with tokenizer.json")
     if kind == "gpt2" and pre not in PRE_NAMES:
-        raise TokenizerError(f"GGUF pre-tokenizer '{pre}' is not supported (llgraph builds "
-                             f"{', '.join(sorted(PRE_NAMES))}); export from an HF folder with tokenizer.json")
+        raise TokenizerError(f"GGUF pre-tokenizer '{pre}' is not one llama.cpp names (llgraph builds all "
+                             f"{len(PRE_NAMES)} it splits by regexes: llama-bpe, qwen2, tekken, gpt-4o, ... in "
+                             "llgraph/gguf_tokenizer.py); export from an HF folder with tokenizer.json")
     if kind not in ("gpt2", "llama"):
         raise TokenizerError(f"GGUF tokenizer model '{kind}' is not supported (llgraph builds 'gpt2' byte-level BPE "
                              "and 'llama' SentencePiece); export from an HF folder with tokenizer.json")
@@ -94,18 +152,23 @@ def build(reader):
     tokens, types = metadata(reader, "tokenizer.ggml.tokens"), metadata(reader, "tokenizer.ggml.token_type")
     types = list(types) if types is not None else [1] * len(tokens)
     if metadata(reader, "tokenizer.ggml.model") == "gpt2":
-        tk = TK(_byte_level_bpe(reader, tokens))
-        _byte_level_pipeline(tk, metadata(reader, "tokenizer.ggml.pre", "default"))
-        add_bos = bool(metadata(reader, "tokenizer.ggml.add_bos_token", False))
+        pre = metadata(reader, "tokenizer.ggml.pre", "default")
+        tk = TK(_byte_level_bpe(reader, tokens, pre in IGNORE_MERGES))
+        _byte_level_pipeline(tk, pre)
+        add_bos = bool(metadata(reader, "tokenizer.ggml.add_bos_token", pre in ADD_BOS))
     else:
         tk = TK(_sentencepiece_bpe(reader, tokens, types))
         _sentencepiece_pipeline(tk, bool(metadata(reader, "tokenizer.ggml.add_space_prefix", True)))
         add_bos = bool(metadata(reader, "tokenizer.ggml.add_bos_token", True))
     name = str(metadata(reader, "general.name", "")).lower()
     rstrip = "phi-3" in name or "phi3" in name  # llama.cpp strips the space after Phi-3's special tokens
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False,
-                                      rstrip=rstrip and t not in ("<unk>", "<s>", "<|endoftext|>"))
-                           for t, kind in zip(tokens, types) if kind in SPECIAL_TYPES])
+    # split out of the text before the model's own splitting (llama.cpp's tokenizer_st_partition); a user-defined
+    # piece (type 4: Gemma's newlines and runs of spaces, Qwen's <think>) is text on decode, the others are not, nor
+    # is a user-defined one that looks like an end of turn or a fill-in-the-middle mark (llama.cpp makes it control)
+    control = set(EOG_TEXTS) | set(FIM_TEXTS)
+    tk.add_tokens([AddedToken(t, special=kind != USER_DEFINED or t in control, normalized=False,
+                              rstrip=rstrip and t not in ("<unk>", "<s>", "<|endoftext|>"))
+                   for t, kind in zip(tokens, types) if kind in SPECIAL_TYPES])
     bos, eos = metadata(reader, "tokenizer.ggml.bos_token_id"), metadata(reader, "tokenizer.ggml.eos_token_id")
     bos_text = tokens[bos] if bos is not None and bos < len(tokens) else ""
     add_eos = bool(metadata(reader, "tokenizer.ggml.add_eos_token", False))
@@ -117,13 +180,11 @@ def build(reader):
     return tk, bos_text, eos_text
 
 
-def _byte_level_bpe(reader, tokens):
+def _byte_level_bpe(reader, tokens, ignore_merges: bool):
     from tokenizers import models
 
-    pre = PRE_NAMES[metadata(reader, "tokenizer.ggml.pre", "default")]
     merges = [tuple(m.split(" ", 1)) for m in metadata(reader, "tokenizer.ggml.merges") or []]
-    return models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False,
-                      ignore_merges=pre in IGNORE_MERGES)
+    return models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False, ignore_merges=ignore_merges)
 
 
 def _byte_level_pipeline(tk, pre: str) -> None:
@@ -162,5 +223,6 @@ def _sentencepiece_pipeline(tk, add_space_prefix: bool) -> None:
 
     replace = normalizers.Replace(" ", "▁")
     tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace]) if add_space_prefix else replace
-    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    tk.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if add_space_prefix else steps)
+    # each piece as llama.cpp's token_to_piece renders it, concatenated (the space a prefix put before a text's first
+    # word is dropped by Tokenizer.decode after a BOS, as llama.cpp's detokenize: not before every answer's first word)
+    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])

@@ -10,11 +10,17 @@ from pathlib import Path
 
 from llgraph.gguf_tokenizer import TokenizerError  # noqa: F401 (its one error type, re-exported)
 
+GGUF_KEY = "llgraph_gguf_vocabulary"  # tokenizer_config.json's mark of a tokenizer llgraph built from a GGUF
+
 
 class Tokenizer:
-    def __init__(self, tokenizer, chat_template: str | None = None, bos_token: str = "", eos_token: str = ""):
+    def __init__(self, tokenizer, chat_template: str | None = None, bos_token: str = "", eos_token: str = "",
+                 gguf: bool = False):
+        """`gguf`: built from a GGUF's vocabulary (here or at export: its tokenizer_config.json says so), so decoded
+        as llama.cpp decodes (`decode`)."""
         self.tk, self.chat_template = tokenizer, chat_template
         self.bos_token, self.eos_token = bos_token, eos_token
+        self.gguf = gguf
 
     # -- loading --------------------------------------------------------------------------------------------------
     @classmethod
@@ -31,7 +37,7 @@ class Tokenizer:
         if (folder / "chat_template.jinja").exists():
             template = (folder / "chat_template.jinja").read_text()
         return cls(TK.from_file(str(path)), template, _token_text(config.get("bos_token")),
-                   _token_text(config.get("eos_token")))
+                   _token_text(config.get("eos_token")), gguf=config.get(GGUF_KEY) is True)
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
@@ -41,7 +47,7 @@ class Tokenizer:
 
         reader = gguf_reader(path)
         tk, bos, eos = build(reader)
-        return cls(tk, metadata(reader, "tokenizer.chat_template"), bos, eos)
+        return cls(tk, metadata(reader, "tokenizer.chat_template"), bos, eos, gguf=True)
 
     @classmethod
     def find(cls, ref: str | Path | None) -> Tokenizer | None:
@@ -78,7 +84,14 @@ class Tokenizer:
         return self.tk.token_to_id(text) if text else None
 
     def decode(self, ids: list[int]) -> str:
-        return self.tk.decode(ids, skip_special_tokens=True)
+        """The text of `ids`, control tokens skipped. A GGUF's vocabulary decodes as llama.cpp's detokenize
+        (llama-cpp-python's `Llama.detokenize`): every piece as written, user-defined ones too, and the one space
+        right after a leading BOS dropped (the space SentencePiece's prefix put before a text's first word); an
+        answer's first word keeps its space, as llama-server streams it."""
+        text = self.tk.decode(ids, skip_special_tokens=True)
+        if self.gguf and text.startswith(" ") and len(ids) and ids[0] == self.token_id(self.bos_token):
+            return text[1:]
+        return text
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for, whole even where they are part of a character (a byte-level vocabulary's

@@ -3,10 +3,13 @@
     relabelled(path, pre)            SmolLM2's byte-level BPE vocabulary (the bundled GGUF's) under another
                                      `tokenizer.ggml.pre`: enough to check each pre-type's splitting
     SENTENCEPIECE                    a real SentencePiece BPE model (trained here, 800 pieces, byte fallback) as
-                                     llama.cpp's converter writes one: tests/data/gguf_tokenizers/*.gguf
+                                     llama.cpp's converter writes one: tests/data/gguf_tokenizers/*.gguf; and one
+                                     trained as Gemma's is (`spm-gemma`: newlines, runs of spaces, tabs and HTML tags
+                                     as user-defined pieces, no space prefix, digits split)
 
     python tests/gguf_vocab.py       regenerates tests/data/gguf_tokenizers/llama_cpp_ids.json with llama.cpp
-                                     (llama-cpp-python, `Llama(path, vocab_only=True).tokenize`)
+                                     (llama-cpp-python, `Llama(path, vocab_only=True).tokenize`) and
+                                     llama_cpp_text.json, its text of those ids (`detokenize`, special=False)
 """
 
 import json
@@ -17,8 +20,16 @@ import gguf
 
 DATA = Path(__file__).resolve().parent / "data" / "gguf_tokenizers"
 CORPUS = json.loads((DATA / "corpus.json").read_text())
-PRE_TYPES = ("llama-bpe", "qwen2", "tekken", "dbrx", "olmo", "deepseek-llm", "gpt-4o", "default", "gpt-2", "smollm")
-SENTENCEPIECE = {"spm": DATA / "sentencepiece-bpe-800.gguf", "spm-no-prefix": DATA / "sentencepiece-bpe-800-np.gguf"}
+PRE_TYPES = ("llama-bpe", "qwen2", "tekken", "dbrx", "olmo", "deepseek-llm", "gpt-4o", "default", "gpt-2", "smollm",
+             # one name of every other split llama.cpp makes by regexes
+             "deepseek-coder", "seed-coder", "superbpe", "trillion", "poro-chat", "viking", "falcon", "bloom",
+             "gpt3-finnish", "chameleon", "chatglm-bpe", "glm4", "bailingmoe", "deepseek-v3", "qwen35", "ufakzeka",
+             "minicpm5", "laguna", "exaone-moe", "tiny_aya", "jais-2", "grok-2")
+SENTENCEPIECE = {"spm": DATA / "sentencepiece-bpe-800.gguf", "spm-no-prefix": DATA / "sentencepiece-bpe-800-np.gguf",
+                 "spm-gemma": DATA / "sentencepiece-gemma-800.gguf"}
+# Gemma's user-defined pieces, as its tokenizer.model holds them (spaces as ▁): whitespace runs and HTML tags
+GEMMA_USER_DEFINED = ["\n", "\n\n", "\n\n\n", "▁▁", "▁▁▁", "▁▁▁▁", "▁▁▁▁▁▁▁▁", "\t", "\t\t", "<b>", "</b>", "<h1>",
+                      "</h1>", "<br>"]
 BOS_PRE = {"llama-bpe", "dbrx"}  # Llama 3's GGUFs add a BOS
 
 
@@ -95,8 +106,29 @@ def with_weights(path: Path, vocab: Path) -> Path:
     return path
 
 
+def train_gemma_like(model_prefix: Path) -> Path:
+    """A SentencePiece BPE model trained as Gemma's was (user-defined whitespace and tag pieces, byte fallback, no
+    dummy prefix, digits split, text taken as written) on the corpus, the bundled tale and some of llgraph's source."""
+    import sentencepiece as spm
+
+    root = Path(__file__).resolve().parents[1]
+    text = "\n".join([*CORPUS, (root / "llgraph/data/tale-of-two-cities.txt").read_text(),
+                      *(p.read_text() for p in sorted((root / "llgraph").glob("*.py"))[:6])])
+    corpus = model_prefix.with_suffix(".txt")
+    corpus.write_text(text)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(model_prefix), vocab_size=800, model_type="bpe", byte_fallback=True,
+        user_defined_symbols=GEMMA_USER_DEFINED, control_symbols=["<start_of_turn>", "<end_of_turn>"],
+        normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
+        split_digits=True, allow_whitespace_only_pieces=True, num_threads=1, max_sentence_length=100000,
+        minloglevel=2)
+    return model_prefix.with_suffix(".model")
+
+
 def sentencepiece(model_file: Path, path: Path, add_space_prefix: bool) -> Path:
-    """A SentencePiece model written as llama.cpp's convert_hf_to_gguf.py writes one (tokens, scores, types)."""
+    """A SentencePiece model written as llama.cpp's convert_hf_to_gguf.py writes one (tokens, scores, types). A
+    user-defined piece is written as the converter writes Gemma's added tokens (`_create_vocab_sentencepiece`: its
+    ▁ pre-normalized to a space, score -1000, type USER_DEFINED)."""
     import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2 as pb
 
@@ -109,11 +141,12 @@ def sentencepiece(model_file: Path, path: Path, add_space_prefix: bool) -> Path:
 
     def fill(w):
         _hparams(w, sp.vocab_size())
-        w.add_name("sentencepiece bpe 800")
+        w.add_name(f"sentencepiece bpe {model_file.stem}")
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
-        w.add_token_list([p.piece for p in proto.pieces])
-        w.add_token_scores([p.score for p in proto.pieces])
+        user = pb.ModelProto.SentencePiece.USER_DEFINED
+        w.add_token_list([p.piece.replace("▁", " ") if p.type == user else p.piece for p in proto.pieces])
+        w.add_token_scores([-1000.0 if p.type == user else p.score for p in proto.pieces])
         w.add_token_types([kinds[p.type] for p in proto.pieces])
         w.add_bos_token_id(sp.bos_id())
         w.add_eos_token_id(sp.eos_id())
@@ -124,17 +157,19 @@ def sentencepiece(model_file: Path, path: Path, add_space_prefix: bool) -> Path:
     return _write(path, fill)
 
 
-def reference(tmp: Path) -> dict:
-    """{gguf name: [llama.cpp's ids of each corpus text, BOS as the file says, special tokens parsed]}."""
+def reference(tmp: Path) -> tuple[dict, dict]:
+    """{gguf name: [llama.cpp's ids of each corpus text, BOS as the file says, special tokens parsed]} and
+    {gguf name: [llama.cpp's text of those ids, control tokens skipped]}."""
     from llama_cpp import Llama
 
     files = {pre: relabelled(tmp / f"{pre}.gguf", pre) for pre in PRE_TYPES}
     files.update(SENTENCEPIECE)
-    out = {}
+    ids, texts = {}, {}
     for name, path in files.items():
         llm = Llama(str(path), vocab_only=True, verbose=False)
-        out[name] = [llm.tokenize(text.encode(), add_bos=True, special=True) for text in CORPUS]
-    return out
+        ids[name] = [llm.tokenize(text.encode(), add_bos=True, special=True) for text in CORPUS]
+        texts[name] = [llm.detokenize(t, special=False).decode("utf-8", errors="replace") for t in ids[name]]
+    return ids, texts
 
 
 if __name__ == "__main__":
@@ -146,6 +181,9 @@ if __name__ == "__main__":
         sentencepiece(model, SENTENCEPIECE["spm"], True)
         sentencepiece(model, SENTENCEPIECE["spm-no-prefix"], False)
     with tempfile.TemporaryDirectory() as tmp:
-        ids = reference(Path(tmp))
+        if not SENTENCEPIECE["spm-gemma"].exists():
+            sentencepiece(train_gemma_like(Path(tmp) / "gemma-800"), SENTENCEPIECE["spm-gemma"], False)
+        ids, texts = reference(Path(tmp))
     (DATA / "llama_cpp_ids.json").write_text(json.dumps(ids, separators=(",", ":")) + "\n")
-    print(f"wrote {DATA / 'llama_cpp_ids.json'}: {len(ids)} tokenizers x {len(CORPUS)} texts")
+    (DATA / "llama_cpp_text.json").write_text(json.dumps(texts, ensure_ascii=False, indent=0) + "\n")
+    print(f"wrote {DATA / 'llama_cpp_ids.json'} and llama_cpp_text.json: {len(ids)} tokenizers x {len(CORPUS)} texts")

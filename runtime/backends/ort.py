@@ -256,7 +256,7 @@ class ORTRunner(Runner):
             _SAID.add(target)
             print(f"llgraph: {folder} is a --target {target} export; ONNX Runtime runs a --target ort export of the "
                   "same checkpoint several times faster, in less memory", file=sys.stderr)
-        super().__init__(backend, Tokenizer.find(Path(folder)), backend.config.eos_token_ids)
+        super().__init__(backend, Tokenizer.find(Path(folder)), backend.config.eos_token_ids, folder)
 
 
 _SAID: set[str] = set()  # the targets ORTRunner has said this of, once a process

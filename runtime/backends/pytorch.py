@@ -124,7 +124,7 @@ class TorchRunner(Runner):
         graph = ragged_slots(keep_last_positions(expose_hidden(model_graph(model.config, weights.dtype, kv=kv_cache))))
         backend = TorchBackend(model.config, model.source, max_seq_len, weights.dtype, device, progress, graph,
                                kv_cache=kv_cache)
-        super().__init__(backend, Tokenizer.find(model.checkpoint), model.config.eos_token_ids)
+        super().__init__(backend, Tokenizer.find(model.checkpoint), model.config.eos_token_ids, model.checkpoint)
 
 
 def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", max_seq: int = 256,

@@ -258,7 +258,7 @@ class TRTRunner(Runner):
 
     def __init__(self, folder: str | Path, tensorrt: str = "auto"):
         backend = TRTBackend(folder, tensorrt)
-        super().__init__(backend, Tokenizer.find(Path(folder)), backend.config.eos_token_ids)
+        super().__init__(backend, Tokenizer.find(Path(folder)), backend.config.eos_token_ids, folder)
 
 
 def _open(path: Path, options: RunOptions) -> TRTRunner:

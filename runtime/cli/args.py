@@ -76,6 +76,8 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int, what: st
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 disables")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens at least this fraction as likely as the most likely one; 0 disables")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats; 1 disables")
     p.add_argument("--seed", type=int, help="seed for sampling (same seed, same tokens)")
     p.add_argument("--speculative", type=_speculative, default=SPECULATIVE_DEFAULT, metavar="off|ngram|draft=MODEL",
@@ -176,7 +178,7 @@ def check_sampling_flags(args) -> None:
     from llgraph.runtime.engine.sampling import Sampling
 
     try:
-        Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)
+        Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed, min_p=args.min_p)
     except RequestError as e:
         field, _, rest = str(e).partition(" ")
         raise LlgraphError(f"--{field.replace('_', '-')} {rest}") from None
@@ -191,7 +193,7 @@ def sampling_of(args, runner) -> dict:
 
         speculative = open_draft(speculative[len("draft="):], runner, args.backend, cache_dir=args.cache_dir,
                                  tensorrt=args.tensorrt, threads=args.threads)
-    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                 repetition_penalty=args.repetition_penalty, seed=args.seed, speculative=speculative,
                 draft_max=args.draft_max)
 

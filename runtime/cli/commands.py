@@ -86,6 +86,9 @@ def cmd_generate(args) -> None:
     # given raw text often ends at once: an empty answer)
     chat = chat or (not args.raw and args.tokens is None and runner.tokenizer is not None
                     and bool(runner.tokenizer.chat_template))
+    if not chat and not args.raw and args.tokens is None and runner.tokenizer is not None:
+        print("llgraph: this model has no chat template (a base model): it continues the prompt's text rather than "
+              "answering it; --raw says that is what you want", file=sys.stderr)
     if chat:
         if runner.tokenizer is None:
             raise LlgraphError("--chat needs a tokenizer; this model has none")

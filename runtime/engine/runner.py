@@ -15,6 +15,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 
 from llgraph.errors import RequestError
+from llgraph.generation_config import recommended
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.sampling import Sampling
@@ -44,16 +45,19 @@ class Runner:
     # a batch whose prompts share a prefix prefills it once, in row 0, and copies it to the other rows
     reuse_prefixes = True
 
-    def __init__(self, backend: Backend, tokenizer=None, eos_token_ids: Sequence[int] = ()):
+    def __init__(self, backend: Backend, tokenizer=None, eos_token_ids: Sequence[int] = (), model=None):
+        """`model`: the folder or GGUF the runner was opened from, whose recommended sampling (its
+        generation_config.json or GGUF keys) `sampling_defaults` holds; the server fills unset fields from it."""
         self.backend, self.tokenizer = backend, tokenizer
         self.eos_token_ids = set(eos_token_ids)
+        self.sampling_defaults = recommended(model)
 
     # -- public API -------------------------------------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None, grammar=None,
                  speculative: str = "off", draft_max: int = MAX_DRAFT, frequency_penalty: float = 0.0,
-                 presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None):
+                 presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None, min_p: float = 0.0):
         """One prompt (a string, a list of token ids, or a conversation: a list of {"role", "content"} messages,
         rendered with the model's chat template) -> a Generation; a list of prompts -> a list of them.
         `grammar`: a runtime.grammar.Grammar (e.g. Grammar.json_schema(schema)) every output must follow.
@@ -61,15 +65,15 @@ class Runner:
         (runtime/engine/speculative.py), or a draft model's runner drafts them: the same greedy output, the same
         sampling distribution, fewer steps where the output repeats its context; `draft_max` bounds the tokens
         drafted a step (the length adapts below it). `frequency_penalty`, `presence_penalty`, `logit_bias` ({token
-        id: bias}): OpenAI's (runtime/engine/sampling.Sampling). In a batch, row r samples with seed + r (each row
-        equals that prompt alone with that seed), and a row whose own work fails ends alone with finish_reason
-        "error" (a single prompt's failure raises RequestError)."""
+        id: bias}), `min_p`: as runtime/engine/sampling.Sampling defines them. In a batch, row r samples with seed
+        + r (each row equals that prompt alone with that seed), and a row whose own work fails ends alone with
+        finish_reason "error" (a single prompt's failure raises RequestError)."""
         if len(prompts) == 0:
             raise RequestError("the prompt is empty; give at least one token")
         single = isinstance(prompts, str) or isinstance(prompts[0], (numbers.Integral, dict))  # numpy ints too
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed, frequency_penalty, presence_penalty,
-                          tuple((logit_bias or {}).items()))
+                          tuple((logit_bias or {}).items()), min_p)
         rows = []
         for rows in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,
                                  self._speculation(speculative), draft_max=check_draft_max(draft_max)):

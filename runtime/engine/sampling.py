@@ -1,4 +1,4 @@
-"""Next-token selection: greedy, temperature, top-k, top-p, repetition penalty; seeded and reproducible.
+"""Next-token selection: greedy, temperature, top-k, top-p, min-p, repetition penalty; seeded and reproducible.
 
 No value a request may carry makes the sampler produce NaN or inf: a temperature below GREEDY_BELOW is greedy, the
 largest logit is subtracted before dividing by the temperature (so every scaled logit is <= 0 and exp() cannot
@@ -27,8 +27,10 @@ class Sampling:
     multiplied when negative. frequency_penalty and presence_penalty follow OpenAI: a token's logit less
     frequency_penalty x the times the output holds it, less presence_penalty if it holds it at all (the output's
     tokens, as vLLM counts them). logit_bias: (token id, bias) pairs added to the logits; a bias of -100 bans the
-    token. In that order, before a grammar's mask, temperature, top-k and top-p: on every path, greedy, sampled,
-    speculative (drafts are accepted against the penalized distribution) and grammar-constrained."""
+    token. min_p keeps the tokens whose probability is at least min_p times the most likely one's (0 disables it).
+    In that order, before a grammar's mask, temperature, top-k, top-p and min-p (vLLM's order: the filters see the
+    tempered distribution): on every path, greedy, sampled, speculative (drafts are accepted against the filtered
+    distribution) and grammar-constrained."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -38,6 +40,7 @@ class Sampling:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float = 0.0
 
     def __post_init__(self):
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -46,6 +49,8 @@ class Sampling:
             raise RequestError(f"top_k ({self.top_k}) must be an integer >= 0 (0 disables it)")
         if not 0 < self.top_p <= 1:
             raise RequestError(f"top_p ({self.top_p}) must be in (0, 1]")
+        if not 0 <= self.min_p <= 1:
+            raise RequestError(f"min_p ({self.min_p}) must be in [0, 1] (0 disables it)")
         if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
             raise RequestError(f"repetition_penalty ({self.repetition_penalty}) must be > 0 (1 disables it)")
         if self.seed is not None and (not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool)):
@@ -81,8 +86,9 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
     return np.where(seen, penalized, logits)
 
 
-def filter_logits(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
-    """-inf outside the top_k largest and outside the smallest set whose probability reaches top_p."""
+def filter_logits(logits: np.ndarray, top_k: int, top_p: float, min_p: float = 0.0) -> np.ndarray:
+    """-inf outside the top_k largest, outside the smallest set whose probability reaches top_p, and below min_p
+    times the largest probability (logits: [B, V], tempered)."""
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = -np.partition(-logits, top_k - 1, axis=-1)[..., top_k - 1:top_k]
         logits = np.where(logits < kth, -np.inf, logits).astype(logits.dtype)
@@ -93,6 +99,9 @@ def filter_logits(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
         for row, p in enumerate(probs.reshape(-1, probs.shape[-1])):
             rows[row, _nucleus(p, top_p)] = True
         logits = np.where(keep, logits, -np.inf).astype(logits.dtype)
+    if min_p > 0:  # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p): no softmax needed
+        floor = logits.max(-1, keepdims=True) + np.float32(math.log(min_p))
+        logits = np.where(logits >= floor, logits, -np.inf).astype(logits.dtype)
     return logits
 
 
@@ -142,7 +151,7 @@ def distribution(logits: np.ndarray, params: Sampling, seen: np.ndarray,
     logits = np.minimum(logits, np.finfo(logits.dtype).max)
     with np.errstate(over="ignore"):  # a logit far below the top may become -inf: probability 0, as it should
         scaled = (logits - logits.max(-1, keepdims=True)) / np.float32(params.temperature)
-    probs = _softmax(filter_logits(scaled, params.top_k, params.top_p))
+    probs = _softmax(filter_logits(scaled, params.top_k, params.top_p, params.min_p))
     if not np.isfinite(probs).all():
         raise RequestError("the model's logits are not finite (NaN); this request cannot be sampled")
     return probs

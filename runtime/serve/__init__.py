@@ -18,12 +18,17 @@ What clients send works as they expect: `prompt` as a string, strings, token ids
 i*n + j answers prompt i with sample j, seeded seed + j, so each equals a solo request with that seed); `logprobs`
 (the model's own, a float64 log-softmax before any sampling parameter: `echo` gives the prompt's, equal to
 Runner.score); `response_format` JSON schemas through llguidance, a mask in the engine's sampling; vLLM's
-`ignore_eos`, `top_k`, `repetition_penalty`; OpenAI's `frequency_penalty`, `presence_penalty` and `logit_bias` (a
-bias of -100 bans a token) on every sampling path; llama.cpp's `grammar` (GBNF) and top-level `json_schema`, and
-`response_format` json_object with a `schema`; vLLM's `add_generation_prompt` and `continue_final_message`;
-`stream_options.include_usage`. OpenAI's bookkeeping fields (`metadata`, `store`, `user`, `service_tier`, ...) are
-taken and change nothing. A field that would change the
-output and is not supported (`suffix`, `min_p`, ...) is a 400 naming it, never silently ignored.
+`ignore_eos`, `top_k`, `min_p`, `repetition_penalty`; OpenAI's `frequency_penalty`, `presence_penalty` and
+`logit_bias` (a bias of -100 bans a token) on every sampling path; llama.cpp's `grammar` (GBNF) and top-level
+`json_schema`, and `response_format` json_object with a `schema`; vLLM's `add_generation_prompt` and
+`continue_final_message`; `stream_options.include_usage`. OpenAI's bookkeeping fields (`metadata`, `store`, `user`,
+`service_tier`, ...) are taken and change nothing. A field that would change the output and is not supported
+(`suffix`, `min_tokens`, ...) is a 400 naming it, never silently ignored.
+
+Sampling a request leaves unset takes the model's recommended value (its generation_config.json, a GGUF's
+`general.sampling.*`), else llama-server's default (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05): OpenAI's
+temperature 1 over the whole vocabulary makes a small model answer nonsense. `llgraph serve` prints the values it
+uses; `GET /props` returns them (llama-server's route), and the chat page shows and sets the temperature.
 
 Errors are OpenAI's error object: 400 for a bad field (named), malformed or hostile JSON, a prompt too long for the
 context (refused without tokenizing when its characters alone cannot fit); 404/405; 413 for a body past

@@ -230,6 +230,12 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
 
         return PlainTextResponse(generate_latest(state["metrics"].registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/props")  # llama-server's route: what a request that names no sampling field is sampled with
+    async def props():
+        defaults = state["runner"].sampling_defaults
+        return {"model": options.served_name, "default_generation_settings": {"params": defaults.values},
+                "sampling_sources": defaults.source}
+
     def _model(name: str) -> dict:
         return {"id": name, "object": "model", "created": state["created"], "owned_by": "llgraph"}
 

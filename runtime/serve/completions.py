@@ -107,11 +107,15 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
                             "scores the prompt alone)", param=key)
     max_tokens = number(body, key, None if chat else 16, 0 if echo else 1, 1 << 30, integer=True)
     seed = number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True)
-    top_k = number(body, "top_k", 0, -1, 1 << 30, integer=True)  # vLLM's extension; -1 (or 0) disables it
+    # a field the request leaves unset takes the model's recommended value, else llama-server's (serve/__init__.py)
+    default = runner.sampling_defaults.values
+    top_k = number(body, "top_k", default["top_k"], -1, 1 << 30, integer=True)  # vLLM's; -1 (or 0) disables it
     try:
-        samplings = [Sampling(temperature=number(body, "temperature", 1.0, 0, 2), top_k=max(top_k, 0),
-                              top_p=number(body, "top_p", 1.0, 0, 1),
-                              repetition_penalty=number(body, "repetition_penalty", 1.0, 0, 1e6),
+        samplings = [Sampling(temperature=number(body, "temperature", default["temperature"], 0, 2),
+                              top_k=max(top_k, 0), top_p=number(body, "top_p", default["top_p"], 0, 1),
+                              min_p=number(body, "min_p", default["min_p"], 0, 1),
+                              repetition_penalty=number(body, "repetition_penalty", default["repetition_penalty"],
+                                                        0, 1e6),
                               seed=None if seed is None else seed + j,
                               frequency_penalty=number(body, "frequency_penalty", 0.0, -2, 2),
                               presence_penalty=number(body, "presence_penalty", 0.0, -2, 2),

@@ -90,7 +90,7 @@ def prompts_of(body: dict, tokenizer) -> list:
 # A request field this server cannot honour, and the values of it that change nothing: any other value is a 400
 # naming the field (a field that would change the output is never silently ignored).
 _NEUTRAL = {
-    "suffix": (None, ""), "min_p": (None, 0), "min_tokens": (None, 0), "tools": (None, []),
+    "suffix": (None, ""), "min_tokens": (None, 0), "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []), "function_call": (None, "none"), "prompt_logprobs": (None,),
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),

@@ -52,7 +52,8 @@ def serve(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, g
         async def startup(self, sockets=None):
             await super().startup(sockets)  # the model loaded (lifespan), then the socket bound
             if self.started:
-                _announce(options, _url(host, port), memory(runner.backend, options.slots))
+                _announce(options, _url(host, port), memory(runner.backend, options.slots),
+                          runner.sampling_defaults.describe())
 
         def handle_exit(self, sig, frame):
             scheduler = getattr(app.state, "scheduler", None)
@@ -130,10 +131,12 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _announce(options: ServeOptions, url: str, extra: str = "") -> None:
+def _announce(options: ServeOptions, url: str, extra: str = "", sampling: str = "") -> None:
     drafting = f", {options.draft} drafting" if options.draft else ""
     print(f"llgraph serve: '{options.served_name}' from {options.model} on {options.backend}{drafting}, "
           f"{options.slots} slots"
           f"{extra}, listening at {url} (a chat page at /; /v1/chat/completions, /v1/completions, /v1/embeddings, "
           "/v1/models, /tokenize, /detokenize, /health, /metrics)",
           flush=True)
+    if sampling:  # (Ray Serve's replicas each load their own; GET /props says it there)
+        print(f"llgraph serve: a request that sets no sampling field samples with {sampling}", flush=True)

@@ -2,8 +2,10 @@
 (SmolLM2's vocabulary relabelled: the splitting is what differs) and SentencePiece BPE (a real model trained with
 `sentencepiece`, with and without the space prefix), token for token equal to llama.cpp's ids on a corpus of hard
 text (digits, runs of spaces and newlines, code, CJK, emoji, accents, special-token text, a leading space), kept as
-test data (`python tests/gguf_vocab.py` regenerates it with llama-cpp-python). Decoding round-trips; a pre-type
-llgraph does not carry is refused in one line before any export; `llgraph generate` answers on a model of each."""
+test data (`python tests/gguf_vocab.py` regenerates it with llama-cpp-python). The text of llama.cpp's ids equals
+llama.cpp's own `detokenize` (user-defined pieces — a Gemma-like vocabulary's newlines, runs of spaces and tags — are
+text, control tokens are not), whole and streamed; decoding round-trips; a pre-type llgraph does not carry is refused
+in one line before any export; `llgraph generate` answers on a model of each."""
 
 import json
 
@@ -15,6 +17,7 @@ from llgraph.gguf_source import end_of_generation, gguf_reader
 from llgraph.tokenizer import Tokenizer
 
 LLAMA_CPP = json.loads((DATA / "llama_cpp_ids.json").read_text())
+LLAMA_CPP_TEXT = json.loads((DATA / "llama_cpp_text.json").read_text())
 NAMES = [*PRE_TYPES, *SENTENCEPIECE]
 
 
@@ -35,11 +38,53 @@ def test_ids_equal_llama_cpp_s_on_the_corpus(vocabularies, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_text_of_llama_cpp_s_ids_equals_llama_cpp_s(vocabularies, name):
+    """What a user reads: llama.cpp's ids decoded (control tokens skipped, user-defined pieces kept) as its own
+    `detokenize(ids, special=False)` renders them."""
+    tok = Tokenizer.load(vocabularies[name])
+    got = [tok.decode(ids) for ids in LLAMA_CPP[name]]
+    differing = [(want, text) for want, text in zip(LLAMA_CPP_TEXT[name], got) if text != want]
+    print(f"{name}: {len(CORPUS) - len(differing)} of {len(CORPUS)} texts decoded as llama.cpp decodes them")
+    assert not differing, differing[0]
+
+
+def test_a_gemma_like_vocabulary_keeps_its_whitespace_pieces(vocabularies):
+    """Newlines, runs of spaces and tags are single user-defined pieces in Gemma's vocabulary: they are text."""
+    tok = Tokenizer.load(vocabularies["spm-gemma"])
+    text = "def quicksort(arr):\n    if len(arr) < 2:\n\n<b>x</b>"
+    ids = tok.encode(text, add_special_tokens=False)
+    pieces = {tok.tk.id_to_token(i) for i in ids}
+    assert {"\n", "\n\n", "    ", "<b>", "</b>"} <= pieces, pieces
+    assert tok.decode(ids) == text
+    assert tok.decode([tok.token_id("<start_of_turn>"), *ids]) == text  # a control token is not text
+
+
+@pytest.mark.parametrize("name", ["spm-gemma", "llama-bpe"])
+def test_streamed_text_is_the_whole_text(vocabularies, name):
+    """The pieces a stream gives, one token at a time, join to llama.cpp's text of the same ids."""
+    from llgraph.runtime.engine.decoding import Decoding
+
+    tok = Tokenizer.load(vocabularies[name])
+    for ids, want in zip(LLAMA_CPP[name], LLAMA_CPP_TEXT[name]):
+        body = ids[1:] if ids and ids[0] == tok.token_id(tok.bos_token) else ids  # an answer holds no BOS
+        d = Decoding(tok.decode, len(body) + 1)
+        pieces = []
+        for t in body:
+            d.push(t)
+            pieces.append(d.new_text())
+        assert "".join(pieces) == d.text() == tok.decode(body), (ids, pieces)
+        if body == ids:
+            assert d.text() == want
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_decoding_round_trips(vocabularies, name):
     tok = Tokenizer.load(vocabularies[name])
     plain = [t for t in CORPUS if "<" not in t]  # special tokens are left out of decoded text
+    # SentencePiece's space prefix is the text's own only after a BOS: without one, an answer's first word keeps it
+    lead = [tok.token_id(tok.bos_token)] if name == "spm" else []
     for text in plain:
-        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text, text
+        assert tok.decode([*lead, *tok.encode(text, add_special_tokens=False)]) == text, text
 
 
 def test_bos_as_the_gguf_says_and_never_twice(vocabularies):
@@ -67,7 +112,25 @@ def test_an_unknown_pre_type_is_refused_in_one_line_before_export(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("name", ["llama-bpe", "qwen2", "tekken", "gpt-4o", "deepseek-llm", "spm"])
+def test_an_uncarried_pre_type_is_refused_saying_why(tmp_path):
+    model = with_weights(tmp_path / "m.gguf", relabelled(tmp_path / "v.gguf", "kimi-k2"))
+    r = llgraph("generate", str(model), "--prompt", "Hi", "--max-new-tokens", "2")
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "'kimi-k2'" in lines[0] and "code of its own" in lines[0], lines
+    assert not r.stdout
+
+
+def test_generate_on_a_model_without_a_chat_template_says_so(vocabularies, tmp_path):
+    model = with_weights(tmp_path / "base.gguf", vocabularies["spm"])  # no tokenizer.chat_template: a base model
+    r = llgraph("generate", str(model), "--prompt", "Write one sentence about the sea.", "--max-new-tokens", "2")
+    notes = [line for line in r.stderr.splitlines() if "chat template" in line]
+    assert r.returncode == 0 and len(notes) == 1 and "--raw" in notes[0], r.stderr
+    r = llgraph("generate", str(model), "--prompt", "Write", "--max-new-tokens", "2", "--raw")
+    assert r.returncode == 0 and "chat template" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "qwen2", "tekken", "gpt-4o", "deepseek-llm", "spm", "spm-gemma",
+                                  "seed-coder", "viking"])
 def test_generate_answers_on_a_gguf_of_each_tokenizer(vocabularies, name, tmp_path):
     model = with_weights(tmp_path / f"{name}.gguf", vocabularies[name])
     r = llgraph("generate", str(model), "--prompt", "Once upon a time", "--max-new-tokens", "4", "--raw")
