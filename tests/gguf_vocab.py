@@ -80,8 +80,9 @@ def relabelled(path: Path, pre: str) -> Path:
     return _write(path, fill)
 
 
-def with_weights(path: Path, vocab: Path) -> Path:
-    """A tiny random-weight llama GGUF (Q8_0) carrying `vocab`'s tokenizer fields: a model `llgraph generate` runs."""
+def with_weights(path: Path, vocab: Path, sampling: dict | None = None) -> Path:
+    """A tiny random-weight llama GGUF (Q8_0) carrying `vocab`'s tokenizer fields: a model `llgraph generate` runs.
+    `sampling`: general.sampling.* fields to write, by gguf's writer's names ({"temp": 0.7, "top_k": 20})."""
     import gguf.quants  # noqa: F401
     from reference import tiny, write_gguf
 
@@ -100,6 +101,8 @@ def with_weights(path: Path, vocab: Path) -> Path:
                 w.add_array(key, f.contents())
             else:
                 w.add_key_value(key, f.contents(), kind)
+        for name, value in (sampling or {}).items():
+            getattr(w, f"add_sampling_{name}")(value)
     write_gguf(path, cfg, random_weights(cfg, seed=3, std=0.25),
                lambda i, name, x: gguf.GGMLQuantizationType.Q8_0 if x.ndim == 2 else gguf.GGMLQuantizationType.F32,
                fields=copy)

@@ -71,11 +71,18 @@ def loopback(host: str) -> bool:
 
 
 def host_name(header: str) -> str:
-    """A Host header without its port: `[::1]:8000` -> `[::1]`, `localhost:8000` -> `localhost`."""
-    header = header.strip().lower()
+    """A Host header without its port: `[::1]:8000` -> `[::1]`, `localhost:8000` -> `localhost`; "" for one that
+    is no host[:port] (`localhost:evil`, `[::1]evil:80`, `127.0.0.1:80 evil`), which no allowed name matches."""
+    header = header.strip(" \t").lower()
     if header.startswith("["):
-        return header[:header.find("]") + 1] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        name, _, port = header.partition("]")
+        name, port = name + "]", port
+    elif header.count(":") == 1:
+        name, port = header.split(":")
+        port = ":" + port
+    else:
+        name, port = header, ""
+    return name if port == "" or re.fullmatch(r":[0-9]{1,5}", port) else ""
 
 
 class Guard:
@@ -99,14 +106,16 @@ class Guard:
                                  f"{headers.get('host', '(none)')[:100]!r}; start it with --allowed-hosts NAME to "
                                  "serve that name", "misdirected_request")
         origin = headers.get("origin")
+        scheme, _, site = (origin or "").lower().partition("://")
         if origin is not None and origin.rstrip("/").lower() not in self.origins and \
-                origin.lower().partition("://")[2].rstrip("/") != headers.get("host", "").lower():
+                (scheme not in ("http", "https") or site.rstrip("/") != headers.get("host", "").lower()):
             return await _refuse(send, 403, f"a request from the web page at {origin[:100]!r} is refused: start the "
                                  "server with --cors-origins ORIGIN to let pages of that origin call it",
                                  "cross_origin_refused")
         if self.key is not None and scope["path"] not in self.open and scope["method"] != "OPTIONS":
             scheme, _, given = headers.get("authorization", "").partition(" ")
-            given = given.strip() if scheme.lower() == "bearer" else headers.get("x-api-key", "").strip()
+            # HTTP's optional whitespace is spaces and tabs only: a key followed by a non-breaking space is another key
+            given = given.strip(" \t") if scheme.lower() == "bearer" else headers.get("x-api-key", "").strip(" \t")
             if not hmac.compare_digest(given.encode("latin-1"), self.key.encode()):
                 return await _refuse(send, 401, "a valid API key is needed: send `Authorization: Bearer KEY` or "
                                      "`X-Api-Key: KEY` (llgraph serve --api-key)", "invalid_api_key")

@@ -218,7 +218,7 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
 
         return HTMLResponse((Path(__file__).parent / "chat.html").read_text(encoding="utf-8"))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and curl -I's probe
     async def health():
         if state["scheduler"].draining:
             raise ApiError(503, "shutting down", "server_error", code="shutting_down")

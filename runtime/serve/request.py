@@ -112,7 +112,8 @@ def logit_bias(body: dict, vocab: int) -> tuple[tuple[int, float], ...]:
                        param="logit_bias")
     pairs = []
     for key, bias in given.items():
-        token = int(key) if isinstance(key, str) and key.isdigit() and len(key) < 12 else -1
+        # ASCII digits only: str.isdigit() takes '²' and '٣', which int() refuses or reads as another number
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 12 else -1
         if not 0 <= token < vocab or isinstance(bias, bool) or not isinstance(bias, (int, float)) \
                 or not -100 <= bias <= 100:
             raise ApiError(400, f"'logit_bias' maps token ids in 0..{vocab - 1} to biases in [-100, 100]; not "

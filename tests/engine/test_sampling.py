@@ -178,3 +178,36 @@ def test_penalties_and_a_ban_hold_on_every_path(smollm2_export):
         ids.append(token)
     print("with penalties:", got, "reference:", want, "plain:", plain[:10])
     assert got == want[:len(got)] and got != plain[:len(got)]
+
+
+def test_min_p_keeps_what_reaches_min_p_of_the_most_likely():
+    """Probabilities 0.5, 0.3, 0.15, 0.05: min_p 0.2 keeps p >= 0.1 (the first three), renormalised; after a
+    temperature of 2 the floor applies to the tempered probabilities (vLLM's order)."""
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = np.log(p).tolist()
+    n = 6000
+    got = np.bincount(draws(logits, n, temperature=1.0, min_p=0.2, seed=4), minlength=4) / n
+    want = np.where(p >= 0.2 * p.max(), p, 0) / p[p >= 0.2 * p.max()].sum()
+    print(f"min_p 0.2: empirical {got.tolist()} vs formula {want.tolist()}")
+    assert got[3] == 0 and np.abs(got - want).max() < 0.03  # 6000 draws: standard error < 0.007
+    tempered = np.sqrt(p) / np.sqrt(p).sum()  # softmax(log p / 2)
+    kept = np.isfinite(filter_logits(np.log(tempered)[None].astype(np.float32), 0, 1.0, 0.5))[0]
+    assert kept.tolist() == (tempered >= 0.5 * tempered.max()).tolist() == [True, True, True, False]
+    with pytest.raises(RequestError, match="min_p"):
+        Sampling(min_p=1.5)
+
+
+def test_min_p_holds_on_every_path(smollm2_export):
+    """min_p 1 keeps only the most likely token: sampled, speculative and grammar-constrained generation at
+    temperature 1 then equal greedy decoding."""
+    from llgraph.runtime import open_runner
+    from llgraph.runtime.engine.grammar import Grammar
+
+    runner = open_runner(str(smollm2_export("ort", quantized=True)), "ort", max_seq_len=128)
+    prompt = runner.encode("One two three one two three one two")
+    greedy = runner.generate(prompt, 10).token_ids
+    for kwargs in ({}, {"speculative": "ngram"}):
+        assert runner.generate(prompt, 10, temperature=1.0, min_p=1.0, seed=1, **kwargs).token_ids == greedy, kwargs
+    schema = Grammar.json_schema({"type": "object"})
+    assert runner.generate(prompt, 8, temperature=1.0, min_p=1.0, seed=2, grammar=schema).token_ids == \
+        runner.generate(prompt, 8, grammar=schema).token_ids

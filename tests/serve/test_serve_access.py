@@ -149,6 +149,9 @@ def _asgi(guard: Guard, path: str, headers: dict) -> int:
     ("127.0.0.1", (), "127.0.0.1.nip.io:8000", 421), ("127.0.0.1", (), "", 421),
     ("127.0.0.1", ("my.lan",), "my.lan:8000", 200), ("127.0.0.1", ("*",), "anything:1", 200),
     ("0.0.0.0", (), "192.168.1.5:8000", 200), ("0.0.0.0", ("my.lan",), "other.lan", 421),
+    # what a hostile probe sent: no host[:port] at all, so no allowed name
+    ("127.0.0.1", (), "localhost:evil", 421), ("127.0.0.1", (), "[::1]evil:8000", 421),
+    ("127.0.0.1", (), "127.0.0.1:8000 evil", 421), ("127.0.0.1", (), "127.0.0.1:", 421),
 ])
 def test_host_names_answered(bound, allowed, host, status):
     assert _asgi(Guard(None, key=None, bound=bound, allowed_hosts=allowed), "/v1/models", {"host": host}) == status
@@ -163,6 +166,13 @@ def test_keys_by_either_header_and_open_metrics():
     assert _asgi(g, "/tokenize", {**ok, "x-api-key": KEY}) == 200
     assert _asgi(g, "/tokenize", {**ok, "authorization": f"Basic {KEY}"}) == 401
     assert _asgi(g, "/tokenize", {**ok, "x-api-key": KEY[:-1]}) == 401
+    assert _asgi(g, "/tokenize", {**ok, "authorization": f"Bearer {KEY}\xa0"}) == 401  # NBSP: not HTTP's whitespace
+    assert _asgi(g, "/tokenize", {**ok, "x-api-key": f"\xa0{KEY}"}) == 401
+    page = {"host": "127.0.0.1:8000", "origin": "http://127.0.0.1:8000"}
+    assert _asgi(Guard(None, key=None, bound="127.0.0.1"), "/v1/models", page) == 200  # the chat page itself
+    for scheme in ("evil", "file", "chrome-extension"):
+        assert _asgi(Guard(None, key=None, bound="127.0.0.1"), "/v1/models",
+                     {**page, "origin": f"{scheme}://127.0.0.1:8000"}) == 403, scheme
     assert _asgi(Guard(None, key=KEY, bound="127.0.0.1", open_metrics=True), "/metrics", ok) == 200
     assert host_name("[::1]:80") == "[::1]" and host_name("a.b:1") == "a.b" and host_name("::1") == "::1"
 

@@ -238,6 +238,9 @@ def test_a_server_with_a_draft_model_drafts_with_it_and_answers_as_alone(serve_e
     ("/v1/completions", {"prompt": ["Hi", [1, 2]]}, "prompt"),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {"five": 10}}, "logit_bias"),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"²": 1}}, "logit_bias"),  # a digit to isdigit(), not int()
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"٣": 1}}, "logit_bias"),  # Arabic-Indic 3: not a token id
+    ("/v1/completions", {"prompt": "Hi", "min_p": 1.5}, "min_p"),
     ("/v1/completions", {"prompt": "Hi", "suffix": " end"}, "suffix"),
     ("/v1/completions", {"prompt": "Hi", "best_of": 3}, "best_of"),
     ("/v1/completions", {"prompt": "Hi", "presence_penalty": 2.5}, "presence_penalty"),
@@ -264,3 +267,31 @@ def test_unsupported_or_bad_fields_are_400s_naming_them(server, path, body, para
     print(r.json()["error"]["message"])
     ok = server.client.completions.create(model="smollm2", prompt="Hello", max_tokens=2, temperature=0)
     assert ok.choices[0].text
+
+
+def test_unset_sampling_fields_take_the_model_s_recommended_values(server, runner):
+    """SmolLM2's GGUF names no sampling: /props gives llama-server's defaults, and a seeded request that sets no
+    field samples exactly as one that sets them to those values (and as Runner.generate with them); min_p is taken."""
+    props = httpx.get(f"{server.url}/props").json()
+    params = props["default_generation_settings"]["params"]
+    print(props)
+    assert params == {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.0}
+    assert set(props["sampling_sources"].values()) == {"llama-server"}
+    prompt = "Once upon a time"
+    explicit = dict(temperature=0.8, top_p=0.95, extra_body={"top_k": 40, "min_p": 0.05})
+    for seed in (1, 2, 3):
+        unset = server.client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, seed=seed).choices[0]
+        given = server.client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, seed=seed,
+                                                 **explicit).choices[0]
+        local = runner.generate(prompt, 12, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=seed)
+        assert unset.text == given.text == local.text, (seed, unset.text, given.text, local.text)
+    greedy = server.client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0)
+    only_top = server.client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=1.0,
+                                                seed=7, extra_body={"min_p": 1.0})
+    assert only_top.choices[0].text == greedy.choices[0].text
+
+
+def test_head_health_answers_as_get_does(server):
+    """A load balancer's or `curl -I`'s probe: 200 with no body (it was a 405)."""
+    r = httpx.head(f"{server.url}/health")
+    assert r.status_code == 200 and r.content == b"", (r.status_code, r.text)

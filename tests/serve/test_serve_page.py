@@ -1,7 +1,9 @@
 """The chat page at / (runtime/serve/chat.html), driven in a real headless browser (Debian's chromium and its
 chromedriver, through selenium): the page loads without the key (it is static), asks for the key, shows the model's
 name, and a typed question gets an answer streamed into the page — seen growing before it ends — with its speed. A
-screenshot of the answer is written to the test's output (its path printed)."""
+screenshot of the answer is written to the test's output (its path printed). With the server's defaults (the page
+sends no temperature until one is set; it shows the model's), the README's question is answered rightly ten times
+out of ten."""
 
 import os
 import shutil
@@ -20,20 +22,68 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 DRIVER = shutil.which("chromedriver")
 
 
-@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="no chromium and chromedriver here (Debian: apt-get install "
-                    "chromium chromium-driver)")
-def test_the_chat_page_streams_an_answer_in_a_real_browser(serve_export, tmp_path):
+needs_browser = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="no chromium and chromedriver here (Debian: "
+                                   "apt-get install chromium chromium-driver)")
+
+
+def _browser():
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    s = Server(str(serve_export), "--name", "smol", "--slots", "2", "--max-seq-len", "512", "--api-key", KEY)
     options = Options()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=900,700"):
         options.add_argument(arg)
-    browser = webdriver.Chrome(options=options, service=Service(DRIVER))
+    return webdriver.Chrome(options=options, service=Service(DRIVER))
+
+
+def _answer(browser, deadline_s: float = 120) -> str:
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        answer = browser.find_element(By.CSS_SELECTOR, ".assistant")
+        if answer.get_attribute("data-done") == "true":
+            return answer.text
+        time.sleep(0.05)
+    raise AssertionError("no answer within the deadline")
+
+
+@needs_browser
+def test_the_page_answers_the_readme_s_question_rightly_with_the_defaults(serve_export):
+    """No temperature sent: the server samples with the model's recommended values (SmolLM2's GGUF names none, so
+    llama-server's: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), shown in the page's settings."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    s = Server(str(serve_export), "--name", "smol", "--slots", "2", "--max-seq-len", "512")
+    browser = _browser()
+    try:
+        answers = []
+        for _ in range(10):
+            browser.get(f"{s.url}/")  # a fresh conversation each time
+            WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "temperature").get_attribute("value"))
+            shown = browser.find_element(By.ID, "temperature").get_attribute("value")
+            browser.find_element(By.ID, "input").send_keys("What is the capital of France?")
+            browser.find_element(By.ID, "send").click()
+            answers.append(_answer(browser))
+        print(f"temperature shown: {shown}; answers: {answers}")
+        assert float(shown) == 0.8
+        assert all("Paris" in a for a in answers), answers
+        assert any("a request that sets no sampling field samples with temperature 0.8 (llama-server)" in line
+                   for line in s.lines), "".join(s.lines)
+    finally:
+        browser.quit()
+        assert s.stop() == 0, "".join(s.lines)
+
+
+@needs_browser
+def test_the_chat_page_streams_an_answer_in_a_real_browser(serve_export, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    s = Server(str(serve_export), "--name", "smol", "--slots", "2", "--max-seq-len", "512", "--api-key", KEY)
+    browser = _browser()
     try:
         browser.get(f"{s.url}/")  # open without the key: the page is static
         wait = WebDriverWait(browser, 60)
