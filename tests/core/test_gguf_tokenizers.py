@@ -136,3 +136,24 @@ def test_generate_answers_on_a_gguf_of_each_tokenizer(vocabularies, name, tmp_pa
     r = llgraph("generate", str(model), "--prompt", "Once upon a time", "--max-new-tokens", "4", "--raw")
     print(name, repr(r.stdout))
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
+
+
+def test_generate_streams_user_defined_pieces_as_text(vocabularies, tmp_path):
+    """Through an export (its tokenizer.json written from the GGUF and read back) and Runner.stream, as `llgraph
+    generate` streams: a Gemma-like model pushed onto its newline and indent pieces writes them, and with a space
+    prefix (SentencePiece as Llama 2's) an answer's first word keeps its space, as llama-server streams it."""
+    from llgraph.runtime import open_runner
+
+    model = with_weights(tmp_path / "gemma-like.gguf", vocabularies["spm-gemma"])
+    runner = open_runner(str(model), "ort", max_seq_len=64, cache_dir=tmp_path / "cache")
+    tok = runner.tokenizer
+    pieces = list(runner.stream("def f(x):", 4, logit_bias={tok.token_id("\n\n"): 100.0}))
+    print(repr("".join(pieces)))
+    assert "".join(pieces) == "\n\n" * 4
+    assert runner.generate("def f(x):", 4, logit_bias={tok.token_id("    "): 100.0}).text == "    " * 4
+    model = with_weights(tmp_path / "prefixed.gguf", vocabularies["spm"])
+    runner = open_runner(str(model), "ort", max_seq_len=64, cache_dir=tmp_path / "cache")
+    word = next(i for i in range(runner.backend.vocab_size) if runner.tokenizer.tk.id_to_token(i).startswith("▁")
+                and runner.tokenizer.tk.id_to_token(i)[1:].isalpha())
+    text = "".join(runner.stream("Once upon a time", 2, logit_bias={word: 100.0}))
+    assert text == runner.tokenizer.tk.id_to_token(word).replace("▁", " ") * 2, text
