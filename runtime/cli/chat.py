@@ -1,12 +1,14 @@
 """`llgraph chat MODEL`: an interactive conversation in the terminal (llama.cpp's conversation mode). Each line is
 a user turn, the reply streams back; /reset forgets the turns, /system TEXT sets the system message (and resets),
-Ctrl-D (or /exit) leaves."""
+/help lists these, Ctrl-D (or /exit) leaves. Any other `/word` alone is an unknown command, said so, not sent to the
+model (a line such as `/usr/bin holds what?` is text)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
-HELP = "(/reset forgets the conversation, /system TEXT sets the system message, Ctrl-D leaves)"
+HELP = "(/reset forgets the conversation, /system TEXT sets the system message, /help, Ctrl-D or /exit leaves)"
 
 
 def cmd_chat(args) -> int:
@@ -36,9 +38,15 @@ def cmd_chat(args) -> int:
             chat.reset()
             print("(conversation reset)")
             continue
-        if text.startswith("/system"):
+        if text == "/system" or text.startswith("/system "):
             chat.reset(text[len("/system"):].strip() or None, keep_system=False)
             print("(system message set; conversation reset)")
+            continue
+        if text == "/help":
+            print(HELP)
+            continue
+        if re.fullmatch(r"/[A-Za-z][\w-]*", text):
+            print(f"(unknown command {text}) {HELP}")
             continue
         dropped = chat.dropped
         try:

@@ -157,3 +157,13 @@ def test_chat_from_a_pipe_ends_each_answer_and_the_output_with_a_newline():
     assert r.stdout.endswith("\n") and r.stdout.count("> ") == 3  # a prompt before each line and before EOF
     answers = [a for a in r.stdout.split("> ")[1:3]]
     assert all(a.strip() and a.endswith("\n") for a in answers), answers
+
+
+def test_chat_answers_help_and_unknown_commands_itself():
+    """/help lists the commands; an unknown `/word` is said to be one, not sent to the model as a turn."""
+    r = subprocess.run([sys.executable, "-m", "llgraph", "chat", "smollm2", "--max-new-tokens", "4"],
+                       input="/help\n/bogus\n", capture_output=True, text=True, timeout=300)
+    print(repr(r.stdout))
+    assert r.returncode == 0, r.stderr
+    turns = r.stdout.split("> ")[1:]
+    assert turns[0].startswith("(/reset") and turns[1].startswith("(unknown command /bogus)"), turns
