@@ -32,7 +32,8 @@ try:
 except ImportError as e:
     from llgraph.errors import MissingExtra
 
-    raise MissingExtra("llgraph serve", "fastapi uvicorn prometheus-client", "serve", e) from None
+    raise MissingExtra("llgraph serve", "fastapi uvicorn prometheus-client llguidance jsonschema", "serve",
+                       e) from None
 
 from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 from llgraph.runtime.engine.speculative import MAX_DRAFT
