@@ -259,6 +259,43 @@ def swiglu(em: Emitter, node: Node) -> None:
     em.node("Mul", [silu, up], node.outputs, hint=node.name)
 
 
+def _experts_t(w: np.ndarray) -> np.ndarray:
+    """[experts, out, in] -> [experts, in, out]: each expert's matrix as MatMul takes it."""
+    return np.ascontiguousarray(w.transpose(0, 2, 1))
+
+
+def moe(em: Emitter, node: Node) -> None:
+    """Standard ONNX: the router's softmax (float32) and TopK, the k weights scattered into a dense [tokens,
+    experts] matrix, then every expert's SwiGLU on every token as batched MatMuls ([experts, tokens, ffn]) and the
+    weighted sum over experts. Exact, and a reference: it reads every expert, where a token needs k of them."""
+    x, router, gate, up, down = node.inputs
+    name, k = node.name, node.attrs["top_k"]
+    hidden = em.graph.values[x].shape[-1]
+    dtype = em.dtype_of(x)
+    flat = em.node("Reshape", [x, em.const([-1, hidden], "int64")], hint=name)[0]  # [N, H]
+    logits = em.node("MatMul", [flat, em.weight(router, transpose=True)], hint=name)[0]
+    if dtype != TensorProto.FLOAT:
+        logits = em.node("Cast", [logits], hint=name, to=TensorProto.FLOAT)[0]
+    probs = em.node("Softmax", [logits], hint=name, axis=-1)[0]
+    top, chosen = em.node("TopK", [probs, em.const([k], "int64")], 2, hint=name, axis=-1, largest=1, sorted=1)
+    if node.attrs["normalize"]:
+        top = em.node("Div", [top, em.node("ReduceSum", [top, em.const([-1], "int64")], hint=name,
+                                            keepdims=1)[0]], hint=name)[0]
+    zeros = em.node("ConstantOfShape", [em.node("Shape", [probs], hint=name)[0]], hint=name)[0]  # float32 0s
+    dense = em.node("ScatterElements", [zeros, chosen, top], hint=name, axis=1)[0]  # [N, E]: 0 but the chosen
+    if dtype != TensorProto.FLOAT:
+        dense = em.node("Cast", [dense], hint=name, to=dtype)[0]
+    g = em.node("MatMul", [flat, em.weight(gate, compute=_experts_t)], hint=name)[0]  # [E, N, F]
+    u = em.node("MatMul", [flat, em.weight(up, compute=_experts_t)], hint=name)[0]
+    act = em.node("Mul", [em.node("Mul", [g, em.node("Sigmoid", [g], hint=name)[0]], hint=name)[0], u], hint=name)[0]
+    y = em.node("MatMul", [act, em.weight(down, compute=_experts_t)], hint=name)[0]  # [E, N, H]
+    w = em.node("Unsqueeze", [em.node("Transpose", [dense], hint=name, perm=[1, 0])[0],
+                              em.const([2], "int64")], hint=name)[0]  # [E, N, 1]
+    summed = em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([0], "int64")], hint=name,
+                     keepdims=0)[0]
+    em.node("Reshape", [summed, em.node("Shape", [x], hint=name)[0]], node.outputs, hint=name)
+
+
 def add(em: Emitter, node: Node) -> None:
     em.node("Add", list(node.inputs), node.outputs, hint=node.name)
 
@@ -266,6 +303,6 @@ def add(em: Emitter, node: Node) -> None:
 LOWERINGS = {"Embedding": embedding, "QEmbedding": qembedding, "RMSNorm": rmsnorm, "Linear": linear,
              "QLinear": qlinear, "Split": split, "RotaryCosSin": rotary_cos_sin, "Rotary": rotary,
              "GroupedAttention": grouped_attention, "SwiGLU": swiglu, "GeGLU": geglu, "SoftCap": softcap, "Add": add,
-             "KeepLast": keep_last}
+             "KeepLast": keep_last, "MoE": moe}
 
 TARGET = Target("onnx", LOWERINGS, {"": OPSET})

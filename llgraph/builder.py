@@ -113,10 +113,17 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32", kv: str | None = None)
         (x,) = b.add("Add", (x, o), (f"{v}.attn_residual",))
         if not cfg.parallel_block:  # parallel (GPT-J, PaLM): the MLP reads the attention's normed input
             n = norm(x, f"{p}.{mlp_norm}.weight", h, f"{v}.mlp_norm") if pre else x
-        g = linear(n, f"{p}.mlp.gate_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.gate")
-        u = linear(n, f"{p}.mlp.up_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.up")
-        (a,) = b.add("SwiGLU" if cfg.mlp_activation == "silu" else "GeGLU", (g, u), (f"{v}.gated",))
-        m = linear(a, f"{p}.mlp.down_proj", h, cfg.intermediate_size, cfg.mlp_bias, f"{v}.mlp_out")
+        if cfg.moe is not None:  # routed experts, stacked on a first axis (llgraph/source_views.StackedExperts)
+            e, f = cfg.moe.num_experts, cfg.moe.intermediate_size
+            experts = [weight(f"{p}.mlp.experts.{w}.weight", e, *shape)
+                       for w, shape in (("gate_proj", (f, h)), ("up_proj", (f, h)), ("down_proj", (h, f)))]
+            (m,) = b.add("MoE", (n, weight(f"{p}.mlp.gate.weight", e, h), *experts), (f"{v}.mlp_out",),
+                         top_k=cfg.moe.top_k, normalize=cfg.moe.normalize)
+        else:
+            g = linear(n, f"{p}.mlp.gate_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.gate")
+            u = linear(n, f"{p}.mlp.up_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.up")
+            (a,) = b.add("SwiGLU" if cfg.mlp_activation == "silu" else "GeGLU", (g, u), (f"{v}.gated",))
+            m = linear(a, f"{p}.mlp.down_proj", h, cfg.intermediate_size, cfg.mlp_bias, f"{v}.mlp_out")
         if post:
             m = norm(m, f"{p}.post_feedforward_layernorm.weight", h, f"{v}.mlp_out_norm")
         (x,) = b.add("Add", (x, m), (f"{v}.out",))  # parallel: residual + attention + MLP

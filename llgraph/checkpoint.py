@@ -176,9 +176,12 @@ def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int 
 
 
 def _split_fused(source: WeightSource, cfg: LlamaConfig | None) -> WeightSource:
-    """`source`, with fused projections (Phi-3's qkv_proj, gate_up_proj) seen under the Llama names."""
-    from llgraph.source_views import FusedSplitSource
+    """`source`, with fused projections (Phi-3's qkv_proj, gate_up_proj) seen under the Llama names and per-expert
+    tensors seen stacked (a mixture of experts)."""
+    from llgraph.source_views import FusedSplitSource, StackedExperts
 
+    if StackedExperts.applies(source):
+        source = StackedExperts(source)
     if cfg is None or not any(FusedSplitSource.FUSED.fullmatch(n) for n in source.names()):
         return source
     return FusedSplitSource(source, cfg)

@@ -14,7 +14,8 @@ from typing import Any
 
 from llgraph.errors import LlgraphError
 
-FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma2", "gemma3")  # the Llama block, its variants
+FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma2", "gemma3",  # the Llama block, its variants
+            "qwen3_moe", "mixtral", "olmoe")  # ... with routed experts for its MLP (MoeConfig)
 QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k before RoPE: per head (Qwen3), whole (OLMo 2)
 NORM_PLACEMENTS = ("pre", "post", "sandwich")  # before attention and MLP (Llama), on their outputs (OLMo 2),
 # or both (Gemma 2)
@@ -46,6 +47,19 @@ class RopeConfig:
     mscale: float | None = None  # yarn
     mscale_all_dim: float | None = None  # yarn
     truncate: bool = True  # yarn
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Routed experts in place of the MLP (ops.py's MoE): a router picks `top_k` of `num_experts` gated MLPs of
+    `intermediate_size` per token by softmax over all experts; `normalize` rescales the k weights to sum to 1
+    (Qwen3-MoE's norm_topk_prob; Mixtral's softmax over the top k logits is the same), else they stay as the
+    softmax gave them (OLMoE)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    normalize: bool = True
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,7 @@ class LlamaConfig:
     parallel_block: bool = False  # attention and MLP both read the layer's one norm; both add to the residual
     rope_local: RopeConfig | None = None  # the sliding-window layers' own RoPE (Gemma 3: theta 10,000 there,
     # 1,000,000 and any scaling on the global layers); None: every layer uses `rope`
+    moe: MoeConfig | None = None  # routed experts in every layer's MLP (None: the dense gated MLP)
 
     def __post_init__(self):
         # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
@@ -88,6 +103,8 @@ class LlamaConfig:
             object.__setattr__(self, "rope", from_fields(RopeConfig, self.rope, "rope."))
         if isinstance(self.rope_local, dict):
             object.__setattr__(self, "rope_local", from_fields(RopeConfig, self.rope_local, "rope_local."))
+        if isinstance(self.moe, dict):
+            object.__setattr__(self, "moe", from_fields(MoeConfig, self.moe, "moe."))
         if self.sliding_layers is not None:
             object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))
         if isinstance(self.eos_token_ids, int):
@@ -153,6 +170,13 @@ class LlamaConfig:
         if self.rope_local is not None and not self.sliding_window:
             raise ConfigError("rope_local is the sliding-window layers' RoPE, but the config has no sliding_window; "
                               "drop rope_local or set the window")
+        if self.moe is not None:
+            for key in ("num_experts", "top_k", "intermediate_size"):
+                _positive(self.moe, key, "moe.")
+            if self.moe.top_k > self.moe.num_experts:
+                raise ConfigError(f"moe.top_k ({self.moe.top_k}) exceeds moe.num_experts ({self.moe.num_experts})")
+            if self.mlp_bias or self.mlp_activation != "silu":
+                raise ConfigError("moe experts are SwiGLU MLPs without biases; drop mlp_bias or mlp_activation")
         for t in (self.bos_token_id, *self.eos_token_ids):
             if t is not None and not 0 <= t < self.vocab_size:
                 raise ConfigError(f"special token id {t} is outside the vocabulary (0..{self.vocab_size - 1})")
@@ -198,6 +222,8 @@ class LlamaConfig:
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         attn += (self.q_size + 2 * self.kv_size) * self.attention_bias + h * self.attention_out_bias
         mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
+        if self.moe is not None:  # the router and every expert
+            mlp = self.moe.num_experts * (h + 3 * h * self.moe.intermediate_size)
         qk = {"none": 0, "head": 2 * self.head_dim, "projection": self.q_size + self.kv_size}[self.qk_norm]
         norms = 4 if self.norm_placement == "sandwich" else 1 if self.parallel_block else 2
         per_layer = attn + mlp + norms * h + qk
@@ -212,10 +238,10 @@ class LlamaConfig:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def _positive(cfg, name):
+def _positive(cfg, name, prefix: str = ""):
     v = getattr(cfg, name)
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ConfigError(f"{name} ({v!r}) must be a positive integer")
+        raise ConfigError(f"{prefix}{name} ({v!r}) must be a positive integer")
 
 
 def from_fields(cls, data: dict, prefix: str = ""):

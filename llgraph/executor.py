@@ -297,6 +297,23 @@ def _swiglu(node: Node, gate, up):
     return (F.silu(gate) * up,)
 
 
+@torch_impl("MoE")
+def _moe(node: Node, x, router, gate, up, down):
+    """Each token through its top_k experts only (ops.py's MoE): tokens grouped by expert, as ggml's mul_mat_id."""
+    flat = x.reshape(-1, x.shape[-1])  # [N, H]
+    probs = torch.softmax((flat @ router.T).float(), dim=-1)  # [N, E]
+    weights, chosen = torch.topk(probs, node.attrs["top_k"], dim=-1)  # [N, k]: ties to the lower expert
+    if node.attrs["normalize"]:
+        weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros_like(flat)
+    for e in torch.unique(chosen).tolist():
+        token, slot = torch.nonzero(chosen == e, as_tuple=True)
+        rows = flat[token]
+        y = (F.silu(rows @ gate[e].T) * (rows @ up[e].T)) @ down[e].T
+        out.index_add_(0, token, (y * weights[token, slot, None].to(y.dtype)).to(out.dtype))
+    return (out.reshape(x.shape),)
+
+
 @torch_impl("GeGLU")
 def _geglu(node: Node, gate, up):
     return (F.gelu(gate, approximate="tanh") * up,)

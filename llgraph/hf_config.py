@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from llgraph.config import FAMILIES, ROPE_TYPES, ConfigError, LlamaConfig, RopeConfig, from_fields
+from llgraph.config import FAMILIES, ROPE_TYPES, ConfigError, LlamaConfig, MoeConfig, RopeConfig, from_fields
 
 _HF_MODEL_TYPES = {"gemma3_text": "gemma3"}  # HF model_type -> llgraph family, where the names differ
 _HF_LLAMA_TYPES = tuple(next((t for t, f in _HF_MODEL_TYPES.items() if f == family), family) for family in FAMILIES)
@@ -19,6 +19,7 @@ _HF_IGNORED = {
     "output_attentions", "output_hidden_states", "return_dict", "tie_word_embeddings", "bos_token_id",
     "eos_token_id", "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "max_window_layers",
     "use_sliding_window", "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern",
+    "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",  # MoE training only
 }
 
 
@@ -26,7 +27,8 @@ _HF_IGNORED = {
 _HF_READ = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "attention_bias",
             "mlp_bias", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping",
-            "final_logit_softcapping", "layer_types"}
+            "final_logit_softcapping", "layer_types", "num_experts", "num_local_experts", "num_experts_per_tok",
+            "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "clip_qkv"}
 # keys transformers' PretrainedConfig documents (generation defaults, task heads, bookkeeping): no warning for them
 _HF_DOCUMENTED = {
     "is_decoder", "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder", "torchscript", "pruned_heads",
@@ -80,7 +82,7 @@ def from_hf_dict(d: dict) -> LlamaConfig:
     gemma = mt in ("gemma2", "gemma3")
     # Qwen2/Qwen3 window only with use_sliding_window, then the layers >= max_window_layers; Mistral and Phi-3
     # every layer whenever sliding_window is set. transformers 5 spells the layers out in layer_types.
-    qwen = mt in ("qwen2", "qwen3")
+    qwen = mt in ("qwen2", "qwen3", "qwen3_moe")
     window = d.get("sliding_window") if d.get("use_sliding_window", not qwen) else None
     layers = None
     if window and d.get("layer_types"):
@@ -107,7 +109,8 @@ def from_hf_dict(d: dict) -> LlamaConfig:
         attention_bias=bool(d.get("attention_bias", mt == "qwen2")), mlp_bias=bool(d.get("mlp_bias", False)),
         attention_out_bias=False if mt == "qwen2" else None, family=mt, sliding_window=window,
         sliding_layers=layers,
-        qk_norm={"qwen3": "head", "gemma3": "head", "olmo2": "projection"}.get(mt, "none"),
+        qk_norm={"qwen3": "head", "qwen3_moe": "head", "gemma3": "head", "olmo2": "projection",
+                 "olmoe": "projection"}.get(mt, "none"),
         norm_placement={"olmo2": "post", "gemma2": "sandwich", "gemma3": "sandwich"}.get(mt, "pre"),
         mlp_activation=activation,
         embedding_scale=float(d["hidden_size"]) ** 0.5 if gemma else 1.0,
@@ -118,8 +121,27 @@ def from_hf_dict(d: dict) -> LlamaConfig:
         rope_local=_hf_local_rope(d, head_dim) if window and mt == "gemma3" else None,
         bos_token_id=d.get("bos_token_id"),
         eos_token_ids=() if eos is None else (tuple(eos) if isinstance(eos, list) else (eos,)),
-        name=d.get("_name_or_path") or mt,
+        name=d.get("_name_or_path") or mt, moe=_hf_moe(d, mt),
     )
+
+
+def _hf_moe(d: dict, mt: str) -> MoeConfig | None:
+    """The routed experts of Qwen3-MoE, Mixtral and OLMoE (None for a dense family), as their transformers classes
+    route: softmax over every expert, the top k, renormalised where norm_topk_prob (always for Mixtral, whose
+    softmax over the top k logits is the same)."""
+    if mt not in ("qwen3_moe", "mixtral", "olmoe"):
+        return None
+    if d.get("decoder_sparse_step", 1) != 1 or d.get("mlp_only_layers"):
+        raise ConfigError("a Qwen3-MoE with dense layers among the sparse ones (decoder_sparse_step != 1 or "
+                          "mlp_only_layers) is not supported; every layer must route to experts")
+    if d.get("clip_qkv") is not None:
+        raise ConfigError(f"OLMoE's clip_qkv ({d['clip_qkv']}) is not supported; only checkpoints without it")
+    experts = d.get("num_experts", d.get("num_local_experts"))  # transformers 5 writes the latter for all three
+    size = d.get("moe_intermediate_size") if mt == "qwen3_moe" else d.get("intermediate_size")
+    if experts is None or d.get("num_experts_per_tok") is None or size is None:
+        raise ConfigError(f"HF config of {mt} lacks its experts' count, num_experts_per_tok or their size")
+    return MoeConfig(num_experts=experts, top_k=d["num_experts_per_tok"], intermediate_size=size,
+                     normalize=True if mt == "mixtral" else bool(d.get("norm_topk_prob", False)))
 
 
 def _hf_local_rope(d: dict, head_dim: int) -> RopeConfig:

@@ -211,6 +211,21 @@ def _swiglu(ins, attrs):
     return [(gate.dtype, gate.shape)]
 
 
+def _moe(ins, attrs):
+    x, router, gate, up, down = ins
+    _float(x, "x")
+    _require(len(router.shape) == 2 and router.shape[1] == x.shape[-1], f"router must be [experts, {x.shape[-1]}], "
+             f"got {router.shape}")
+    experts = router.shape[0]
+    _require(len(gate.shape) == 3 and gate.shape[0] == experts and gate.shape[2] == x.shape[-1],
+             f"gate must be [experts, ffn, {x.shape[-1]}], got {gate.shape}")
+    _same(up.shape, gate.shape, "up vs gate shape")
+    _same(down.shape, (experts, x.shape[-1], gate.shape[1]), "down shape [experts, hidden, ffn]")
+    _require(isinstance(experts, str) or 1 <= attrs["top_k"] <= experts,
+             f"top_k ({attrs['top_k']}) must be in 1..{experts} (the experts)")
+    return [(x.dtype, x.shape)]
+
+
 def _keep_last(ins, attrs):
     x, keep = ins
     _require(len(x.shape) == 3, f"x must be [batch, seq, features], got {x.shape}")
@@ -279,6 +294,13 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         "query (b, s) to its row's positions 0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv "
         "head j serves query heads j*g..(j+1)*g-1 with g = num_heads / num_kv_heads"),
     OpSchema("SwiGLU", ("gate", "up"), ("out",), (), _swiglu, "silu(gate) * up"),
+    OpSchema("MoE", ("x", "router", "gate", "up", "down"), ("out",), (
+        Attr("top_k", int, "experts each token takes"),
+        Attr("normalize", bool, "the k weights rescaled to sum to 1 (Qwen3-MoE's norm_topk_prob, Mixtral)"),
+    ), _moe,
+        "routed experts: p = softmax(x @ router^T) over all experts (float32), the top_k of p (ties: the lower "
+        "expert), w = those p (/ their sum if normalize); out = sum over the chosen e of w_e * (silu(x @ gate[e]^T) "
+        "* (x @ up[e]^T)) @ down[e]^T. gate, up: [experts, ffn, hidden]; down: [experts, hidden, ffn]"),
     OpSchema("GeGLU", ("gate", "up"), ("out",), (), _swiglu, "gelu_tanh(gate) * up (Gemma's MLP)"),
     OpSchema("SoftCap", ("x",), ("out",), (Attr("cap", float),), _softcap,
              "cap * tanh(x / cap) (Gemma 2's final logits)"),

@@ -4,6 +4,7 @@
 - `FusedSplitSource`: Phi-3's fused `qkv_proj` / `gate_up_proj` under the Llama names.
 - `NormOffsetSource`: Gemma's RMSNorm weights stored as w - 1, seen as 1 + w.
 - `WidenedSource`: GGUF K-quant super-blocks seen in the blocked form, for runtimes without a super-block kernel.
+- `StackedExperts`: a mixture of experts' per-expert tensors seen stacked, as ops.py's MoE takes them.
 """
 
 from __future__ import annotations
@@ -205,3 +206,60 @@ def widened_view(source: WeightSource) -> WeightSource:
     """`source` with its super-blocks widened (a WidenedSource), or itself when it stores none."""
     formats = {source.quant_format(n) for n in source.names()}
     return WidenedSource(source) if any(f is not None and f.superblocks for f in formats) else source
+
+
+class StackedExperts(WeightSource):
+    """A checkpoint's experts, one tensor each (`model.layers.0.mlp.experts.3.gate_proj.weight`; Mixtral's
+    `block_sparse_moe.experts.3.w1.weight`, w1/w3/w2 = gate/up/down), seen stacked on a first axis as ops.py's MoE
+    takes them (`model.layers.0.mlp.experts.gate_proj.weight` [experts, ffn, hidden]); Mixtral's router
+    `block_sparse_moe.gate.weight` as `mlp.gate.weight`."""
+
+    EXPERT = re.compile(r"(model\.layers\.\d+\.)(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+    ROUTER = re.compile(r"(model\.layers\.\d+\.)block_sparse_moe\.gate\.weight")
+    MIXTRAL = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+    def __init__(self, base: WeightSource):
+        self.base = base
+        self.description, self.rope_layout = base.description, base.rope_layout
+        self._parts: dict[str, list[str]] = {}  # stacked name -> the experts' names, in expert order
+        self._renamed: dict[str, str] = {}  # a router's name here -> its name in the base
+        found: dict[str, dict[int, str]] = {}
+        self._names = []
+        for name in base.names():
+            if (m := self.EXPERT.fullmatch(name)) is not None:
+                stacked = f"{m[1]}mlp.experts.{self.MIXTRAL.get(m[3], m[3])}.weight"
+                found.setdefault(stacked, {})[int(m[2])] = name
+            elif (r := self.ROUTER.fullmatch(name)) is not None:
+                self._renamed[f"{r[1]}mlp.gate.weight"] = name
+                self._names.append(f"{r[1]}mlp.gate.weight")
+            else:
+                self._names.append(name)
+        for stacked, by_index in found.items():
+            if sorted(by_index) != list(range(len(by_index))):
+                raise WeightError(f"{base.description}: {stacked} has experts {sorted(by_index)}, not 0..n-1; the "
+                                  "checkpoint is incomplete")
+            self._parts[stacked] = [by_index[i] for i in range(len(by_index))]
+            self._names.append(stacked)
+
+    @classmethod
+    def applies(cls, source: WeightSource) -> bool:
+        return any(cls.EXPERT.fullmatch(n) for n in source.names())
+
+    def names(self):
+        return list(self._names)
+
+    def shape(self, name):
+        if name in self._parts:
+            return (len(self._parts[name]), *self.base.shape(self._parts[name][0]))
+        return self.base.shape(self._renamed.get(name, name))
+
+    def load(self, name, dtype=None):
+        if name in self._parts:
+            return np.stack([self.base.load(part, dtype) for part in self._parts[name]])
+        return self.base.load(self._renamed.get(name, name), dtype)
+
+    def load_rows(self, name, start, stop, dtype=None):
+        return None if name in self._parts else self.base.load_rows(self._renamed.get(name, name), start, stop, dtype)
+
+    def tokenizer_files(self):
+        return self.base.tokenizer_files()

@@ -1,7 +1,9 @@
 """The families built from the Llama block: with other names, biases and weight layouts — Qwen2 (q/k/v biases, no
 o bias), Mistral, Phi-3 (fused qkv_proj and gate_up_proj tensors) — and with variants in the IR — Qwen3 (QK-norm
-per head), OLMo 2 (QK-norm over the projection, norms after attention and MLP). Each is a random tiny checkpoint
-made and saved by transformers' own class, held to that class on every backend, prefill + 8 cached decode steps."""
+per head), OLMo 2 (QK-norm over the projection, norms after attention and MLP) — and mixtures of experts in place
+of the MLP (ops.py's MoE): Qwen3-MoE (renormalised top k), Mixtral (its own tensor names), OLMoE (top k as the
+softmax gave them). Each is a random tiny checkpoint made and saved by transformers' own class, held to that class
+on every backend, prefill + 8 cached decode steps."""
 
 import numpy as np
 import onnx
@@ -39,6 +41,11 @@ FAMILIES = {
                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                         "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                            "rope_theta": 1000000.0}}}),
+    # 4 experts, 2 a token: the routed MLP in every layer
+    "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                                     "moe_intermediate_size": 48, "norm_topk_prob": True}),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+    "olmoe": ("OlmoeConfig", {"num_experts": 4, "num_experts_per_tok": 2}),
 }
 
 
@@ -91,7 +98,9 @@ def test_family_equals_transformers(family, backend, tmp_path, report):
     cfg = load_config(folder)
     assert cfg.family == name.split("-")[0]
     assert bool(cfg.sliding_window) == (name.endswith("window") or name.startswith("gemma"))
+    assert (cfg.moe is not None) == (name in ("qwen3_moe", "mixtral", "olmoe"))
     assert (cfg.qk_norm, cfg.norm_placement) == {"qwen3": ("head", "pre"), "olmo2": ("projection", "post"),
+                                                 "qwen3_moe": ("head", "pre"), "olmoe": ("projection", "pre"),
                                                  "gemma2": ("none", "sandwich"),
                                                  "gemma3": ("head", "sandwich")}.get(cfg.family, ("none", "pre"))
     assert (cfg.rope_local is not None) == (name == "gemma3")
