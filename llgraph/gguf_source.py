@@ -19,12 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from llgraph.config import ConfigError, LlamaConfig, RopeConfig
+from llgraph.config import ConfigError, LlamaConfig, MoeConfig, RopeConfig
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
 from llgraph.weights import CARRIED, WeightError, WeightSource
 
 # general.architecture values read (Mistral GGUFs are 'llama'), as llama.cpp's converter writes them
-GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3")
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3", "qwen3moe", "olmoe")
+# a mixture of experts' family by architecture (Mixtral's GGUFs are 'llama' with experts) and whether llama.cpp
+# renormalises the top k weights (build_moe_ffn's norm_w in its src/models/<arch>.cpp)
+_MOE_ARCHS = {"llama": ("mixtral", True), "qwen3moe": ("qwen3_moe", True), "olmoe": ("olmoe", False)}
 
 
 def stored_rope_layout(arch: str) -> str:
@@ -38,6 +41,9 @@ _GGUF_NAMES = {
     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    # a mixture of experts: the router, and the experts stacked [experts, ffn, hidden] as ops.py's MoE takes them
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 # where an architecture's names mean other HF tensors: the norms after a sublayer (OLMo 2, Gemma) make llama's
 # ffn_norm Gemma's pre-MLP norm; Phi-3 keeps its fused projections
@@ -227,6 +233,14 @@ def gguf_config(path: str | Path) -> LlamaConfig:
     scale = None
     if gemma:
         scale = (hidden / n_head if n_layers == GEMMA_27B_LAYERS[arch] else head_dim) ** -0.5
+    family, moe = ("llama" if arch == "llama" else arch), None
+    if get("expert_count"):
+        if arch not in _MOE_ARCHS:
+            raise ConfigError(f"a GGUF '{arch}' with experts is not supported; llgraph reads the mixtures of experts "
+                              f"of {', '.join(_MOE_ARCHS)} GGUFs")
+        family, normalize = _MOE_ARCHS[arch]
+        moe = MoeConfig(num_experts=get("expert_count"), top_k=get("expert_used_count"), normalize=normalize,
+                        intermediate_size=get("expert_feed_forward_length") or get("feed_forward_length"))
     return LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
         num_layers=n_layers, num_heads=n_head, num_kv_heads=get("attention.head_count_kv", n_head),
@@ -237,10 +251,10 @@ def gguf_config(path: str | Path) -> LlamaConfig:
         bos_token_id=metadata(r, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=end_of_generation(r),  # eos, eot, eom and the end-of-turn tokens llama.cpp stops on
         name=metadata(r, "general.name") or "gguf",
-        family="llama" if arch == "llama" else arch,
+        family=family, moe=moe,
         attention_bias=any(n.endswith("attn_q.bias") for n in tensor_names),
         attention_out_bias=any(n.endswith("attn_output.bias") for n in tensor_names),
-        qk_norm=("projection" if arch == "olmo2" else "head")
+        qk_norm=("projection" if arch in ("olmo2", "olmoe") else "head")
         if any(n.endswith("attn_q_norm.weight") for n in tensor_names) else "none",
         sliding_window=window, sliding_layers=layers, rope_local=rope_local,
         norm_placement="sandwich" if gemma else "post" if arch == "olmo2" else "pre",

@@ -2,8 +2,10 @@
 (tests/core/test_families.py's hf_checkpoint), converted by `convert_hf_to_gguf.py` vendored in llama-cpp-python's
 sdist (float32, the vocabulary step skipped), both kept in tests/data/gguf_families/<family>/ (hf/, model.gguf).
 
-    python tests/gguf_families.py PATH/TO/llama.cpp     # regenerates them (pip download --no-deps --no-binary
-                                                        # :all: llama-cpp-python; its vendor/llama.cpp)
+    python tests/gguf_families.py PATH/TO/llama.cpp [FAMILY ...]   # regenerates them (pip download --no-deps
+                                                        # --no-binary :all: llama-cpp-python; its vendor/llama.cpp)
+    python tests/gguf_families.py --greedy FAMILY ...   # 16 greedy tokens from llama.cpp (llama-cpp-python) and
+                                                        # llgraph on the same file, side by side
 """
 
 import json
@@ -15,7 +17,10 @@ DATA = Path(__file__).resolve().parent / "data" / "gguf_families"
 # real models' choices the GGUF cannot say otherwise: query_pre_attn_scalar = head_dim (llama.cpp assumes it below
 # 27B), Gemma 3's five local layers to a global one
 MADE = {"gemma2": {"query_pre_attn_scalar": 16}, "phi3": {}, "olmo2": {},
-        "gemma3": {"num_hidden_layers": 7, "query_pre_attn_scalar": 16, "layer_types": None}}
+        "gemma3": {"num_hidden_layers": 7, "query_pre_attn_scalar": 16, "layer_types": None},
+        # mixtures of experts (llama.cpp's qwen3moe, llama, olmoe); OLMoE with as many kv heads as heads, as the real
+        # one: llama.cpp sizes its k-norm by the hidden size
+        "qwen3_moe": {}, "mixtral": {}, "olmoe": {"num_key_value_heads": 4}}
 
 
 def convert(llama_cpp: Path, hf: Path, out: Path) -> None:
@@ -28,12 +33,68 @@ def convert(llama_cpp: Path, hf: Path, out: Path) -> None:
     c_model.write()
 
 
-if __name__ == "__main__":
+def with_vocabulary(src: Path, dst: Path, n: int = 97) -> Path:
+    """`src` with a placeholder vocabulary of n pieces: llama.cpp loads no GGUF without one."""
+    import gguf
+    import numpy as np
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            kind = f.types[0]
+            w.add_array(key, f.contents()) if kind == gguf.GGUFValueType.ARRAY else \
+                w.add_key_value(key, f.contents(), kind)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>" for i in range(n)])
+    w.add_token_scores([0.0] * n)
+    w.add_token_types([1] * n)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def greedy(family: str, prompt=(5, 17, 33, 8, 61, 42, 9, 11, 70), steps: int = 16) -> tuple[list, list]:
+    """(llama.cpp's, llgraph's ort) greedy tokens after `prompt` on the family's GGUF."""
+    import tempfile
+
+    import numpy as np
+    from llama_cpp import Llama
+
+    from llgraph.runtime import open_runner
+
+    with tempfile.TemporaryDirectory() as tmp:
+        llm = Llama(str(with_vocabulary(DATA / family / "model.gguf", Path(tmp) / "v.gguf")), n_ctx=64,
+                    verbose=False, logits_all=True)
+        llm.eval(list(prompt))
+        theirs = []
+        for _ in range(steps):
+            theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval([theirs[-1]])
+        runner = open_runner(str(DATA / family / "model.gguf"), "ort", max_seq_len=64, cache_dir=tmp)
+        return theirs, runner.generate(list(prompt), steps, eos_token_ids=[]).token_ids
+
+
+if __name__ == "__main__" and sys.argv[1] == "--greedy":
+    for family in sys.argv[2:]:
+        theirs, ours = greedy(family)
+        verdict = "equal" if theirs == ours else "DIFFER"
+        print(f"{family}: llama.cpp {theirs}\n{' ' * len(family)}  llgraph   {ours}  {verdict}")
+elif __name__ == "__main__":
     here = Path(__file__).resolve().parent
-    sys.path[:0] = [str(here), str(here / "core")]
+    sys.path[:0] = [str(here), str(here / "core"), str(here / "export")]
     from test_families import hf_checkpoint
 
+    only = sys.argv[2:]  # families to write (default: all)
     for family, overrides in MADE.items():
+        if only and family not in only:
+            continue
         folder = DATA / family
         shutil.rmtree(folder, ignore_errors=True)
         hf_checkpoint(family, folder / "hf", **overrides)

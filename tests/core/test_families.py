@@ -288,12 +288,13 @@ def test_gguf_of_the_family_equals_transformers(family, tmp_path, report):
         assert (theirs(first).logits - want[0]).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3", "phi3", "olmo2"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "phi3", "olmo2", "qwen3_moe", "mixtral", "olmoe"])
 @pytest.mark.parametrize("backend", ["torch", "ort"])
 def test_llama_cpp_s_gguf_of_the_family_equals_transformers(family, backend, tmp_path, report):
     """A GGUF as llama.cpp's own converter writes the family (tests/gguf_families.py: Gemma's norms stored as
     1 + w, Phi-3's fused qkv and gate/up, OLMo 2's and Gemma's post-sublayer norms, Gemma 3's local RoPE base and
-    window pattern) == transformers on the checkpoint it was converted from, prefill + 8 decode steps."""
+    window pattern; the experts stacked in ffn_{gate,up,down}_exps, the router ffn_gate_inp, Mixtral as a 'llama'
+    with experts) == transformers on the checkpoint it was converted from, prefill + 8 decode steps."""
     from gguf_families import DATA
     from transformers import AutoModelForCausalLM
 
@@ -301,8 +302,8 @@ def test_llama_cpp_s_gguf_of_the_family_equals_transformers(family, backend, tmp
     model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), attn_implementation="eager").float().eval()
     gguf, hf_cfg = folder / "model.gguf", load_config(folder / "hf")
     cfg = load_config(gguf)
-    assert (cfg.family, cfg.qk_norm, cfg.norm_placement, cfg.sliding_layers, cfg.rope_local) == (
-        hf_cfg.family, hf_cfg.qk_norm, hf_cfg.norm_placement, hf_cfg.sliding_layers, hf_cfg.rope_local)
+    assert (cfg.family, cfg.qk_norm, cfg.norm_placement, cfg.sliding_layers, cfg.rope_local, cfg.moe) == (
+        hf_cfg.family, hf_cfg.qk_norm, hf_cfg.norm_placement, hf_cfg.sliding_layers, hf_cfg.rope_local, hf_cfg.moe)
     ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
     want = hf_steps(model, ids, 8)
     if backend == "torch":
