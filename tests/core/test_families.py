@@ -5,6 +5,10 @@ of the MLP (ops.py's MoE): Qwen3-MoE (renormalised top k), Mixtral (its own tens
 softmax gave them). Each is a random tiny checkpoint made and saved by transformers' own class, held to that class
 on every backend, prefill + 8 cached decode steps."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -349,3 +353,48 @@ def test_phi3_s_fused_blocks_are_carried_as_stored(tmp_path, report):
     assert len([n for n in nodes if n.op_type == "QLinear"]) == 4 * cfg.num_layers + 1
     truth = Stepper(cfg, open_checkpoint(path, cfg), batch=2, max_seq=64)
     compare_steps(cfg, truth, OrtStepper(out, cfg, batch=2, max_seq=64), report, "phi3 Q8_0 on llgraph's kernels")
+
+
+def test_a_moe_gguf_with_blocked_experts_runs_them_widened_and_says_so(tmp_path, report):
+    """llama.cpp's Qwen3-MoE GGUF with its gate/up experts re-stored as Q8_0 blocks (gguf's own quantizer): it runs, its
+    experts widened to float32 with one line saying so and the cost, and it stays within Q8_0's error of the float
+    file; the ort export equals the executor on the same file."""
+    import gguf
+    import gguf.quants as gq
+    from gguf_families import DATA
+    from reference import Stepper
+
+    src = gguf.GGUFReader(str(DATA / "qwen3_moe" / "model.gguf"))
+    path = tmp_path / "q8-experts.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    for key, f in src.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            kind = f.types[0]
+            w.add_array(key, f.contents()) if kind == gguf.GGUFValueType.ARRAY else \
+                w.add_key_value(key, f.contents(), kind)
+    for t in src.tensors:
+        data = np.array(t.data)
+        if "_exps" in t.name and data.shape[-1] % 32 == 0:  # gate and up (down's 48 inputs are no whole blocks)
+            w.add_tensor(t.name, gq.quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = subprocess.run([sys.executable, "-m", "llgraph", "generate", str(path), "--tokens", "5,17,33",
+                        "--max-new-tokens", "2"], capture_output=True, text=True,
+                       env={**os.environ, "LLGRAPH_CACHE_DIR": str(tmp_path)})
+    notes = [line for line in r.stderr.splitlines() if "widened to float32" in line]
+    assert r.returncode == 0 and len(notes) == 1 and "Q8_0" in notes[0], r.stderr
+    cfg = load_config(path)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    exact = Stepper(cfg, open_checkpoint(DATA / "qwen3_moe" / "model.gguf", cfg), batch=2, max_seq=64)
+    blocked = Stepper(cfg, open_checkpoint(path, cfg), batch=2, max_seq=64)
+    out = OrtStepper(export_model(path, checkpoint=path, out=tmp_path / "ort", max_seq_len=64), cfg, batch=2,
+                     max_seq=64)
+    a, b, c = exact.step(ids)["logits"], blocked.step(ids)["logits"], out.step(ids)["logits"]
+    report("Qwen3-MoE with Q8_0 experts, ort vs the executor on the same file", (c - b).abs().max().item(), TOL)
+    print(f"Q8_0 experts vs float: max |diff| {(b - a).abs().max().item():.3e}")
+    assert 0 < (b - a).abs().max().item() < 0.1 * a.abs().max().item()
