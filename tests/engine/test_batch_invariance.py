@@ -61,3 +61,24 @@ def test_prompt_logprobs_are_the_same_fresh_or_after_their_prefix_was_cached(smo
     worst = max(abs(a[1] - b[1]) for a, b in zip(fresh, reused))
     print(f"kv {kv}: prompt logprobs, fresh vs after reuse: max|diff| = {worst:.3e}")
     assert reused == fresh
+
+
+def test_a_moe_row_s_experts_do_not_depend_on_its_neighbours():
+    """llama.cpp's Qwen3-MoE GGUF (tests/data/gguf_families): four seeded, sampled requests give the same tokens
+    each alone and packed together in the scheduler's steps (prompts written in chunks of 5): the router and the
+    experts a row's tokens take are its own."""
+    from gguf_families import DATA
+
+    from llgraph.runtime import open_runner
+
+    runner = open_runner(str(DATA / "qwen3_moe" / "model.gguf"), "ort", max_seq_len=64)
+    prompts = [[5, 17, 33, 8, 61, 42, 9, 11, 70], [3, 4, 5, 6], [80, 81, 82, 83, 84, 85, 86], [7] * 12]
+    solo = [runner.generate(p, 16, temperature=1.0, seed=0, eos_token_ids=[]).token_ids for p in prompts]
+    scheduler = Scheduler(runner, slots=4, prefill_chunk=5).start()
+    try:
+        handles = [scheduler.submit(p, 16, Sampling(temperature=1.0, seed=0), eos_token_ids=[]) for p in prompts]
+        together = [h.result(timeout=120).tokens for h in handles]
+    finally:
+        scheduler.stop()
+    print("alone:", solo, "\ntogether:", together)
+    assert together == solo
