@@ -236,10 +236,11 @@ def test_a_native_build_ignores_registered_plugin_creators(tmp_path):
     assert "llgraph's parse with --plugins none: 0 nodes reached a creator" in r.stderr, r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("family", ["gemma2-nocap", "qwen3", "olmo2", "mistral-window", "gemma2"])
+@pytest.mark.parametrize("family", ["gemma2-nocap", "qwen3", "olmo2", "mistral-window", "gemma2", "qwen3_moe"])
 def test_tensorrt_builds_the_families(family, tmp_path):
     """TensorRT-RTX parses and builds each family's variant IR: windows in the attention body, GeGLU, SoftCap,
-    grouped (per-head) RMSNorm, sandwich and post norms, scaled embeddings. Attention soft-capping is what
+    grouped (per-head) RMSNorm, sandwich and post norms, scaled embeddings, routed experts (TopK, ScatterElements,
+    batched MatMuls). Attention soft-capping is what
     TensorRT's own attention layer lacks: that build is refused in one line, naming the plugin path."""
     from test_families import hf_checkpoint
 
