@@ -268,7 +268,7 @@ def moe(em: Emitter, node: Node) -> None:
     """Standard ONNX: the router's softmax (float32) and TopK, the k weights scattered into a dense [tokens,
     experts] matrix, then every expert's SwiGLU on every token as batched MatMuls ([experts, tokens, ffn]) and the
     weighted sum over experts. Exact, and a reference: it reads every expert, where a token needs k of them."""
-    x, router, gate, up, down = node.inputs
+    x, router, gate, up, down, shared_gate, shared_up, shared_down, shared_router = (list(node.inputs) + [None] * 4)[:9]
     name, k = node.name, node.attrs["top_k"]
     hidden = em.graph.values[x].shape[-1]
     dtype = em.dtype_of(x)
@@ -293,6 +293,15 @@ def moe(em: Emitter, node: Node) -> None:
                               em.const([2], "int64")], hint=name)[0]  # [E, N, 1]
     summed = em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([0], "int64")], hint=name,
                      keepdims=0)[0]
+    if shared_gate is not None:  # Qwen2-MoE's shared expert: every token, times sigmoid(x @ shared_router^T)
+        def mm(a, wt):
+            return em.node("MatMul", [a, em.weight(wt, transpose=True)], hint=name)[0]
+        sg = mm(flat, shared_gate)
+        act = em.node("Mul", [em.node("Mul", [sg, em.node("Sigmoid", [sg], hint=name)[0]], hint=name)[0],
+                              mm(flat, shared_up)], hint=name)[0]
+        gated = em.node("Mul", [em.node("Sigmoid", [mm(flat, shared_router)], hint=name)[0], mm(act, shared_down)],
+                        hint=name)[0]
+        summed = em.node("Add", [summed, gated], hint=name)[0]
     em.node("Reshape", [summed, em.node("Shape", [x], hint=name)[0]], node.outputs, hint=name)
 
 

@@ -117,7 +117,12 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32", kv: str | None = None)
             e, f = cfg.moe.num_experts, cfg.moe.intermediate_size
             experts = [weight(f"{p}.mlp.experts.{w}.weight", e, *shape)
                        for w, shape in (("gate_proj", (f, h)), ("up_proj", (f, h)), ("down_proj", (h, f)))]
-            (m,) = b.add("MoE", (n, weight(f"{p}.mlp.gate.weight", e, h), *experts), (f"{v}.mlp_out",),
+            s, shared = cfg.moe.shared_intermediate_size, []
+            if s:  # Qwen2-MoE's shared expert and its sigmoid gate
+                shared = [weight(f"{p}.mlp.shared_expert.{w}.weight", *shape)
+                          for w, shape in (("gate_proj", (s, h)), ("up_proj", (s, h)), ("down_proj", (h, s)))]
+                shared.append(weight(f"{p}.mlp.shared_expert_gate.weight", 1, h))
+            (m,) = b.add("MoE", (n, weight(f"{p}.mlp.gate.weight", e, h), *experts, *shared), (f"{v}.mlp_out",),
                          top_k=cfg.moe.top_k, normalize=cfg.moe.normalize)
         else:
             g = linear(n, f"{p}.mlp.gate_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.gate")

@@ -15,7 +15,7 @@ from typing import Any
 from llgraph.errors import LlgraphError
 
 FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma2", "gemma3",  # the Llama block, its variants
-            "qwen3_moe", "mixtral", "olmoe")  # ... with routed experts for its MLP (MoeConfig)
+            "qwen3_moe", "mixtral", "olmoe", "qwen2_moe")  # ... with routed experts for its MLP (MoeConfig)
 QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k before RoPE: per head (Qwen3), whole (OLMo 2)
 NORM_PLACEMENTS = ("pre", "post", "sandwich")  # before attention and MLP (Llama), on their outputs (OLMo 2),
 # or both (Gemma 2)
@@ -54,12 +54,14 @@ class MoeConfig:
     """Routed experts in place of the MLP (ops.py's MoE): a router picks `top_k` of `num_experts` gated MLPs of
     `intermediate_size` per token by softmax over all experts; `normalize` rescales the k weights to sum to 1
     (Qwen3-MoE's norm_topk_prob; Mixtral's softmax over the top k logits is the same), else they stay as the
-    softmax gave them (OLMoE)."""
+    softmax gave them (OLMoE). `shared_intermediate_size`: a shared expert every token takes, weighted by a sigmoid
+    gate of its own (Qwen2-MoE; 0: none)."""
 
     num_experts: int
     top_k: int
     intermediate_size: int
     normalize: bool = True
+    shared_intermediate_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,7 @@ class LlamaConfig:
         mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
         if self.moe is not None:  # the router and every expert
             mlp = self.moe.num_experts * (h + 3 * h * self.moe.intermediate_size)
+            mlp += (h + 3 * h * self.moe.shared_intermediate_size) if self.moe.shared_intermediate_size else 0
         qk = {"none": 0, "head": 2 * self.head_dim, "projection": self.q_size + self.kv_size}[self.qk_norm]
         norms = 4 if self.norm_placement == "sandwich" else 1 if self.parallel_block else 2
         per_layer = attn + mlp + norms * h + qk

@@ -298,7 +298,8 @@ def _swiglu(node: Node, gate, up):
 
 
 @torch_impl("MoE")
-def _moe(node: Node, x, router, gate, up, down):
+def _moe(node: Node, x, router, gate, up, down, shared_gate=None, shared_up=None, shared_down=None,
+         shared_router=None):
     """Each token through its top_k experts only (ops.py's MoE): tokens grouped by expert, as ggml's mul_mat_id."""
     flat = x.reshape(-1, x.shape[-1])  # [N, H]
     probs = torch.softmax((flat @ router.T).float(), dim=-1)  # [N, E]
@@ -311,6 +312,9 @@ def _moe(node: Node, x, router, gate, up, down):
         rows = flat[token]
         y = (F.silu(rows @ gate[e].T) * (rows @ up[e].T)) @ down[e].T
         out.index_add_(0, token, (y * weights[token, slot, None].to(y.dtype)).to(out.dtype))
+    if shared_gate is not None:  # Qwen2-MoE's shared expert, every token, weighted by its own sigmoid gate
+        shared = (F.silu(flat @ shared_gate.T) * (flat @ shared_up.T)) @ shared_down.T
+        out = out + torch.sigmoid(flat @ shared_router.T) * shared
     return (out.reshape(x.shape),)
 
 

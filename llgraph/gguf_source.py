@@ -24,10 +24,11 @@ from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
 from llgraph.weights import CARRIED, WeightError, WeightSource
 
 # general.architecture values read (Mistral GGUFs are 'llama'), as llama.cpp's converter writes them
-GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3", "qwen3moe", "olmoe")
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3", "qwen3moe", "olmoe", "qwen2moe")
 # a mixture of experts' family by architecture (Mixtral's GGUFs are 'llama' with experts) and whether llama.cpp
 # renormalises the top k weights (build_moe_ffn's norm_w in its src/models/<arch>.cpp)
-_MOE_ARCHS = {"llama": ("mixtral", True), "qwen3moe": ("qwen3_moe", True), "olmoe": ("olmoe", False)}
+_MOE_ARCHS = {"llama": ("mixtral", True), "qwen3moe": ("qwen3_moe", True), "olmoe": ("olmoe", False),
+              "qwen2moe": ("qwen2_moe", False)}
 
 
 def stored_rope_layout(arch: str) -> str:
@@ -43,7 +44,9 @@ _GGUF_NAMES = {
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     # a mixture of experts: the router, and the experts stacked [experts, ffn, hidden] as ops.py's MoE takes them
     "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
-    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_down_exps": "mlp.experts.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 # where an architecture's names mean other HF tensors: the norms after a sublayer (OLMo 2, Gemma) make llama's
 # ffn_norm Gemma's pre-MLP norm; Phi-3 keeps its fused projections
@@ -240,7 +243,8 @@ def gguf_config(path: str | Path) -> LlamaConfig:
                               f"of {', '.join(_MOE_ARCHS)} GGUFs")
         family, normalize = _MOE_ARCHS[arch]
         moe = MoeConfig(num_experts=get("expert_count"), top_k=get("expert_used_count"), normalize=normalize,
-                        intermediate_size=get("expert_feed_forward_length") or get("feed_forward_length"))
+                        intermediate_size=get("expert_feed_forward_length") or get("feed_forward_length"),
+                        shared_intermediate_size=get("expert_shared_feed_forward_length", 0))
     return LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
         num_layers=n_layers, num_heads=n_head, num_kv_heads=get("attention.head_count_kv", n_head),

@@ -28,7 +28,8 @@ _HF_READ = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers
             "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "attention_bias",
             "mlp_bias", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping",
             "final_logit_softcapping", "layer_types", "num_experts", "num_local_experts", "num_experts_per_tok",
-            "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "clip_qkv"}
+            "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "clip_qkv",
+            "shared_expert_intermediate_size", "qkv_bias"}
 # keys transformers' PretrainedConfig documents (generation defaults, task heads, bookkeeping): no warning for them
 _HF_DOCUMENTED = {
     "is_decoder", "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder", "torchscript", "pruned_heads",
@@ -82,7 +83,7 @@ def from_hf_dict(d: dict) -> LlamaConfig:
     gemma = mt in ("gemma2", "gemma3")
     # Qwen2/Qwen3 window only with use_sliding_window, then the layers >= max_window_layers; Mistral and Phi-3
     # every layer whenever sliding_window is set. transformers 5 spells the layers out in layer_types.
-    qwen = mt in ("qwen2", "qwen3", "qwen3_moe")
+    qwen = mt in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
     window = d.get("sliding_window") if d.get("use_sliding_window", not qwen) else None
     layers = None
     if window and d.get("layer_types"):
@@ -106,8 +107,9 @@ def from_hf_dict(d: dict) -> LlamaConfig:
         num_kv_heads=d.get("num_key_value_heads"), head_dim=d.get("head_dim"),
         rms_norm_eps=d.get("rms_norm_eps", 1e-6), max_position_embeddings=d.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),
-        attention_bias=bool(d.get("attention_bias", mt == "qwen2")), mlp_bias=bool(d.get("mlp_bias", False)),
-        attention_out_bias=False if mt == "qwen2" else None, family=mt, sliding_window=window,
+        attention_bias=bool(d.get("attention_bias", d.get("qkv_bias", mt in ("qwen2", "qwen2_moe")))),
+        mlp_bias=bool(d.get("mlp_bias", False)),
+        attention_out_bias=False if mt in ("qwen2", "qwen2_moe") else None, family=mt, sliding_window=window,
         sliding_layers=layers,
         qk_norm={"qwen3": "head", "qwen3_moe": "head", "gemma3": "head", "olmo2": "projection",
                  "olmoe": "projection"}.get(mt, "none"),
@@ -126,10 +128,10 @@ def from_hf_dict(d: dict) -> LlamaConfig:
 
 
 def _hf_moe(d: dict, mt: str) -> MoeConfig | None:
-    """The routed experts of Qwen3-MoE, Mixtral and OLMoE (None for a dense family), as their transformers classes
-    route: softmax over every expert, the top k, renormalised where norm_topk_prob (always for Mixtral, whose
-    softmax over the top k logits is the same)."""
-    if mt not in ("qwen3_moe", "mixtral", "olmoe"):
+    """The routed experts of Qwen3-MoE, Mixtral, OLMoE and Qwen2-MoE (None for a dense family), as their
+    transformers classes route: softmax over every expert, the top k, renormalised where norm_topk_prob (always for
+    Mixtral, whose softmax over the top k logits is the same); Qwen2-MoE's shared expert beside them."""
+    if mt not in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"):
         return None
     if d.get("decoder_sparse_step", 1) != 1 or d.get("mlp_only_layers"):
         raise ConfigError("a Qwen3-MoE with dense layers among the sparse ones (decoder_sparse_step != 1 or "
@@ -137,11 +139,12 @@ def _hf_moe(d: dict, mt: str) -> MoeConfig | None:
     if d.get("clip_qkv") is not None:
         raise ConfigError(f"OLMoE's clip_qkv ({d['clip_qkv']}) is not supported; only checkpoints without it")
     experts = d.get("num_experts", d.get("num_local_experts"))  # transformers 5 writes the latter for all three
-    size = d.get("moe_intermediate_size") if mt == "qwen3_moe" else d.get("intermediate_size")
+    size = d.get("moe_intermediate_size") if mt in ("qwen3_moe", "qwen2_moe") else d.get("intermediate_size")
     if experts is None or d.get("num_experts_per_tok") is None or size is None:
         raise ConfigError(f"HF config of {mt} lacks its experts' count, num_experts_per_tok or their size")
     return MoeConfig(num_experts=experts, top_k=d["num_experts_per_tok"], intermediate_size=size,
-                     normalize=True if mt == "mixtral" else bool(d.get("norm_topk_prob", False)))
+                     normalize=True if mt == "mixtral" else bool(d.get("norm_topk_prob", False)),
+                     shared_intermediate_size=d.get("shared_expert_intermediate_size") or 0)
 
 
 def _hf_local_rope(d: dict, head_dim: int) -> RopeConfig:

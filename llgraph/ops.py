@@ -212,7 +212,7 @@ def _swiglu(ins, attrs):
 
 
 def _moe(ins, attrs):
-    x, router, gate, up, down = ins
+    x, router, gate, up, down, shared_gate, shared_up, shared_down, shared_router = (list(ins) + [None] * 4)[:9]
     _float(x, "x")
     _require(len(router.shape) == 2 and router.shape[1] == x.shape[-1], f"router must be [experts, {x.shape[-1]}], "
              f"got {router.shape}")
@@ -223,6 +223,15 @@ def _moe(ins, attrs):
     _same(down.shape, (experts, x.shape[-1], gate.shape[1]), "down shape [experts, hidden, ffn]")
     _require(isinstance(experts, str) or 1 <= attrs["top_k"] <= experts,
              f"top_k ({attrs['top_k']}) must be in 1..{experts} (the experts)")
+    shared = (shared_gate, shared_up, shared_down, shared_router)
+    _require(all(s is None for s in shared) or all(s is not None for s in shared),
+             "a shared expert needs all four of shared_gate, shared_up, shared_down and shared_router")
+    if shared_gate is not None:
+        _require(len(shared_gate.shape) == 2 and shared_gate.shape[1] == x.shape[-1],
+                 f"shared_gate must be [shared_ffn, {x.shape[-1]}], got {shared_gate.shape}")
+        _same(shared_up.shape, shared_gate.shape, "shared_up vs shared_gate shape")
+        _same(shared_down.shape, (x.shape[-1], shared_gate.shape[0]), "shared_down shape [hidden, shared_ffn]")
+        _same(shared_router.shape, (1, x.shape[-1]), "shared_router shape [1, hidden]")
     return [(x.dtype, x.shape)]
 
 
@@ -294,13 +303,16 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         "query (b, s) to its row's positions 0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv "
         "head j serves query heads j*g..(j+1)*g-1 with g = num_heads / num_kv_heads"),
     OpSchema("SwiGLU", ("gate", "up"), ("out",), (), _swiglu, "silu(gate) * up"),
-    OpSchema("MoE", ("x", "router", "gate", "up", "down"), ("out",), (
+    OpSchema("MoE", ("x", "router", "gate", "up", "down", "shared_gate?", "shared_up?", "shared_down?",
+                     "shared_router?"), ("out",), (
         Attr("top_k", int, "experts each token takes"),
         Attr("normalize", bool, "the k weights rescaled to sum to 1 (Qwen3-MoE's norm_topk_prob, Mixtral)"),
     ), _moe,
         "routed experts: p = softmax(x @ router^T) over all experts (float32), the top_k of p (ties: the lower "
         "expert), w = those p (/ their sum if normalize); out = sum over the chosen e of w_e * (silu(x @ gate[e]^T) "
-        "* (x @ up[e]^T)) @ down[e]^T. gate, up: [experts, ffn, hidden]; down: [experts, hidden, ffn]"),
+        "* (x @ up[e]^T)) @ down[e]^T. gate, up: [experts, ffn, hidden]; down: [experts, hidden, ffn]. With a shared "
+        "expert (Qwen2-MoE), out += sigmoid(x @ shared_router^T) * (silu(x @ shared_gate^T) * (x @ shared_up^T)) "
+        "@ shared_down^T"),
     OpSchema("GeGLU", ("gate", "up"), ("out",), (), _swiglu, "gelu_tanh(gate) * up (Gemma's MLP)"),
     OpSchema("SoftCap", ("x",), ("out",), (Attr("cap", float),), _softcap,
              "cap * tanh(x / cap) (Gemma 2's final logits)"),

@@ -20,7 +20,7 @@ MADE = {"gemma2": {"query_pre_attn_scalar": 16}, "phi3": {}, "olmo2": {},
         "gemma3": {"num_hidden_layers": 7, "query_pre_attn_scalar": 16, "layer_types": None},
         # mixtures of experts (llama.cpp's qwen3moe, llama, olmoe); OLMoE with as many kv heads as heads, as the real
         # one: llama.cpp sizes its k-norm by the hidden size
-        "qwen3_moe": {}, "mixtral": {}, "olmoe": {"num_key_value_heads": 4}}
+        "qwen3_moe": {}, "mixtral": {}, "olmoe": {"num_key_value_heads": 4}, "qwen2_moe": {}}
 
 
 def convert(llama_cpp: Path, hf: Path, out: Path) -> None:

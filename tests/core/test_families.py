@@ -50,6 +50,9 @@ FAMILIES = {
                                      "moe_intermediate_size": 48, "norm_topk_prob": True}),
     "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
     "olmoe": ("OlmoeConfig", {"num_experts": 4, "num_experts_per_tok": 2}),
+    # and a shared expert beside them, gated by its own sigmoid; q/k/v biases
+    "qwen2_moe": ("Qwen2MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                                     "shared_expert_intermediate_size": 80}),
 }
 
 
@@ -102,7 +105,7 @@ def test_family_equals_transformers(family, backend, tmp_path, report):
     cfg = load_config(folder)
     assert cfg.family == name.split("-")[0]
     assert bool(cfg.sliding_window) == (name.endswith("window") or name.startswith("gemma"))
-    assert (cfg.moe is not None) == (name in ("qwen3_moe", "mixtral", "olmoe"))
+    assert (cfg.moe is not None) == (name in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"))
     assert (cfg.qk_norm, cfg.norm_placement) == {"qwen3": ("head", "pre"), "olmo2": ("projection", "post"),
                                                  "qwen3_moe": ("head", "pre"), "olmoe": ("projection", "pre"),
                                                  "gemma2": ("none", "sandwich"),
@@ -292,7 +295,8 @@ def test_gguf_of_the_family_equals_transformers(family, tmp_path, report):
         assert (theirs(first).logits - want[0]).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3", "phi3", "olmo2", "qwen3_moe", "mixtral", "olmoe"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "phi3", "olmo2", "qwen3_moe", "mixtral", "olmoe",
+                                    "qwen2_moe"])
 @pytest.mark.parametrize("backend", ["torch", "ort"])
 def test_llama_cpp_s_gguf_of_the_family_equals_transformers(family, backend, tmp_path, report):
     """A GGUF as llama.cpp's own converter writes the family (tests/gguf_families.py: Gemma's norms stored as
