@@ -264,20 +264,49 @@ def _experts_t(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.transpose(0, 2, 1))
 
 
+def moe_inputs(node: Node) -> list:
+    """x, router, gate, up, down, shared_gate, shared_up, shared_down, shared_router (absent ones None)."""
+    return (list(node.inputs) + [None] * 4)[:9]
+
+
+def moe_tokens(em: Emitter, node: Node) -> tuple[str, str]:
+    """(x as [tokens, hidden], the router's logits [tokens, experts] in float32)."""
+    x, router = node.inputs[:2]
+    flat = em.node("Reshape", [x, em.const([-1, em.graph.values[x].shape[-1]], "int64")], hint=node.name)[0]
+    logits = em.node("MatMul", [flat, em.weight(router, transpose=True)], hint=node.name)[0]
+    if em.dtype_of(x) != TensorProto.FLOAT:
+        logits = em.node("Cast", [logits], hint=node.name, to=TensorProto.FLOAT)[0]
+    return flat, logits
+
+
+def moe_finish(em: Emitter, node: Node, flat: str, routed: str) -> None:
+    """The routed experts' sum [tokens, hidden], plus Qwen2-MoE's shared expert (every token, times
+    sigmoid(x @ shared_router^T)) where the node has one, in x's shape."""
+    x, _, _, _, _, shared_gate, shared_up, shared_down, shared_router = moe_inputs(node)
+    name = node.name
+    if shared_gate is not None:
+        def mm(a, w):
+            return em.node("MatMul", [a, em.weight(w, transpose=True)], hint=name)[0]
+        sg = mm(flat, shared_gate)
+        act = em.node("Mul", [em.node("Mul", [sg, em.node("Sigmoid", [sg], hint=name)[0]], hint=name)[0],
+                              mm(flat, shared_up)], hint=name)[0]
+        gated = em.node("Mul", [em.node("Sigmoid", [mm(flat, shared_router)], hint=name)[0], mm(act, shared_down)],
+                        hint=name)[0]
+        routed = em.node("Add", [routed, gated], hint=name)[0]
+    em.node("Reshape", [routed, em.node("Shape", [x], hint=name)[0]], node.outputs, hint=name)
+
+
 def moe(em: Emitter, node: Node) -> None:
     """Standard ONNX: the router's softmax (float32) and TopK, the k weights scattered into a dense [tokens,
     experts] matrix, then every expert's SwiGLU on every token as batched MatMuls ([experts, tokens, ffn]) and the
-    weighted sum over experts. Exact, and a reference: it reads every expert, where a token needs k of them."""
-    x, router, gate, up, down, shared_gate, shared_up, shared_down, shared_router = (list(node.inputs) + [None] * 4)[:9]
-    name, k = node.name, node.attrs["top_k"]
-    hidden = em.graph.values[x].shape[-1]
-    dtype = em.dtype_of(x)
-    flat = em.node("Reshape", [x, em.const([-1, hidden], "int64")], hint=name)[0]  # [N, H]
-    logits = em.node("MatMul", [flat, em.weight(router, transpose=True)], hint=name)[0]
-    if dtype != TensorProto.FLOAT:
-        logits = em.node("Cast", [logits], hint=name, to=TensorProto.FLOAT)[0]
+    weighted sum over experts. Exact, and a reference: it reads every expert, where a token needs k of them (the
+    ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py)."""
+    x, _, gate, up, down = moe_inputs(node)[:5]
+    name, dtype = node.name, em.dtype_of(x)
+    flat, logits = moe_tokens(em, node)
     probs = em.node("Softmax", [logits], hint=name, axis=-1)[0]
-    top, chosen = em.node("TopK", [probs, em.const([k], "int64")], 2, hint=name, axis=-1, largest=1, sorted=1)
+    k = em.const([node.attrs["top_k"]], "int64")
+    top, chosen = em.node("TopK", [probs, k], 2, hint=name, axis=-1, largest=1, sorted=1)
     if node.attrs["normalize"]:
         top = em.node("Div", [top, em.node("ReduceSum", [top, em.const([-1], "int64")], hint=name,
                                             keepdims=1)[0]], hint=name)[0]
@@ -293,16 +322,7 @@ def moe(em: Emitter, node: Node) -> None:
                               em.const([2], "int64")], hint=name)[0]  # [E, N, 1]
     summed = em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([0], "int64")], hint=name,
                      keepdims=0)[0]
-    if shared_gate is not None:  # Qwen2-MoE's shared expert: every token, times sigmoid(x @ shared_router^T)
-        def mm(a, wt):
-            return em.node("MatMul", [a, em.weight(wt, transpose=True)], hint=name)[0]
-        sg = mm(flat, shared_gate)
-        act = em.node("Mul", [em.node("Mul", [sg, em.node("Sigmoid", [sg], hint=name)[0]], hint=name)[0],
-                              mm(flat, shared_up)], hint=name)[0]
-        gated = em.node("Mul", [em.node("Sigmoid", [mm(flat, shared_router)], hint=name)[0], mm(act, shared_down)],
-                        hint=name)[0]
-        summed = em.node("Add", [summed, gated], hint=name)[0]
-    em.node("Reshape", [summed, em.node("Shape", [x], hint=name)[0]], node.outputs, hint=name)
+    moe_finish(em, node, flat, summed)
 
 
 def add(em: Emitter, node: Node) -> None:

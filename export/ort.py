@@ -22,6 +22,7 @@ import numpy as np
 from onnx import TensorProto
 
 import llgraph.export.onnx as std
+from llgraph.export import ort_moe
 from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
 from llgraph.export.ort_qlinear import plan_qlinear_fusions, qembedding_llgraph, qlinear_llgraph
@@ -307,6 +308,6 @@ def extras(folder: Path, manifest) -> None:
     write_genai_config(folder, manifest, library)
 
 
-TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear, "QEmbedding": qembedding_gather},
+TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear, "QEmbedding": qembedding_gather, "MoE": ort_moe.moe},
                 {"": std.OPSET, MS: 1, cpu.DOMAIN: 1}, plan=plan, extras=extras, bf16=False, accuracy_level=True,
                 kernels=True, passes=(expose_hidden, keep_last_positions), options_pass=ragged)

@@ -124,6 +124,9 @@ def test_family_equals_transformers(family, backend, tmp_path, report):
             assert len(attention) == cfg.num_layers, [n.op_type for n in nodes]
             concats = [n for n in nodes if n.op_type == "Concat"]
             assert len(concats) == (0 if cfg.qk_norm == "none" else cfg.num_layers), [n.op_type for n in nodes]
+        if target == "ort" and cfg.moe is not None:  # the experts on ONNX Runtime's MoE op (export/ort_moe.py)
+            nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+            assert sum((n.domain, n.op_type) == ("com.microsoft", "MoE") for n in nodes) == cfg.num_layers
         ours = OrtStepper(out, cfg, batch=2, max_seq=64)
     worst = 0.0
     for step, logits in enumerate(want):
