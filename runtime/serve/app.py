@@ -35,6 +35,7 @@ except ImportError as e:
     raise MissingExtra("llgraph serve", "fastapi uvicorn prometheus-client llguidance jsonschema", "serve",
                        e) from None
 
+from llgraph import __version__
 from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 from llgraph.runtime.engine.speculative import MAX_DRAFT
 from llgraph.runtime.serve import responses
@@ -278,6 +279,10 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
                                      media_type="text/event-stream")
         return responses.response_of(answered, body, rid, name) if isinstance(answered, dict) else answered
 
+    # what OpenAI's system_fingerprint says: the backend configuration that answered (a seeded answer repeats while
+    # it stays the same)
+    fingerprint = f"llgraph-{__version__}-{options.backend}"
+
     async def _serve(request: Request, chat: bool, body: dict | None = None):
         runner, scheduler = state["runner"], state["scheduler"]
         if body is None:
@@ -287,7 +292,7 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         ask = await asyncio.to_thread(parse, body, chat, runner, options.slots, options.slots + options.max_queue,
                                       options.speculative, options.draft_max, draft=scheduler.draft is not None)
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-                "model": options.served_name}
+                "model": options.served_name, "system_fingerprint": fingerprint}
         return await answer(request, ask, runner, scheduler, meta)
 
     @route("post", "/v1/embeddings")

@@ -295,3 +295,17 @@ def test_head_health_answers_as_get_does(server):
     """A load balancer's or `curl -I`'s probe: 200 with no body (it was a 405)."""
     r = httpx.head(f"{server.url}/health")
     assert r.status_code == 200 and r.content == b"", (r.status_code, r.text)
+
+
+def test_every_answer_carries_a_system_fingerprint(server):
+    """OpenAI's system_fingerprint, whole and streamed, completions and chat: llgraph's version and backend."""
+    from llgraph import __version__
+
+    want = f"llgraph-{__version__}-ort"
+    whole = server.client.completions.create(model="smollm2", prompt="Hi", max_tokens=2, temperature=0)
+    chat = server.client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=2, temperature=0)
+    chunks = list(server.client.chat.completions.create(model="smollm2", max_tokens=2, temperature=0, stream=True,
+                                                        messages=[{"role": "user", "content": "Hi"}]))
+    assert whole.system_fingerprint == chat.system_fingerprint == want
+    assert chunks and all(c.system_fingerprint == want for c in chunks)
