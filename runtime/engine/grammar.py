@@ -27,6 +27,32 @@ from llgraph.errors import LlgraphError, RequestError
 _OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,16}"}
 
 
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def strict(schema):
+    """`schema` with `"additionalProperties": false` in every object schema that lists properties and says nothing
+    of others (xgrammar's and vLLM's default reading: the schemas Pydantic and LangChain write leave it out, and a
+    model given the freedom keeps adding keys). A copy; a schema that says otherwise keeps what it says."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: strict(v) for k, v in out[key].items()}
+    for key in (*_SUBSCHEMA_LISTS, *_SUBSCHEMAS):
+        if key in out:
+            out[key] = strict(out[key])
+    if "properties" in out and not any(k in out for k in ("additionalProperties", "patternProperties",
+                                                           "unevaluatedProperties")):
+        out["additionalProperties"] = False
+    return out
+
+
 def _llguidance():
     try:
         import llguidance
@@ -43,7 +69,15 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: dict | str) -> "Grammar":
-        return cls._built(lambda ll: ll.LLMatcher.grammar_from_json_schema(schema, defaults=_OPTIONS),
+        """A schema's grammar, strict where the schema is silent (`strict`): an object with properties takes no
+        others unless it says `additionalProperties`."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise RequestError(f"the JSON schema is not valid JSON: {e}") from None
+        text = json.dumps(strict(schema))
+        return cls._built(lambda ll: ll.LLMatcher.grammar_from_json_schema(text, defaults=_OPTIONS),
                           "the JSON schema is not valid", " (or not supported)")
 
     @classmethod

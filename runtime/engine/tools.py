@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 
 from llgraph.errors import RequestError
-from llgraph.runtime.engine.grammar import Grammar
+from llgraph.runtime.engine.grammar import Grammar, strict
 
 FALLBACK = ("You are a function calling AI model. You are provided with function signatures within <tools></tools> "
             "XML tags. You may call one or more functions to assist with the user query. Don't make assumptions "
@@ -129,7 +129,7 @@ class ToolSpec:
         key = "parameters" if style(template) == "llama3" else "arguments"
         schema = {"anyOf": [{"type": "object", "properties": {
             "name": {"const": fn["name"]},
-            key: _rerooted(fn.get("parameters") or {"type": "object"}, f"/anyOf/{i}/properties/{key}")},
+            key: _rerooted(strict(fn.get("parameters") or {"type": "object"}), f"/anyOf/{i}/properties/{key}")},
             "required": ["name", key], "additionalProperties": False} for i, fn in enumerate(fns)]}
         call = f"%json {json.dumps(schema)}"
         if style(template) == "llama3":

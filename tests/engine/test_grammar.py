@@ -65,8 +65,11 @@ def test_greedy_under_a_schema_equals_the_unconstrained_model_where_it_complied(
             break
         matcher.advance(token)
         complied += 1
-    print(f"the unconstrained model complied for {complied} tokens: {free.text!r}")
-    assert complied >= 20 and constrained.token_ids[:complied] == free.token_ids[:complied]
+    print(f"the unconstrained model complied for {complied} tokens: {free.text!r}; constrained: {constrained.text!r}")
+    # it complies through the three keys, then adds a fourth ("country"), which the schema, silent on others, does
+    # not allow (grammar.strict): the constrained answer closes the object there
+    assert complied >= 15 and constrained.token_ids[:complied] == free.token_ids[:complied]
+    assert set(json.loads(constrained.text)) == {"name", "age", "city"}
 
     fenced = runner.generate(ASK, 60)  # the model opens with a markdown fence, which the grammar forbids
     assert fenced.text.startswith("```") and _valid(runner.generate(ASK, 60, grammar=Grammar.json_schema(PERSON))
@@ -107,3 +110,42 @@ def test_bad_schemas_are_one_line(response_format, message):
 
 def test_text_is_no_grammar():
     assert Grammar.from_response_format({"type": "text"}) is None and Grammar.from_response_format(None) is None
+
+
+def test_a_schema_silent_on_other_keys_takes_none():
+    """The schemas Pydantic and LangChain write leave additionalProperties out: read as false (xgrammar's and vLLM's
+    default), after the listed keys the object can only close; a schema that allows others keeps them, and one
+    without properties is any object."""
+    from llgraph.runtime.engine.grammar import strict
+
+    pydantic = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/$defs/B"}},
+                "required": ["a"], "$defs": {"B": {"type": "object", "properties": {"c": {"type": "string"}}}}}
+    tight = strict(pydantic)
+    assert tight["additionalProperties"] is False and tight["$defs"]["B"]["additionalProperties"] is False
+    assert "additionalProperties" not in pydantic  # a copy: the request's schema is left as sent
+    assert strict({**pydantic, "additionalProperties": True})["additionalProperties"] is True
+    assert "additionalProperties" not in strict({"type": "object"})
+    import llguidance
+    from jsonschema import validate
+
+    for schema, text, ok in ((pydantic, '{"a": 1, "b": {"c": "x"}}', True), (pydantic, '{"a": 1, "z": 2}', False),
+                             (pydantic, '{"a": 1, "b": {"c": "x", "d": 1}}', False),
+                             ({**pydantic, "additionalProperties": True}, '{"a": 1, "z": 2}', True)):
+        if ok:  # an independent checker agrees the accepted documents are valid
+            validate(json.loads(text), strict(schema))
+        m = llguidance.LLMatcher(llguidance.LLTokenizer(_byte_tokenizer()), Grammar.json_schema(schema).spec,
+                                 log_level=0)
+        accepted = m.try_consume_tokens(list(text.encode())) == len(text.encode())
+        assert accepted == ok, (schema, text)
+
+
+def _byte_tokenizer():
+    """A 256-token vocabulary of single bytes (and an EOS), for matching text byte by byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from llgraph.tokenizer import _byte_level_alphabet
+
+    alphabet = {b: c for c, b in _byte_level_alphabet().items()}
+    tk = Tokenizer(models.BPE({alphabet[b]: b for b in range(256)} | {"<eos>": 256}, []))
+    tk.pre_tokenizer, tk.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    return tk.to_str()
