@@ -22,7 +22,7 @@ import numpy as np
 from onnx import TensorProto
 
 import llgraph.export.onnx as std
-from llgraph.export import ort_moe
+import llgraph.export.ort_moe as ort_moe
 from llgraph.export.genai import write_genai_config
 from llgraph.export.lower import Emitter, Target
 from llgraph.export.ort_qlinear import plan_qlinear_fusions, qembedding_llgraph, qlinear_llgraph
