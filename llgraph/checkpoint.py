@@ -199,7 +199,7 @@ def _say_widened_experts(source) -> None:
     experts = [n for n in source.names() if ".mlp.experts." in n and source.tensor_type(n) not in ("F32", "F16",
                                                                                                   "BF16")]
     if experts:
-        stored = sum(source._tensors[n].n_bytes for n in experts)
+        stored = sum(source.stored_bytes(n) for n in experts)
         wide = sum(4 * math.prod(source.shape(n)) for n in experts)
         kinds = sorted({source.tensor_type(n) for n in experts})
         print(f"llgraph: this GGUF's experts ({'/'.join(kinds)}, {stored / 1e9:.2f} GB as stored) run widened to "

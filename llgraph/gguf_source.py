@@ -139,6 +139,10 @@ class GGUFSource(WeightSource):
     def tensor_type(self, name) -> str:
         return self._tensors[name].tensor_type.name
 
+    def stored_bytes(self, name) -> int:
+        """The tensor's bytes in the file (its blocks, as stored)."""
+        return int(self._tensors[name].n_bytes)
+
     def quant_format(self, name):
         return GGUF_FORMATS.get(self.tensor_type(name)) if CARRIED.fullmatch(name) else None
 
