@@ -263,12 +263,16 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
 
 
 def _quant_summary(graph: Graph) -> dict:
-    """How many Linears are quantized, in which formats (for the manifest and `llgraph cache list`)."""
+    """How many Linears (and mixtures' experts) are quantized, in which formats (for the manifest and `llgraph cache
+    list`)."""
     counts: dict[str, int] = {}
     for n in graph.nodes:
         if n.op == "QLinear":
             bits = n.attrs["bits"] if n.attrs.get("code_bits", n.attrs["bits"]) == n.attrs["bits"] else \
                 f"{n.attrs['code_bits']}in{n.attrs['bits']}"
             key = f"int{bits}/b{n.attrs['block_size']}/zp{n.attrs['zero_point']}"
+            counts[key] = counts.get(key, 0) + 1
+        elif n.op == "QMoE":  # routed experts in GGUF super-blocks
+            key = f"experts {n.attrs['format']}/{n.attrs['down_format']}"
             counts[key] = counts.get(key, 0) + 1
     return counts

@@ -13,6 +13,8 @@ from onnx import TensorProto, numpy_helper
 
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
+from llgraph.quant import dequantize_experts
+from llgraph.weights import DTYPES
 
 OPSET = 24
 
@@ -301,7 +303,7 @@ def moe(em: Emitter, node: Node) -> None:
     experts] matrix, then every expert's SwiGLU on every token as batched MatMuls ([experts, tokens, ffn]) and the
     weighted sum over experts. Exact, and a reference: it reads every expert, where a token needs k of them (the
     ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py)."""
-    x, _, gate, up, down = moe_inputs(node)[:5]
+    x = node.inputs[0]
     name, dtype = node.name, em.dtype_of(x)
     flat, logits = moe_tokens(em, node)
     probs = em.node("Softmax", [logits], hint=name, axis=-1)[0]
@@ -314,15 +316,27 @@ def moe(em: Emitter, node: Node) -> None:
     dense = em.node("ScatterElements", [zeros, chosen, top], hint=name, axis=1)[0]  # [N, E]: 0 but the chosen
     if dtype != TensorProto.FLOAT:
         dense = em.node("Cast", [dense], hint=name, to=dtype)[0]
-    g = em.node("MatMul", [flat, em.weight(gate, compute=_experts_t)], hint=name)[0]  # [E, N, F]
-    u = em.node("MatMul", [flat, em.weight(up, compute=_experts_t)], hint=name)[0]
+    gate, up, down = (expert_weights(em, node, i, _experts_t) for i in (2, 3, 4))
+    g = em.node("MatMul", [flat, gate], hint=name)[0]  # [E, N, F]
+    u = em.node("MatMul", [flat, up], hint=name)[0]
     act = em.node("Mul", [em.node("Mul", [g, em.node("Sigmoid", [g], hint=name)[0]], hint=name)[0], u], hint=name)[0]
-    y = em.node("MatMul", [act, em.weight(down, compute=_experts_t)], hint=name)[0]  # [E, N, H]
+    y = em.node("MatMul", [act, down], hint=name)[0]  # [E, N, H]
     w = em.node("Unsqueeze", [em.node("Transpose", [dense], hint=name, perm=[1, 0])[0],
                               em.const([2], "int64")], hint=name)[0]  # [E, N, 1]
     summed = em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([0], "int64")], hint=name,
                      keepdims=0)[0]
     moe_finish(em, node, flat, summed)
+
+
+def expert_weights(em: Emitter, node: Node, index: int, compute) -> str:
+    """A MoE's float experts (input `index`: gate, up or down), or a QMoE's dequantized in x's float type as ggml
+    defines its super-blocks, through `compute` ([experts, out, in] -> the layout a lowering reads)."""
+    param = node.inputs[index]
+    if node.op == "MoE":
+        return em.weight(param, compute=compute)
+    kind = node.attrs["down_format" if index == 4 else "format"]
+    dtype = DTYPES[em.graph.values[node.inputs[0]].dtype]
+    return em.derived(f"{param}.{compute.__name__}", lambda c: compute(dequantize_experts(c, kind, dtype)), param)
 
 
 def add(em: Emitter, node: Node) -> None:
@@ -332,6 +346,6 @@ def add(em: Emitter, node: Node) -> None:
 LOWERINGS = {"Embedding": embedding, "QEmbedding": qembedding, "RMSNorm": rmsnorm, "Linear": linear,
              "QLinear": qlinear, "Split": split, "RotaryCosSin": rotary_cos_sin, "Rotary": rotary,
              "GroupedAttention": grouped_attention, "SwiGLU": swiglu, "GeGLU": geglu, "SoftCap": softcap, "Add": add,
-             "KeepLast": keep_last, "MoE": moe}
+             "KeepLast": keep_last, "MoE": moe, "QMoE": moe}
 
 TARGET = Target("onnx", LOWERINGS, {"": OPSET})

@@ -308,6 +308,7 @@ def extras(folder: Path, manifest) -> None:
     write_genai_config(folder, manifest, library)
 
 
-TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear, "QEmbedding": qembedding_gather, "MoE": ort_moe.moe},
+TARGET = Target("ort", {**std.LOWERINGS, "QLinear": qlinear, "QEmbedding": qembedding_gather, "MoE": ort_moe.moe,
+                          "QMoE": ort_moe.qmoe},
                 {"": std.OPSET, MS: 1, cpu.DOMAIN: 1}, plan=plan, extras=extras, bf16=False, accuracy_level=True,
                 kernels=True, passes=(expose_hidden, keep_last_positions), options_pass=ragged)

@@ -1,5 +1,7 @@
 """The ort target's MoE: ONNX Runtime's own `com.microsoft::MoE` (its CPU kernel routes each token to its k experts
-and reads only theirs), where the standard lowering (export/onnx.py's moe) computes every expert on every token.
+and reads only theirs), where the standard lowering (export/onnx.py's moe) computes every expert on every token; a
+QMoE (experts in GGUF super-blocks) on llgraph's own kernels (--kernels llgraph: plugins/cpu/moe.inc) at the file's
+bits, else on ONNX Runtime's op with its experts dequantized.
 
 ONNX Runtime's CPU MoE takes the router's logits (it applies the softmax), fc1 as each expert's gate and up rows
 interleaved ([experts, 2 * ffn, hidden]: its `swiglu_fusion` 1) and fc2 as [experts, hidden, ffn]; its SwiGLU is
@@ -11,8 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 import llgraph.export.onnx as std
+from llgraph.export.cpu_layout import glu_groups, interleaver
 from llgraph.export.lower import Emitter
 from llgraph.ir import Node
+from llgraph.plugins import cpu
+from llgraph.quant import dequantize_experts
+from llgraph.weight_request import accuracy_level_of
 
 MS = "com.microsoft"
 
@@ -23,14 +29,47 @@ def _gate_up_interleaved(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.stack([gate, up], axis=2).reshape(e, 2 * f, h))
 
 
+def _as_stored(w: np.ndarray) -> np.ndarray:
+    return w
+
+
 def moe(em: Emitter, node: Node) -> None:
-    x, _, gate, up, down = std.moe_inputs(node)[:5]
+    x = node.inputs[0]
     if em.graph.values[x].dtype != "float32":
         return std.moe(em, node)
     flat, logits = std.moe_tokens(em, node)
-    fc1 = em.derived(f"{gate}.gate_up_interleaved", _gate_up_interleaved, gate, up)
-    routed = em.node("MoE", [flat, logits, fc1, "", em.weight(down), ""], domain=MS, hint=node.name,
+    gate, up = node.inputs[2:4]
+    fc1 = em.derived(f"{gate}.gate_up_interleaved", _gate_up_interleaved, gate, up) if node.op == "MoE" else \
+        em.derived(f"{gate}.gate_up_interleaved", lambda g, u: _gate_up_interleaved(
+            *(dequantize_experts(c, node.attrs["format"]) for c in (g, u))), gate, up)
+    down = std.expert_weights(em, node, 4, _as_stored)
+    routed = em.node("MoE", [flat, logits, fc1, "", down, ""], domain=MS, hint=node.name,
                      k=node.attrs["top_k"], activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
                      activation_beta=0.0, swiglu_limit=float(np.finfo(np.float32).max),
                      normalize_routing_weights=int(node.attrs["normalize"]))[0]
+    std.moe_finish(em, node, flat, routed)
+
+
+def qmoe(em: Emitter, node: Node) -> None:
+    """llgraph::MoE on the experts as stored (plugins/cpu/moe.inc): gate and up in QLinear's swiglu layout, down
+    interleaved, each expert's bytes side by side; the router's logits from a MatMul before it."""
+    if em.options.get("kernels") != "llgraph" or em.graph.values[node.inputs[0]].dtype != "float32":
+        return moe(em, node)
+    a = node.attrs
+    flat, logits = std.moe_tokens(em, node)
+    gate, up, down = node.inputs[2:5]
+    glu = glu_groups(interleaver(a["format"]))
+
+    def gate_up(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+        return np.stack([glu(np.concatenate([g[e], u[e]])) for e in range(g.shape[0])])
+    rows_of = interleaver(a["down_format"])
+
+    def per_expert(d: np.ndarray) -> np.ndarray:
+        return np.stack([rows_of(d[e]) for e in range(d.shape[0])])
+    per_expert.__name__ = f"experts_{rows_of.__name__}"
+    routed = em.node("MoE", [flat, logits, em.derived(f"{gate}.experts_{glu.__name__}", gate_up, gate, up),
+                             em.weight(down, compute=per_expert)], domain=cpu.DOMAIN, hint=node.name,
+                     k=a["top_k"], normalize=int(a["normalize"]), format=a["format"], down_format=a["down_format"],
+                     rows=em.graph.values[gate].shape[1],
+                     accuracy_level=accuracy_level_of(em.options.get("accuracy_level"), True))[0]
     std.moe_finish(em, node, flat, routed)

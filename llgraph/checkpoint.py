@@ -169,12 +169,13 @@ def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int 
             source = LoraSource(source, list(weights.lora))
         if not (weights.quantize or weights.dequantize):
             _check_stored_formats(source)
-        _say_widened_experts(source)
         if not superblocks:
             source = widened_view(source)
     source = rtn_view(source, cfg, weights.quantize, weights.block_size, weights.symmetric, weights.lm_head)
     graph = plain if plain is not None and not weights.rounds else \
         model_graph(cfg, weights.dtype, None if weights.dequantize else source.quant_format)
+    if checkpoint is not None:
+        _say_widened_experts(source, graph)
     return Model(cfg, source, graph, None if checkpoint is None else Path(checkpoint))
 
 
@@ -190,21 +191,25 @@ def _split_fused(source: WeightSource, cfg: LlamaConfig | None) -> WeightSource:
     return FusedSplitSource(source, cfg)
 
 
-def _say_widened_experts(source) -> None:
-    """A GGUF whose experts are stored in blocks: one line saying they run widened to float32, and the cost."""
+def _say_widened_experts(source, graph) -> None:
+    """GGUF experts stored in blocks that the graph runs in float (MoE, where QMoE carries them as stored): one line
+    saying so, why, and the cost."""
     from llgraph.gguf_source import GGUFSource
 
+    while not isinstance(source, GGUFSource) and hasattr(source, "base"):  # the file under its views
+        source = source.base
     if not isinstance(source, GGUFSource):
         return
-    experts = [n for n in source.names() if ".mlp.experts." in n and source.tensor_type(n) not in ("F32", "F16",
-                                                                                                  "BF16")]
+    names = {p.name for n in graph.nodes if n.op == "MoE" for i in n.inputs[2:5] for p in graph.params[i].parts}
+    experts = sorted(n for n in names if n in source.names() and source.tensor_type(n) not in ("F32", "F16", "BF16"))
     if experts:
         stored = sum(source.stored_bytes(n) for n in experts)
         wide = sum(4 * math.prod(source.shape(n)) for n in experts)
         kinds = sorted({source.tensor_type(n) for n in experts})
+        why = ("llgraph's MoE kernels read Q4_K, Q5_K and Q6_K experts (gate and up in one type) as stored, on the "
+               "ort target's own kernels (--kernels llgraph)")
         print(f"llgraph: this GGUF's experts ({'/'.join(kinds)}, {stored / 1e9:.2f} GB as stored) run widened to "
-              f"float32 ({wide / 1e9:.2f} GB): llgraph's MoE kernels at the file's own bits are not built yet",
-              file=sys.stderr)
+              f"float32 ({wide / 1e9:.2f} GB): {why}", file=sys.stderr)
 
 
 def _check_stored_formats(source) -> None:

@@ -298,9 +298,24 @@ def _swiglu(node: Node, gate, up):
 
 
 @torch_impl("MoE")
-def _moe(node: Node, x, router, gate, up, down, shared_gate=None, shared_up=None, shared_down=None,
-         shared_router=None):
+def _moe(node: Node, x, router, gate, up, down, *shared):
     """Each token through its top_k experts only (ops.py's MoE): tokens grouped by expert, as ggml's mul_mat_id."""
+    return (_routed(node, x, router, lambda e: (gate[e], up[e], down[e]), *shared),)
+
+
+@torch_impl("QMoE")
+def _qmoe(node: Node, x, router, gate, up, down, *shared):
+    """MoE's reference with each chosen expert's super-blocks dequantized (in float32) as it is needed."""
+    a = node.attrs
+
+    def expert(e):
+        return tuple(dequantize_superblocks(c[e], kind, x.dtype)
+                     for c, kind in ((gate, a["format"]), (up, a["format"]), (down, a["down_format"])))
+    return (_routed(node, x, router, expert, *shared),)
+
+
+def _routed(node: Node, x, router, expert, shared_gate=None, shared_up=None, shared_down=None, shared_router=None):
+    """The routed experts' weighted sum, expert(e) giving expert e's (gate, up, down), plus a shared expert."""
     flat = x.reshape(-1, x.shape[-1])  # [N, H]
     probs = torch.softmax((flat @ router.T).float(), dim=-1)  # [N, E]
     weights, chosen = torch.topk(probs, node.attrs["top_k"], dim=-1)  # [N, k]: ties to the lower expert
@@ -309,13 +324,13 @@ def _moe(node: Node, x, router, gate, up, down, shared_gate=None, shared_up=None
     out = torch.zeros_like(flat)
     for e in torch.unique(chosen).tolist():
         token, slot = torch.nonzero(chosen == e, as_tuple=True)
-        rows = flat[token]
-        y = (F.silu(rows @ gate[e].T) * (rows @ up[e].T)) @ down[e].T
+        rows, (gate, up, down) = flat[token], expert(e)
+        y = (F.silu(rows @ gate.T) * (rows @ up.T)) @ down.T
         out.index_add_(0, token, (y * weights[token, slot, None].to(y.dtype)).to(out.dtype))
     if shared_gate is not None:  # Qwen2-MoE's shared expert, every token, weighted by its own sigmoid gate
         shared = (F.silu(flat @ shared_gate.T) * (flat @ shared_up.T)) @ shared_down.T
         out = out + torch.sigmoid(flat @ shared_router.T) * shared
-    return (out.reshape(x.shape),)
+    return out.reshape(x.shape)
 
 
 @torch_impl("GeGLU")

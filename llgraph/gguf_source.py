@@ -21,7 +21,7 @@ import numpy as np
 
 from llgraph.config import ConfigError, LlamaConfig, MoeConfig, RopeConfig
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
-from llgraph.weights import CARRIED, WeightError, WeightSource
+from llgraph.weights import CARRIED, EXPERTS, WeightError, WeightSource
 
 # general.architecture values read (Mistral GGUFs are 'llama'), as llama.cpp's converter writes them
 GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3", "qwen3moe", "olmoe", "qwen2moe")
@@ -144,7 +144,10 @@ class GGUFSource(WeightSource):
         return int(self._tensors[name].n_bytes)
 
     def quant_format(self, name):
-        return GGUF_FORMATS.get(self.tensor_type(name)) if CARRIED.fullmatch(name) else None
+        fmt = GGUF_FORMATS.get(self.tensor_type(name))
+        if EXPERTS.fullmatch(name):  # stacked experts: their super-blocks (QMoE); other blocks are read widened
+            return fmt if fmt is not None and fmt.superblocks else None
+        return fmt if CARRIED.fullmatch(name) else None
 
     def load_quantized(self, name):
         """A tensor's blocks; the last few are kept, as an export reads codes, scales and mins one after another."""

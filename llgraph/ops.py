@@ -15,6 +15,7 @@ needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Sequence
 
 from llgraph.kv_cache import FORMATS, of_dtype
@@ -235,6 +236,19 @@ def _moe(ins, attrs):
     return [(x.dtype, x.shape)]
 
 
+def _qmoe(ins, attrs):
+    x, router, gate, up, down = ins[:5]
+    for name, codes, fmt in (("gate", gate, attrs["format"]), ("up", up, attrs["format"]),
+                             ("down", down, attrs["down_format"])):
+        _require(codes.dtype == "uint8" and len(codes.shape) == 4 and codes.shape[3] == SUPERBLOCK_BYTES[fmt],
+                 f"{name} must be uint8 [experts, out, in/256, {SUPERBLOCK_BYTES[fmt]}] ({fmt} super-blocks), got "
+                 f"{codes.dtype}{codes.shape}")
+
+    def widened(c):  # the float experts these codes stand for
+        return SimpleNamespace(dtype=x.dtype, shape=(c.shape[0], c.shape[1], c.shape[2] * 256))
+    return _moe([x, router, widened(gate), widened(up), widened(down), *ins[5:]], attrs)
+
+
 def _keep_last(ins, attrs):
     x, keep = ins
     _require(len(x.shape) == 3, f"x must be [batch, seq, features], got {x.shape}")
@@ -313,6 +327,16 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         "* (x @ up[e]^T)) @ down[e]^T. gate, up: [experts, ffn, hidden]; down: [experts, hidden, ffn]. With a shared "
         "expert (Qwen2-MoE), out += sigmoid(x @ shared_router^T) * (silu(x @ shared_gate^T) * (x @ shared_up^T)) "
         "@ shared_down^T"),
+    OpSchema("QMoE", ("x", "router", "gate", "up", "down", "shared_gate?", "shared_up?", "shared_down?",
+                      "shared_router?"), ("out",), (
+        Attr("top_k", int, "experts each token takes"),
+        Attr("normalize", bool, "as MoE's"),
+        Attr("format", str, "gate's and up's GGUF super-blocks", tuple(SUPERBLOCK_BYTES)),
+        Attr("down_format", str, "down's GGUF super-blocks", tuple(SUPERBLOCK_BYTES)),
+    ), _qmoe,
+        "MoE with its routed experts as a GGUF stores them: gate, up [experts, ffn, hidden/256, bytes] and down "
+        "[experts, hidden, ffn/256, bytes], each expert's rows QLinear's super-blocks (format, down_format), w as "
+        "ggml dequantizes them; router and the shared expert float, as MoE's"),
     OpSchema("GeGLU", ("gate", "up"), ("out",), (), _swiglu, "gelu_tanh(gate) * up (Gemma's MLP)"),
     OpSchema("SoftCap", ("x",), ("out",), (Attr("cap", float),), _softcap,
              "cap * tanh(x / cap) (Gemma 2's final logits)"),

@@ -147,6 +147,34 @@ def quantize_linears(format_of: Callable[[str], QuantFormat | None]) -> Pass:
     return quantize
 
 
+def quantize_experts(format_of: Callable[[str], QuantFormat | None]) -> Pass:
+    """MoE -> QMoE where its routed experts are stored as GGUF super-blocks (`format_of`), gate and up in one
+    format: each expert param becomes its codes, a lazy param over the same checkpoint tensor. Others stay MoE, read
+    in float."""
+    def quantize(graph: Graph) -> Graph:
+        params, values, nodes = dict(graph.params), dict(graph.values), []
+        for node in graph.nodes:
+            experts = [graph.params[i] for i in node.inputs[2:5]] if node.op == "MoE" else []
+            formats = [{format_of(p.name) for p in w.parts} for w in experts]
+            if not experts or any(len(f) != 1 or None in f or not next(iter(f)).superblocks for f in formats) or \
+                    formats[0] != formats[1]:
+                nodes.append(node)
+                continue
+            codes = []
+            for w, (fmt,) in zip(experts, formats):
+                e, out, n_in = (int(d) for d in w.value.shape)
+                v = Value(f"{w.name}.codes", "uint8", (e, *fmt.codes_shape(out, n_in)))
+                params[v.name], values[v.name] = Param(v, w.parts, component="codes"), v
+                del params[w.name], values[w.name]
+                codes.append(v.name)
+            (gate_fmt,), (down_fmt,) = formats[0], formats[2]
+            attrs = {**node.attrs, "format": gate_fmt.format, "down_format": down_fmt.format}
+            nodes.append(Node("QMoE", (*node.inputs[:2], *codes, *node.inputs[5:]), node.outputs, attrs))
+        return verify(Graph(graph.inputs, graph.outputs, params, tuple(nodes), values, graph.metadata))
+    quantize.__name__ = "quantize_experts"
+    return quantize
+
+
 def _final_norm(graph: Graph) -> Node | None:
     """The RMSNorm behind the logits' head (found from the structure), or None."""
     producer = graph.producer()
@@ -236,13 +264,14 @@ DEFAULT_PASSES: tuple[Pass, ...] = (pack_qkv, pack_gate_up)
 def model_graph(cfg, dtype: str = "float32", quant: Callable[[str], QuantFormat | None] | None = None,
                 kv: str | None = None) -> Graph:
     """The graph every backend runs: the builder's graph for `cfg` (its cache in format `kv`, llgraph/kv_cache.py)
-    after DEFAULT_PASSES, and with `quant` (a source's `quant_format`) its quantized Linears as QLinear."""
+    after DEFAULT_PASSES, and with `quant` (a source's `quant_format`) its quantized Linears as QLinear and its
+    experts stored in super-blocks as QMoE."""
     from llgraph.builder import build_graph
 
     if quant is None:
         return run_passes(build_graph(cfg, dtype, kv), DEFAULT_PASSES)
     packing = tuple(_with_formats(p, quant) for p in DEFAULT_PASSES)  # packed weights keep one format
-    return run_passes(build_graph(cfg, dtype, kv), packing + (quantize_linears(quant),))
+    return run_passes(build_graph(cfg, dtype, kv), packing + (quantize_linears(quant), quantize_experts(quant)))
 
 
 def _with_formats(pack: Callable, format_of) -> Pass:

@@ -164,6 +164,12 @@ def dequantize_superblocks(raw: np.ndarray, kind: str, dtype: np.dtype | None = 
     return w.reshape(raw.shape[0], -1).astype(dtype or np.float32, copy=False)
 
 
+def dequantize_experts(codes: np.ndarray, kind: str, dtype: np.dtype | None = None) -> np.ndarray:
+    """Stacked experts' super-blocks [experts, out, in/256, bytes] -> float [experts, out, in] (ops.py's QMoE)."""
+    e, out = codes.shape[:2]
+    return dequantize_superblocks(codes.reshape(e * out, *codes.shape[2:]), kind, dtype).reshape(e, out, -1)
+
+
 def _f16(b: np.ndarray) -> np.ndarray:
     return b.copy().view(np.float16)[..., 0].astype(np.float32)
 
@@ -201,13 +207,13 @@ def _from_k_blocks(blocks: np.ndarray, type_name: str):
     return q.reshape(out, nsb * 8, 32), scales, mins
 
 
-def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> QuantTensor:
+def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> QuantTensor:
     """GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K block bytes of a [out, in] tensor -> QuantTensor, without
-    rounding (the K-quants' super-blocks as they are)."""
+    rounding (the K-quants' super-blocks as they are; they may be stacked experts, [experts, out, in])."""
     fmt = GGUF_FORMATS[type_name]
-    out, n_in = shape
     if fmt.superblocks:  # as stored, byte for byte
-        return QuantTensor(raw.reshape(fmt.codes_shape(out, n_in)), None, None, fmt)
+        return QuantTensor(raw.reshape(*shape[:-1], *fmt.codes_shape(1, shape[-1])[1:]), None, None, fmt)
+    out, n_in = shape
     nb = n_in // 32
     blocks = raw.reshape(out, nb, -1)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]

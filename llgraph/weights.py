@@ -102,6 +102,9 @@ QUANTIZABLE = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight
 # what a GGUF's blocks are carried for: those Linears and the lm head (its own tensor, or the tied embedding's; the
 # embedding's gather reads a float copy of the same tensor)
 CARRIED = re.compile(rf"{QUANTIZABLE.pattern}|lm_head\.weight|model\.embed_tokens\.weight")
+# a mixture's stacked experts [experts, out, in] (llgraph/source_views.StackedExperts; a GGUF's *_exps): carried in
+# GGUF's super-blocks (ops.py's QMoE)
+EXPERTS = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate|up|down)_proj\.weight")
 
 
 _ST_DTYPES = {"F64": DTYPES["float64"], "F32": DTYPES["float32"], "F16": DTYPES["float16"], "BF16": DTYPES["bfloat16"]}

@@ -18,7 +18,8 @@
 // activation=swiglu computes silu(gate) * up of a packed [gate; up] projection, and QEmbedding gathers a (tied)
 // table's rows from the same bytes (qembedding.inc). GroupedAttention (attention.inc, attention_simd.inc,
 // kv_rows.inc): the layer's attention, rotary inside, over a float32, float16 or int8 cache. Exact kernels on
-// blocks: qlinear_blocks.inc; GGUF's K-quant super-blocks: superblocks.inc.
+// blocks: qlinear_blocks.inc; GGUF's K-quant super-blocks: superblocks.inc. MoE (moe.inc): routed experts in
+// super-blocks, each token through its k, on QLinear's kernels.
 //
 // Instruction sets: AVX-512 VNNI (level 4), AVX-512F, AVX2+FMA and a portable scalar loop, each compiled inside its
 // own target region (no build flag tied to the building CPU) and chosen when the library loads from the CPU's
@@ -360,6 +361,7 @@ struct QLinearOp : Ort::CustomOpBase<QLinearOp, QLinearKernel> {
 };
 
 #include "qembedding.inc"
+#include "moe.inc"
 
 }  // namespace
 
@@ -393,12 +395,14 @@ __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOp
   static QLinearOp qlinear;
   static QEmbeddingOp qembedding;
   static GroupedAttentionOp attention;
+  static MoeOp moe;
   static Ort::CustomOpDomain domain{"llgraph"};
   static bool added = false;
   if (!added) {
     domain.Add(&qlinear);
     domain.Add(&qembedding);
     domain.Add(&attention);
+    domain.Add(&moe);
     added = true;
   }
   try {

@@ -1,0 +1,107 @@
+"""A mixture of experts from a GGUF whose experts are K-quant super-blocks (tests/kquant_moe.py: Q4_K, Q5_K and Q6_K,
+as a Q4_K_M file stores them) runs as ops.py's QMoE: the executor dequantizes each chosen expert, llgraph's CPU
+kernels read the experts as stored (plugins/cpu/moe.inc), ONNX Runtime's own ops and standard ONNX read them
+dequantized — every one held to float64 on the file's float twin (its experts dequantized by gguf itself)."""
+
+import os
+import subprocess
+import sys
+
+import onnx
+import pytest
+import torch
+from kquant_moe import FORMATS, write
+from reference import OrtStepper, Stepper
+from test_export import compare_steps
+
+from llgraph.checkpoint import load_config, open_model
+from llgraph.export import export_model, get_target
+from llgraph.export.lower import export
+from llgraph.gguf_source import GGUFSource
+from llgraph.weight_request import Weights
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kquant_moe")
+    return write(folder / "q.gguf"), write(folder / "f.gguf", dequantized=True)
+
+
+def truth(cfg, files):
+    return Stepper(cfg, GGUFSource(files[1]), batch=2, max_seq=64, dtype="float64")
+
+
+def test_the_graph_carries_the_experts_as_stored(files, tmp_path):
+    """One QMoE a layer in the file's formats; the export on llgraph's kernels holds the experts' super-blocks
+    byte for byte (as many bytes as the GGUF's expert tensors) in one llgraph::MoE node a layer, and says nothing
+    of widening; ONNX Runtime's own ops widen them, with one line saying so."""
+    q, _ = files
+    model = open_model(q, q)
+    found = [(n.attrs["format"], n.attrs["down_format"]) for n in model.graph.nodes if n.op == "QMoE"]
+    assert found == FORMATS and not any(n.op == "MoE" for n in model.graph.nodes)
+    out = subprocess.run([sys.executable, "-m", "llgraph", "export", "--checkpoint", str(q), "-o",
+                          str(tmp_path / "ort"), "--kernels", "llgraph", "--max-seq-len", "64"],
+                         capture_output=True, text=True, env={**os.environ, "LLGRAPH_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0 and "widened" not in out.stderr, out.stderr
+    graph = onnx.load(str(tmp_path / "ort" / "model.onnx"), load_external_data=False).graph
+    moe = [n for n in graph.node if n.op_type == "MoE"]
+    assert len(moe) == len(FORMATS) and all(n.domain == "llgraph" for n in moe)
+    sizes = {i.name: int(next(e.value for e in i.external_data if e.key == "length")) for i in graph.initializer
+             if i.data_location == onnx.TensorProto.EXTERNAL}
+    carried = sum(sizes[name] for n in moe for name in n.input[2:4])
+    stored = sum(GGUFSource(q).stored_bytes(name) for name in GGUFSource(q).names() if ".experts." in name)
+    print(f"expert initializers {carried} B; the GGUF's expert tensors {stored} B")
+    assert carried == stored
+    std = subprocess.run([sys.executable, "-m", "llgraph", "export", "--checkpoint", str(q), "-o",
+                          str(tmp_path / "std"), "--kernels", "standard", "--max-seq-len", "64"],
+                         capture_output=True, text=True, env={**os.environ, "LLGRAPH_CACHE_DIR": str(tmp_path)})
+    notes = [line for line in std.stderr.splitlines() if "widened to float32" in line]
+    assert std.returncode == 0 and len(notes) == 1 and "Q4_K/Q5_K/Q6_K" in notes[0], std.stderr
+
+
+def test_the_executor_dequantizes_as_gguf_does(files, report):
+    q, f = files
+    cfg = load_config(q)
+    ours = Stepper(cfg, GGUFSource(q), batch=2, max_seq=64, graph=open_model(q, q).graph)
+    compare_steps(cfg, truth(cfg, files), ours, report, "QMoE on the executor vs float64 of gguf's experts", tol=TOL)
+
+
+@pytest.mark.parametrize("kernels", ["llgraph", "standard"])
+def test_onnx_runtime_runs_the_experts(files, kernels, tmp_path, report):
+    """llgraph's kernels exact (level 0) and ONNX Runtime's MoE op on the dequantized experts, within TOL of
+    float64; llgraph's level 4 (int8 activations, its default for a K-quant file) bounded by its own rounding."""
+    q, _ = files
+    cfg = load_config(q)
+    levels = (0, 4) if kernels == "llgraph" else (None,)
+    for level in levels:
+        folder = export_model(q, checkpoint=q, out=tmp_path / f"{kernels}{level}", max_seq_len=64,
+                              weights=Weights(kernels=kernels, accuracy_level=level))
+        compare_steps(cfg, truth(cfg, files), OrtStepper(folder, cfg, batch=2, max_seq=64), report,
+                      f"ort {kernels} level {level}", tol=TOL if level != 4 else 0.1)
+
+
+@pytest.mark.parametrize("target", ["onnx", "trt"])
+def test_the_standard_lowering_dequantizes_the_experts(files, target, tmp_path, report):
+    """QMoE through export/onnx.py's decomposition (what the onnx and trt targets inherit), the graph taken as the
+    executor runs it; the onnx export checked by ONNX Runtime, the trt export by ONNX's checker."""
+    q, _ = files
+    model = open_model(q, q)
+    folder = export(model.graph, model.source, get_target(target), tmp_path / target, max_positions=64)
+    onnx.checker.check_model(str(folder / "model.onnx"))
+    if target == "onnx":
+        compare_steps(model.config, truth(model.config, files), OrtStepper(folder, model.config, batch=2, max_seq=64),
+                      report, "onnx QMoE", tol=TOL)
+
+
+def test_a_row_chooses_its_experts_alone(files):
+    """Batch invariance on the kernels: a row's logits are the same bits alone as beside rows that chose others."""
+    q, _ = files
+    cfg = load_config(q)
+    folder = export_model(q, checkpoint=q, out=q.parent / "inv", max_seq_len=64, force=True,
+                          weights=Weights(kernels="llgraph"))
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(5))
+    both = OrtStepper(folder, cfg, batch=2, max_seq=64).step(ids)["logits"]
+    alone = OrtStepper(folder, cfg, batch=1, max_seq=64).step(ids[1:])["logits"]
+    assert torch.equal(both[1], alone[0])

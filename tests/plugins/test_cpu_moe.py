@@ -1,0 +1,120 @@
+"""llgraph's MoE kernel (plugins/cpu/moe.inc: ops.py's QMoE, experts as GGUF super-blocks) on every instruction-set
+path, one node against numpy's float64: the routing (softmax, top k, renormalised or not) and each token's experts
+with gguf's own dequantization (exact mode), or level 4's stated arithmetic (x, then the activations, rounded to int8
+per 32); and a row's output the same bits whether it runs alone or among others that chose other experts."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from test_cpu_kernels import QLINEAR_PROBE, library  # noqa: F401 (fixture)
+
+from llgraph.plugins import cpu
+
+PROBE = QLINEAR_PROBE + r'''
+import gguf
+from gguf.quants import dequantize
+from llgraph.export.cpu_layout import glu_groups, interleaver
+from llgraph.quant import _from_k_blocks
+sys.path.insert(0, sys.argv[2])
+from reference import random_k_blocks
+
+E, H, F = 6, 512, 256
+CENTRE = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32}
+
+
+def experts(kind, rows, cols, seed):
+    """([E, rows, cols] float64 weights, [E, rows, cols] offsets O of w = S (q - c) + O, [E, rows, nsb, bytes])"""
+    qtype = gguf.GGMLQuantizationType[kind]
+    raw = random_k_blocks((E * rows, cols), qtype, seed).reshape(E * rows, cols // 256, -1)
+    w = dequantize(raw.reshape(E * rows, -1), qtype).astype(np.float64).reshape(E, rows, cols)
+    _, S, mins = _from_k_blocks(raw, kind)
+    sub = 32 if kind != "Q6_K" else 16
+    offsets = np.zeros((E * rows, cols)) if mins is None else \
+        np.repeat(S.astype(np.float64) * CENTRE[kind] + mins, sub, axis=1)
+    return w, offsets.reshape(E, rows, cols), raw.reshape(E, rows, cols // 256, -1)
+
+
+def rounded(x):
+    """x as level 4 sees it: int8 per 32, round half to even (the kernels' nearbyint)"""
+    xb = x.reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    q = np.rint(np.clip(xb * np.where(amax > 0, 127 / np.where(amax > 0, amax, 1), 0), -127, 127))
+    return (q * (amax / 127)).reshape(x.shape)
+
+
+def project(x, w, offsets, level):
+    if level == 0:
+        return x @ w.T
+    x4 = rounded(x)
+    return x4 @ w.T + (x - x4) @ offsets.T
+
+
+def moe(x, logits, gate_up, down, **attrs):
+    node = helper.make_node("MoE", ["x", "logits", "gate_up", "down"], ["y"], domain="llgraph", **attrs)
+    inits = [numpy_helper.from_array(gate_up, "gate_up"), numpy_helper.from_array(down, "down")]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape)),
+                                            helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                                                                          list(logits.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(lib)
+    return ort.InferenceSession(model.SerializeToString(), opts).run(None, {"x": x, "logits": logits})[0]
+
+
+worst, alone_differs = {}, 0
+for gate_kind, down_kind in (("Q4_K", "Q6_K"), ("Q5_K", "Q4_K"), ("Q6_K", "Q5_K")):
+    g, og, graw = experts(gate_kind, F, H, 1)
+    u, ou, uraw = experts(gate_kind, F, H, 2)
+    d, od, draw = experts(down_kind, H, F, 3)
+    glu = glu_groups(interleaver(gate_kind))
+    gate_up = np.stack([glu(np.concatenate([graw[e], uraw[e]])) for e in range(E)])
+    down = np.stack([interleaver(down_kind)(draw[e]) for e in range(E)])
+    for level in (0, 4):
+        for k, normalize in ((2, 1), (3, 0)):
+            for T in (1, 5, 9):
+                x = (rng.standard_normal((T, H)) * 0.05).astype(np.float32)
+                logits = rng.standard_normal((T, E)).astype(np.float32)
+                p = np.exp(logits - logits.max(-1, keepdims=True))
+                p /= p.sum(-1, keepdims=True)
+                want = np.zeros((T, H))
+                for t in range(T):
+                    top = np.argsort(-p[t], kind="stable")[:k]
+                    w = p[t, top] / (p[t, top].sum() if normalize else 1)
+                    xt = x[t].astype(np.float64)
+                    for e, we in zip(top, w):
+                        a, b = project(xt, g[e], og[e], level), project(xt, u[e], ou[e], level)
+                        act = a / (1 + np.exp(-a)) * b
+                        want[t] += we * project(act, d[e], od[e], level)
+                attrs = dict(k=k, normalize=normalize, format=gate_kind, down_format=down_kind, rows=F,
+                             accuracy_level=level)
+                got = moe(x, logits, gate_up, down, **attrs)
+                key = f"{gate_kind}/{down_kind}-level{level}"
+                worst[key] = max(worst.get(key, 0.0), float(np.abs(got - want).max() / np.abs(want).max()))
+                for t in range(T):  # each row alone: the same bits as among the others
+                    alone_differs += int(not np.array_equal(moe(x[t:t + 1], logits[t:t + 1], gate_up, down,
+                                                                **attrs)[0], got[t]))
+print(isa().decode(), f"alone_differs={alone_differs}", " ".join(f"{k}={v}" for k, v in worst.items()))
+'''
+
+
+@pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
+def test_moe_kernel_equals_float64_on_every_path(library, isa, report):  # noqa: F811
+    """Q4_K/Q6_K, Q5_K/Q4_K and Q6_K/Q5_K experts (gate-up/down), 6 experts, k 2 renormalised and 3 not, 1 to 9
+    tokens; exact mode against gguf's dequantization in float64 (the routing included), level 4 against float64 of
+    its int8 arithmetic: the kernel rounds its float32 activations where the reference rounds float64's, so an
+    activation on a rounding boundary can take the next code, one step dx = max|a|/127 of its block, about 2e-3 of
+    max |y| at these shapes (seen on the avx512 path), hence 5e-3; every row alone equals itself in the batch, bit for
+    bit."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", PROBE, str(library), tests], capture_output=True, text=True,
+                       env={**os.environ, cpu.ISA_ENV: isa})
+    assert r.returncode == 0, r.stderr
+    ran, alone, *pairs = r.stdout.split()
+    if ran != isa:
+        pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
+    assert alone == "alone_differs=0", alone
+    for key, diff in ((k, float(v)) for k, v in (p.split("=") for p in pairs)):
+        report(f"MoE {key} on {isa} vs float64, relative to max |y|", diff, 2e-6 if "level0" in key else 5e-3)
