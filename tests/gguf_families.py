@@ -6,9 +6,12 @@ sdist (float32, the vocabulary step skipped), both kept in tests/data/gguf_famil
                                                         # --no-binary :all: llama-cpp-python; its vendor/llama.cpp)
     python tests/gguf_families.py --greedy FAMILY ...   # 16 greedy tokens from llama.cpp (llama-cpp-python) and
                                                         # llgraph on the same file, side by side
+    python tests/gguf_families.py --greedy-quantized PATH/TO/llama.cpp FAMILY ...   # the same on a Q4_K_M file
+                              # made by llama.cpp's own quantizer from the family at K-quant-sized shapes (QUANTIZED)
 """
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -21,6 +24,15 @@ MADE = {"gemma2": {"query_pre_attn_scalar": 16}, "phi3": {}, "olmo2": {},
         # mixtures of experts (llama.cpp's qwen3moe, llama, olmoe); OLMoE with as many kv heads as heads, as the real
         # one: llama.cpp sizes its k-norm by the hidden size
         "qwen3_moe": {}, "mixtral": {}, "olmoe": {"num_key_value_heads": 4}, "qwen2_moe": {}}
+
+
+# shapes whose every expert row is whole 256-weight super-blocks, so llama.cpp's Q4_K_M quantizer writes the
+# experts in Q4_K and Q6_K rather than its fallback types
+QUANTIZED = {"qwen3_moe": {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256,
+                           "head_dim": 64, "num_experts": 8},
+             "mixtral": {"hidden_size": 256, "intermediate_size": 256, "num_local_experts": 8},
+             "olmoe": {"hidden_size": 256, "intermediate_size": 256, "num_experts": 8}}
+STD = float(os.environ.get("STD", 0.3))
 
 
 def convert(llama_cpp: Path, hf: Path, out: Path) -> None:
@@ -60,8 +72,9 @@ def with_vocabulary(src: Path, dst: Path, n: int = 97) -> Path:
     return dst
 
 
-def greedy(family: str, prompt=(5, 17, 33, 8, 61, 42, 9, 11, 70), steps: int = 16) -> tuple[list, list]:
-    """(llama.cpp's, llgraph's ort) greedy tokens after `prompt` on the family's GGUF."""
+def greedy(family: str | Path, prompt=(5, 17, 33, 8, 61, 42, 9, 11, 70), steps: int = 16) -> tuple[list, list]:
+    """(llama.cpp's, llgraph's ort) greedy tokens after `prompt` on the family's GGUF (or the GGUF at a path)."""
+    path = family if isinstance(family, Path) else DATA / family / "model.gguf"
     import tempfile
 
     import numpy as np
@@ -70,18 +83,54 @@ def greedy(family: str, prompt=(5, 17, 33, 8, 61, 42, 9, 11, 70), steps: int = 1
     from llgraph.runtime import open_runner
 
     with tempfile.TemporaryDirectory() as tmp:
-        llm = Llama(str(with_vocabulary(DATA / family / "model.gguf", Path(tmp) / "v.gguf")), n_ctx=64,
+        llm = Llama(str(with_vocabulary(path, Path(tmp) / "v.gguf")), n_ctx=64,
                     verbose=False, logits_all=True)
         llm.eval(list(prompt))
         theirs = []
         for _ in range(steps):
             theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
             llm.eval([theirs[-1]])
-        runner = open_runner(str(DATA / family / "model.gguf"), "ort", max_seq_len=64, cache_dir=tmp)
+        runner = open_runner(str(path), "ort", max_seq_len=64, cache_dir=tmp)
         return theirs, runner.generate(list(prompt), steps, eos_token_ids=[]).token_ids
 
 
-if __name__ == "__main__" and sys.argv[1] == "--greedy":
+def quantized(family: str, source: Path, folder: Path, ftype: int = 15) -> Path:
+    """The family at QUANTIZED's shapes, converted by llama.cpp's converter (float32), then quantized by llama.cpp's
+    own quantizer (llama-cpp-python's llama_model_quantize; ftype 15: Q4_K_M) -> its path."""
+    import ctypes
+
+    from llama_cpp import llama_model_quantize, llama_model_quantize_default_params
+
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here / "core"), str(here / "export")]
+    from test_families import hf_checkpoint
+
+    hf_checkpoint(family, folder / "hf", std=STD, **{**MADE[family], **QUANTIZED[family]})
+    (folder / "hf" / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(97)}},
+                                                              "added_tokens": []}))
+    convert(source, folder / "hf", folder / "f32.gguf")
+    with_vocabulary(folder / "f32.gguf", folder / "f32v.gguf")
+    params = llama_model_quantize_default_params()
+    params.ftype = ftype
+    out = folder / "q.gguf"
+    assert llama_model_quantize(str(folder / "f32v.gguf").encode(), str(out).encode(),
+                                          ctypes.byref(params)) == 0
+    return out
+
+
+if __name__ == "__main__" and sys.argv[1] == "--greedy-quantized":
+    import tempfile
+
+    for family in sys.argv[3:]:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = quantized(family, Path(sys.argv[2]), Path(tmp))
+            import gguf  # the converter's own, which it put first on the path
+            kinds = sorted({t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors if "_exps" in t.name})
+            theirs, ours = greedy(path)
+            verdict = "equal" if theirs == ours else "DIFFER"
+            print(f"{family} Q4_K_M (experts {'/'.join(kinds)}): llama.cpp {theirs}\n"
+                  f"{' ' * len(family)}                      llgraph   {ours}  {verdict}")
+elif __name__ == "__main__" and sys.argv[1] == "--greedy":
     for family in sys.argv[2:]:
         theirs, ours = greedy(family)
         verdict = "equal" if theirs == ours else "DIFFER"

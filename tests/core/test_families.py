@@ -56,9 +56,9 @@ FAMILIES = {
 }
 
 
-def hf_checkpoint(family: str, folder, **overrides):
-    """transformers' own class, Linear and embedding weights drawn with std 0.3 and norm weights around 1, so the
-    logits are decisive (the test checks), saved with save_pretrained."""
+def hf_checkpoint(family: str, folder, std: float = 0.3, **overrides):
+    """transformers' own class, Linear and embedding weights drawn with std 0.3 (or `std`) and norm weights around 1,
+    so the logits are decisive (the test checks), saved with save_pretrained."""
     import transformers
 
     cls, extra = FAMILIES[family]
@@ -70,7 +70,7 @@ def hf_checkpoint(family: str, folder, **overrides):
             if "norm" in name:
                 p.normal_(1.0, 0.1)
             else:
-                p.normal_(0.0, 0.3)
+                p.normal_(0.0, std)
     model.save_pretrained(folder)
     return model
 
