@@ -8,8 +8,12 @@
     python -m llgraph.runtime.bench.gguf qwen2.5-0.5b OUT.gguf         # Qwen2.5-0.5B (q/k/v biases, tied)
     python -m llgraph.runtime.bench.gguf gemma2-small|olmo2-small|phi3-small OUT.gguf   # the other families'
                                                                        # switches at 1,024 hidden, 8 layers
+    python -m llgraph.runtime.bench.gguf olmoe-1b-7b OUT.gguf          # mixtures of experts: OLMoE-1B-7B (64 experts
+    python -m llgraph.runtime.bench.gguf qwen3-30b-a3b OUT.gguf --layers 12   # of 1,024, 8 a token), Qwen3-30B-A3B
+                                                                       # (128 of 768, 8 a token; 48 layers, 17 GB)
 
-The layout: Q4_K for every Linear and the embedding, Q6_K for `output` and for every other layer's `attn_v` and
+The layout: Q4_K for every Linear and the embedding (a mixture's experts too: ffn_gate_exps, ffn_up_exps; its
+router ffn_gate_inp F32), Q6_K for `output` and for every other layer's `attn_v` and
 `ffn_down` (llama.cpp's Q4_K_M gives those more bits), F32 norms; a tensor whose rows are not whole super-blocks
 (Gemma 3's and Qwen2.5's hidden sizes) in llama.cpp's fallbacks, Q5_0 for Q4_K and Q8_0 for Q6_K. Super-blocks hold
 uniform random codes and sub-block scales and mins, with float16 d and dmin chosen so the weights are about zero-
@@ -59,11 +63,16 @@ SHAPES = {  # hidden, layers, heads, kv heads, ffn
     "gemma2-small": (1024, 8, 8, 4, 4096),
     "olmo2-small": (1024, 8, 8, 8, 4096),
     "phi3-small": (1024, 8, 8, 8, 4096),
+    # mixtures of experts: ffn is each expert's (MOE: experts, experts a token)
+    "olmoe-1b-7b": (2048, 16, 16, 16, 1024),
+    "qwen3-30b-a3b": (2048, 48, 32, 4, 768),
 }
+MOE = {"olmoe-1b-7b": (64, 8), "qwen3-30b-a3b": (128, 8)}
 # the architecture, head_dim and vocabulary of the shapes that are not Llama's
 FAMILY = {"gemma3-270m": ("gemma3", 256, 262144), "gemma3-1b": ("gemma3", 256, 262144),
           "qwen2.5-0.5b": ("qwen2", 64, 151936), "gemma2-small": ("gemma2", 128, None),
-          "olmo2-small": ("olmo2", 128, None), "phi3-small": ("phi3", 128, None)}
+          "olmo2-small": ("olmo2", 128, None), "phi3-small": ("phi3", 128, None),
+          "olmoe-1b-7b": ("olmoe", 128, 50304), "qwen3-30b-a3b": ("qwen3moe", 128, 151936)}
 Q8_0 = (34, {0: 2.7e-4})  # 32 int8 codes after a float16 d
 Q5_0 = (22, {0: 4.3e-3})  # a float16 d, 32 high bits, 16 bytes of low nibbles
 # (bytes per 256-weight super-block, {byte offset of a float16 field: its value}); Q4_K/Q5_K: d, dmin; Q6_K: d
@@ -92,10 +101,11 @@ def random_q8_0(rows: int, cols: int, rng: np.random.Generator, layout=Q8_0) -> 
 
 
 def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, arch: str = "llama",
-            head_dim: int | None = None):
-    """(gguf name, [rows, cols], type) of every tensor, in llama.cpp's order: Gemma 3's QK-norms and post-sublayer
-    norms (Gemma 2's post-sublayer norms), Qwen2's q/k/v biases, and those three with a tied head (no `output`);
-    OLMo 2's whole-projection QK-norms and post-sublayer norms only; Phi-3's fused qkv and gate/up."""
+            head_dim: int | None = None, experts: int = 0):
+    """(gguf name, [rows, cols] or [experts, rows, cols], type) of every tensor, in llama.cpp's order: Gemma 3's
+    QK-norms and post-sublayer norms (Gemma 2's post-sublayer norms), Qwen2's q/k/v biases, and those three with a
+    tied head (no `output`); OLMo 2's whole-projection QK-norms and post-sublayer norms only; Phi-3's fused qkv and
+    gate/up; a mixture's router and stacked experts (OLMoE's whole-projection QK-norms, Qwen3-MoE's per head)."""
     d = head_dim or hidden // heads
     q, kv = heads * d, kv_heads * d
 
@@ -114,13 +124,13 @@ def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab
             yield f"blk.{i}.attn_q.weight", (q, hidden), k_quant("Q4_K", hidden)
             yield f"blk.{i}.attn_k.weight", (kv, hidden), k_quant("Q4_K", hidden)
             yield f"blk.{i}.attn_v.weight", (kv, hidden), k_quant(more, hidden)
-        if arch == "olmo2":
+        if arch in ("olmo2", "olmoe"):
             yield f"blk.{i}.attn_q_norm.weight", (q,), "F32"
             yield f"blk.{i}.attn_k_norm.weight", (kv,), "F32"
         if arch == "qwen2":
             for name, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
                 yield f"blk.{i}.{name}.bias", (rows,), "F32"
-        if arch == "gemma3":
+        if arch in ("gemma3", "qwen3moe"):
             yield f"blk.{i}.attn_q_norm.weight", (d,), "F32"
             yield f"blk.{i}.attn_k_norm.weight", (d,), "F32"
         yield f"blk.{i}.attn_output.weight", (hidden, q), k_quant("Q4_K", q)
@@ -128,12 +138,18 @@ def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab
             yield f"blk.{i}.post_attention_norm.weight", (hidden,), "F32"
         if arch != "olmo2":
             yield f"blk.{i}.ffn_norm.weight", (hidden,), "F32"
-        if arch == "phi3":
+        if experts:
+            yield f"blk.{i}.ffn_gate_inp.weight", (experts, hidden), "F32"
+            yield f"blk.{i}.ffn_gate_exps.weight", (experts, ffn, hidden), k_quant("Q4_K", hidden)
+            yield f"blk.{i}.ffn_up_exps.weight", (experts, ffn, hidden), k_quant("Q4_K", hidden)
+            yield f"blk.{i}.ffn_down_exps.weight", (experts, hidden, ffn), k_quant(more, ffn)
+        elif arch == "phi3":
             yield f"blk.{i}.ffn_up.weight", (2 * ffn, hidden), k_quant("Q4_K", hidden)
         else:
             yield f"blk.{i}.ffn_gate.weight", (ffn, hidden), k_quant("Q4_K", hidden)
             yield f"blk.{i}.ffn_up.weight", (ffn, hidden), k_quant("Q4_K", hidden)
-        yield f"blk.{i}.ffn_down.weight", (hidden, ffn), k_quant(more, ffn)
+        if not experts:
+            yield f"blk.{i}.ffn_down.weight", (hidden, ffn), k_quant(more, ffn)
         if post:
             yield f"blk.{i}.post_ffw_norm.weight", (hidden,), "F32"
     yield "output_norm.weight", (hidden,), "F32"
@@ -143,19 +159,21 @@ def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab
 
 def _bytes(shape, kind) -> int:
     if kind == "F32":
-        return 4 * shape[0]
+        return 4 * int(np.prod(shape))
     size, per = (Q8_0[0], 32) if kind == "Q8_0" else (Q5_0[0], 32) if kind == "Q5_0" else (K_BLOCKS[kind][0], 256)
-    return shape[0] * shape[1] // per * size
+    return int(np.prod(shape)) // per * size
 
 
-def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path:
+def write(size: str, out: Path, vocab: int | None = None, seed: int = 0, layers: int | None = None) -> Path:
     import gguf
     from tqdm import tqdm
 
     from llgraph.bundled import bundled_model
     from llgraph.gguf_source import gguf_reader
 
-    hidden, layers, heads, kv_heads, ffn = SHAPES[size]
+    hidden, all_layers, heads, kv_heads, ffn = SHAPES[size]
+    layers = layers or all_layers
+    experts, used = MOE.get(size, (0, 0))
     arch, head_dim, family_vocab = FAMILY.get(size, ("llama", hidden // heads, None))
     vocab = vocab or family_vocab
     source = gguf_reader(bundled_model("smollm2"))
@@ -188,6 +206,10 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
         w.add_sliding_window(4096)
         w.add_attn_logit_softcapping(50.0)
         w.add_final_logit_softcapping(30.0)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(used)
+        w.add_expert_feed_forward_length(ffn)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
@@ -199,14 +221,15 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
         if field is not None:
             value = field.contents()
             w.add_key_value(key, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
-    plan = list(tensors(hidden, layers, heads, kv_heads, ffn, vocab, arch, head_dim))
+    plan = list(tensors(hidden, layers, heads, kv_heads, ffn, vocab, arch, head_dim, experts))
     for name, shape, kind in plan:
         qtype = gguf.GGMLQuantizationType[kind]
         if kind == "F32":
-            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
+            w.add_tensor_info(name, shape, np.dtype(np.float32), _bytes(shape, kind))
         else:
             nbytes = _bytes(shape, kind)
-            w.add_tensor_info(name, (shape[0], nbytes // shape[0]), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+            w.add_tensor_info(name, (*shape[:-1], nbytes // int(np.prod(shape[:-1]))), np.dtype(np.uint8), nbytes,
+                              raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -214,12 +237,15 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0) -> Path
     total = sum(_bytes(s, k) for _, s, k in plan)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {out.name}") as bar:
         for name, shape, kind in plan:
-            if kind == "F32":  # norms about 1 (Gemma stores 1 + w), biases small
+            rows, cols = int(np.prod(shape[:-1])), shape[-1]
+            if name.endswith("ffn_gate_inp.weight"):  # a router: logits of about 1
+                data = rng.standard_normal(shape, dtype=np.float32) * np.float32(hidden ** -0.5)
+            elif kind == "F32":  # norms about 1 (Gemma stores 1 + w), biases small
                 data = (0.0 if name.endswith("bias") else 1.0) + 0.02 * rng.standard_normal(shape[0], dtype=np.float32)
             elif kind in ("Q8_0", "Q5_0"):
-                data = random_q8_0(*shape, rng, Q8_0 if kind == "Q8_0" else Q5_0)
+                data = random_q8_0(rows, cols, rng, Q8_0 if kind == "Q8_0" else Q5_0)
             else:
-                data = random_k_blocks(*shape, kind, rng)
+                data = random_k_blocks(rows, cols, kind, rng)
             w.write_tensor_data(data)
             bar.update(data.nbytes)
     w.close()
@@ -232,9 +258,11 @@ def main(argv=None) -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: SmolLM2's 49,152)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=None, help="fewer layers than the model's (a host whose memory "
+                   "cannot hold them all)")
     args = p.parse_args(argv)
     partial = args.out.with_name(args.out.name + ".partial")
-    write(args.size, partial, args.vocab, args.seed)
+    write(args.size, partial, args.vocab, args.seed, args.layers)
     partial.replace(args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e9:.2f} GB)")
 

@@ -90,7 +90,8 @@ def read_bandwidth(threads: int, size: int = 1 << 30, repeats: int = 3) -> float
 
 def onnx_bytes_per_token(folder: Path) -> int:
     """Bytes of an export's initializers a one-token step reads: all of them but an embedding table the head does
-    not share (a gather reads one row of it)."""
+    not share (a gather reads one row of it), and of a routed mixture's experts (llgraph's MoE, ONNX Runtime's) the
+    token's k of them."""
     import onnx
 
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
@@ -98,13 +99,17 @@ def onnx_bytes_per_token(folder: Path) -> int:
     for i in graph.initializer:
         length = next((int(e.value) for e in i.external_data if e.key == "length"), None)
         sizes[i.name] = length if length is not None else len(i.raw_data)
-    gathered, read = set(), set()
+    dims = {i.name: list(i.dims) for i in graph.initializer}
+    gathered, read, share = set(), set(), {}
     for n in graph.node:
         tables = n.input[1:] if n.op_type in ("QEmbedding", "GatherBlockQuantized") else \
             n.input[:1] if n.op_type == "Gather" else ()
+        if n.op_type == "MoE":  # stacked experts [experts, ...]: k of them a token
+            k = next(a.i for a in n.attribute if a.name == "k")
+            share.update({x: k / dims[x][0] for x in n.input[2:] if x in dims})
         gathered.update(tables)
         read.update(x for x in n.input if x not in tables)
-    return sum(v for k, v in sizes.items() if k in read or k not in gathered)
+    return int(sum(v * share.get(k, 1.0) for k, v in sizes.items() if k in read or k not in gathered))
 
 
 def llgraph_engine(args, kv_cache: str | None = None, level: int | None = None) -> tuple[Timed, int | None, str, dict]:
@@ -214,13 +219,17 @@ class LlamaBench:
 
 
 def llama_bench_engine(args, path: str, gguf: Path, flags: list[str]) -> tuple[LlamaBench, int, str, dict]:
-    """A llama-bench peer; its weight bytes a token: the GGUF's tensors (read as stored), less an untied table."""
-    from llgraph.gguf_source import gguf_reader
+    """A llama-bench peer; its weight bytes a token: the GGUF's tensors (read as stored), less an untied table, and
+    of a mixture's experts the token's k of them."""
+    from llgraph.gguf_source import gguf_reader, metadata
 
     reader = gguf_reader(gguf)
     embed = next((t.n_bytes for t in reader.tensors if t.name == "token_embd.weight"), 0)
     tied = not any(t.name == "output.weight" for t in reader.tensors)
-    weight_bytes = sum(t.n_bytes for t in reader.tensors) - (0 if tied else embed)
+    arch = metadata(reader, "general.architecture")
+    experts, used = metadata(reader, f"{arch}.expert_count"), metadata(reader, f"{arch}.expert_used_count")
+    weight_bytes = int(sum(t.n_bytes * (used / experts if experts and "_exps." in t.name else 1)
+                           for t in reader.tensors)) - (0 if tied else embed)
     name = Path(path).resolve().parent.parent.parent.name or "llama-bench"
     return LlamaBench(args, path, gguf, flags), weight_bytes, " ".join([f"{name} llama-bench", *flags]), {}
 

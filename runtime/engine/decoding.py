@@ -62,6 +62,13 @@ class Decoding:
             self._final = _cut_at_stop(self.text_of(self.tokens), self.stop)
         return self._final
 
+    def stop_string(self) -> str | None:
+        """The stop string that ended the output (the earliest in its text), or None (an EOS, a length, ...)."""
+        if self.finish_reason != "stop":
+            return None
+        text = self.text_of(self.tokens)
+        return min(((text.index(s), s) for s in self.stop if s in text), default=(0, None))[1]
+
     def new_text(self) -> str:
         """The text since the last call. Until finished it holds back an incomplete multi-byte character and an end
         that may still become a stop string, so the pieces concatenate to text()."""

@@ -280,10 +280,12 @@ class Choice:
             message: dict[str, object] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = [c.openai() for c in calls]
-            return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": self.reason(calls)}
+            return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": self.reason(calls),
+                    "stop_reason": self.handle.decoding.stop_string()}
         reason = FINISH[self.handle.decoding.finish_reason]
         text = "".join(self.pieces)
-        return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason,
+                "stop_reason": self.handle.decoding.stop_string()}
 
     def _string(self, token: int) -> str:
         raw = self.tokenizer.token_bytes(token)
@@ -354,13 +356,16 @@ async def _merged(handles):
 async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: Ask):
     kind = "chat.completion.chunk" if ask.chat else "text_completion"
 
-    def chunk(k: int, text: str | None, reason: str | None, entries=None, opening: bool = False) -> str:
+    def chunk(k: int, text: str | None, reason: str | None, entries=None, opening: bool = False,
+              stop: str | None = None) -> str:
         logprobs = choices[k].logprobs(entries) if entries else None
         if ask.chat:
             delta = ({"role": "assistant", "content": ""} if opening else {} if text is None else {"content": text})
             choice = {"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         else:
             choice = {"index": k, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
+        if reason is not None:
+            choice["stop_reason"] = stop  # vLLM's: the stop string that ended it, else null
         body = {**meta, "object": kind, "choices": [choice]}
         if ask.usage:
             body["usage"] = None
@@ -388,7 +393,7 @@ async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: A
             if calls:
                 yield tool_calls(k, calls)
             if event.kind == "done":
-                yield chunk(k, None, choices[k].reason(calls))
+                yield chunk(k, None, choices[k].reason(calls), stop=choices[k].handle.decoding.stop_string())
             pending = await anext(events, None)
     except ApiError as e:
         yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.kind, 'code': e.code}})}\n\n"

@@ -23,6 +23,8 @@ BASES = {
     "/tokenize": {"model": "m", "prompt": "Hi"},
     "/detokenize": {"model": "m", "tokens": [1, 2]},
     "/v1/responses": {"model": "m", "input": "Hi", "max_output_tokens": 1},
+    "/v1/messages": {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
+    "/v1/messages/count_tokens": {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
 }
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "n", "stream", "stream_options", "stop", "seed", "logprobs", "top_logprobs", "echo",
@@ -30,7 +32,8 @@ FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", 
           "tool_choice",
           "parallel_tool_calls", "speculative", "input", "encoding_format", "dimensions", "tokens",
           "add_special_tokens", "best_of", "suffix", "user", "instructions", "max_output_tokens", "text", "grammar",
-          "json_schema", "content", "with_pieces", "add_generation_prompt", "continue_final_message"]
+          "json_schema", "content", "with_pieces", "add_generation_prompt", "continue_final_message", "system",
+          "stop_sequences", "thinking", "output_config", "metadata"]
 NESTED = {  # (route, a body with a hole): the hole filled by each hostile value
     "message": ("/v1/chat/completions", lambda v: {"messages": [v]}),
     "role": ("/v1/chat/completions", lambda v: {"messages": [{"role": v, "content": "Hi"}]}),
@@ -52,6 +55,15 @@ NESTED = {  # (route, a body with a hole): the hole filled by each hostile value
     "response part": ("/v1/responses", lambda v: {"input": [{"role": "user", "content": [v]}]}),
     "response tool": ("/v1/responses", lambda v: {"tools": [v]}),
     "text format": ("/v1/responses", lambda v: {"text": {"format": v}}),
+    "message block": ("/v1/messages", lambda v: {"messages": [{"role": "user", "content": [v]}]}),
+    "assistant block": ("/v1/messages", lambda v: {"messages": [{"role": "user", "content": "Hi"},
+                                                                {"role": "assistant", "content": [v]}]}),
+    "tool result": ("/v1/messages", lambda v: {"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": v}]}]}),
+    "anthropic tool": ("/v1/messages", lambda v: {"tools": [v]}),
+    "anthropic tool choice": ("/v1/messages", lambda v: {"tools": [{"name": "f", "input_schema": {}}],
+                                                         "tool_choice": v}),
+    "output format": ("/v1/messages", lambda v: {"output_config": {"format": v}}),
 }
 RAW = [b"", b"null", b"[]", b'"text"', b"\xff\xfe{}", b'{"prompt": "\xc3"}', b"{" + b'"a":' * 3 + b"1",
        b'{"max_tokens": ' + b"9" * 5000 + b"}", b'{"prompt": [' + b"1" * 4400 + b"]}", b"[" * 100_000,
