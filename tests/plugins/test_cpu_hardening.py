@@ -93,6 +93,28 @@ def test_a_qembedding_input_of_the_wrong_size_fails_the_node(library):
             _run(library, "QEmbedding", {**good, name: bad}, {"ids": ids}, **attrs)
 
 
+@pytest.mark.parametrize("name, shape", [("gate_up", (4, 30, 2, 2304)), ("gate_up", (3, 32, 2, 2304)),
+                                         ("down", (4, 16, 1, 3360)), ("down", (4, 32, 1, 2304)),
+                                         ("logits", (2, 5))])
+def test_a_moe_input_of_the_wrong_shape_fails_the_node(library, name, shape):
+    """llgraph::MoE (plugins/cpu/moe.inc) on Q4_K gate/up and Q6_K down: each input whose shape disagrees with the
+    others (experts, groups, super-blocks, bytes per group) fails the node with its message, never a read past it."""
+    rng = np.random.default_rng(0)
+    E, H, F = 4, 512, 256
+    given = {"gate_up": rng.integers(0, 256, (E, 2 * F // 16, H // 256, 2304), dtype=np.uint8),
+             "down": rng.integers(0, 256, (E, H // 16, F // 256, 3360), dtype=np.uint8)}
+    for codes in given.values():  # d (and dmin) 0, the groups' first fields: the random blocks' weights stay finite
+        codes[..., :64] = 0
+    feed = {"x": rng.standard_normal((2, H)).astype(np.float32),
+            "logits": rng.standard_normal((2, E)).astype(np.float32)}
+    attrs = dict(k=2, normalize=1, format="Q4_K", down_format="Q6_K", rows=F)
+    assert np.isfinite(_run(library, "MoE", given, feed, **attrs)).all()
+    bad = rng.standard_normal(shape).astype(np.float32) if name == "logits" else np.zeros(shape, np.uint8)
+    with pytest.raises(Exception, match="llgraph MoE: x must be"):
+        _run(library, "MoE", {**given, **({} if name == "logits" else {name: bad})},
+             {**feed, **({"logits": bad} if name == "logits" else {})}, **attrs)
+
+
 def _compile(*flags, out: Path) -> subprocess.CompletedProcess:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     return subprocess.run([compiler, *cpu.FLAGS, *flags, f"-I{cpu._headers(progress=False)}", f"-I{cpu.SOURCE.parent}",
@@ -116,7 +138,9 @@ SANITIZED_TESTS = ["tests/plugins/test_cpu_kernels.py::test_every_instruction_se
                    "tests/plugins/test_cpu_superblocks.py", "tests/plugins/test_cpu_attention.py",
                    "tests/plugins/test_cpu_kv_formats.py", "tests/plugins/test_cpu_int8.py",
                    "tests/plugins/test_cpu_hardening.py::test_a_qlinear_input_of_the_wrong_size_fails_the_node",
-                   "tests/plugins/test_cpu_hardening.py::test_a_qembedding_input_of_the_wrong_size_fails_the_node"]
+                   "tests/plugins/test_cpu_hardening.py::test_a_qembedding_input_of_the_wrong_size_fails_the_node",
+                   "tests/plugins/test_cpu_moe.py",
+                   "tests/plugins/test_cpu_hardening.py::test_a_moe_input_of_the_wrong_shape_fails_the_node"]
 
 
 @pytest.mark.skipif(os.environ.get(cpu.SANITIZE_ENV) == "1", reason="this test is the sanitized run's launcher")
