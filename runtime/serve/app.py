@@ -266,18 +266,33 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
     async def chat_completions(request: Request):
         return await _serve(request, chat=True)
 
+    stored = responses.Store()  # what previous_response_id continues and GET /v1/responses/{id} returns
+
     @route("post", "/v1/responses")  # OpenAI's Responses API, through the same answer (serve/responses.py)
     async def responses_api(request: Request):
         body = await read_json(request, options.max_request_bytes, state["runner"].backend.max_seq_len)
         _check_model(body)
         if not isinstance(body.get("input"), (str, list)):
             raise ApiError(400, "'input' must be a string or a list of items", param="input")
-        answered = await _serve(request, chat=True, body=responses.chat_body(body))
+        chat, conversation = responses.chat_body(body, stored)
+        answered = await _serve(request, chat=True, body=chat)
         rid, name = f"resp_{uuid.uuid4().hex}", options.served_name
+
+        def keep(response: dict) -> None:
+            if body.get("store") is not False:
+                stored.put(response, conversation)
         if isinstance(answered, StreamingResponse):
-            return StreamingResponse(responses.events(answered.body_iterator, body, rid, name),
+            return StreamingResponse(responses.events(answered.body_iterator, body, rid, name, keep),
                                      media_type="text/event-stream")
-        return responses.response_of(answered, body, rid, name) if isinstance(answered, dict) else answered
+        if not isinstance(answered, dict):
+            return answered
+        response = responses.response_of(answered, body, rid, name)
+        keep(response)
+        return response
+
+    @route("get", "/v1/responses/{response_id}")  # the openai client's responses.retrieve
+    async def response_api(response_id: str):
+        return stored.response(response_id)
 
     @route("post", "/v1/messages")  # Anthropic's Messages API, through the same answer (serve/messages.py)
     async def messages_api(request: Request):

@@ -1,13 +1,24 @@
-"""OpenAI's Responses API (`POST /v1/responses`), what OpenAI's newer SDKs and agents speak, over the same engine
-step as chat completions: a request is translated to a chat completion (its `input` items to messages, its
-`instructions` to a system message, its function tools to chat tools), answered by completions.answer, and the answer
-translated back — whole (`output`: a message item with output_text, function_call items) or streamed as the API's
-typed events (response.created, response.output_item.added, response.output_text.delta, ..., response.completed).
+"""OpenAI's Responses API (`POST /v1/responses`, `GET /v1/responses/{id}`), what OpenAI's newer SDKs and agents speak,
+over the same engine step as chat completions: a request is translated to a chat completion (its `input` items to
+messages, its `instructions` to a system message, its function tools to chat tools), answered by
+completions.answer, and the answer translated back — whole (`output`: a message item with output_text, function_call
+items) or streamed as the API's typed events (response.created, response.in_progress, response.output_item.added,
+response.content_part.added, response.output_text.delta, ..., response.function_call_arguments.delta/.done,
+response.completed).
 
 Taken: input (a string, or message items with input_text/output_text parts, function_call and
-function_call_output items), instructions, max_output_tokens, temperature, top_p, tools (function tools),
-tool_choice, parallel_tool_calls, text.format (json_schema, json_object), stream, metadata, user, store (nothing is
-stored: `previous_response_id` is refused). Any other field that would change the output is a 400 naming it.
+function_call_output items), instructions, previous_response_id, store, max_output_tokens, temperature, top_p,
+top_logprobs with include ["message.output_text.logprobs"], tools (function tools), tool_choice,
+parallel_tool_calls, text.format (json_schema, json_object), stream, metadata, user; fields that change nothing a
+local model computes (service_tier, safety_identifier, prompt_cache_key, truncation "disabled"); and the chat
+completion's own sampling fields, honoured as there (seed, stop, logit_bias, frequency_penalty, presence_penalty,
+top_k, min_p, repetition_penalty, grammar). Any other field is a 400 naming it — `n`, `max_tokens`,
+`response_format` and `logprobs` with the Responses API's own field to use.
+
+`store` (true unless false) keeps a response, and the conversation that led to it, in a bounded in-memory Store:
+`previous_response_id` continues it (its input and output before the new input; its instructions are not carried
+over, as OpenAI's are not), `GET /v1/responses/{id}` returns it. The Store holds the last STORE_SIZE responses; an
+older id is a 404 that says it was evicted, and nothing survives a restart.
 """
 
 from __future__ import annotations
@@ -15,34 +26,84 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import OrderedDict
 
 from llgraph.runtime.serve.request import ApiError
 
-_REFUSED = ("previous_response_id", "conversation", "background", "reasoning", "include", "prompt", "truncation",
-            "max_tool_calls", "top_logprobs")
+STORE_SIZE = 1024  # responses kept for previous_response_id and retrieval
+_OWN = {"model", "input", "instructions", "previous_response_id", "store", "max_output_tokens", "temperature", "top_p",
+        "top_logprobs", "include", "tools", "tool_choice", "parallel_tool_calls", "text", "stream", "metadata", "user"}
+_NEUTRAL = {"service_tier": None, "safety_identifier": None, "prompt_cache_key": None, "truncation": "disabled",
+            "background": False, "reasoning": None, "conversation": None, "prompt": None, "max_tool_calls": None,
+            "stream_options": None}
+_CHAT = ("seed", "stop", "logit_bias", "frequency_penalty", "presence_penalty", "top_k", "min_p", "repetition_penalty",
+         "grammar")  # chat completions' own fields, honoured as there
+_INSTEAD = {"n": "one output a response", "max_tokens": "use max_output_tokens",
+            "max_completion_tokens": "use max_output_tokens", "response_format": "use text.format",
+            "logprobs": "use top_logprobs with include [\"message.output_text.logprobs\"]"}
+LOGPROBS = "message.output_text.logprobs"
 
 
-def chat_body(body: dict) -> dict:
-    """The Responses request as a chat completion request (ApiError 400 naming a field it cannot take)."""
-    for key in _REFUSED:
-        if body.get(key) not in (None, False, "disabled", []):
+class Store:
+    """The responses `store` keeps: each with the conversation that led to it (chat messages, no instructions) and
+    its output as messages; the last `size`, the oldest evicted first."""
+
+    def __init__(self, size: int = STORE_SIZE):
+        self.size, self._items = size, OrderedDict()
+
+    def put(self, response: dict, conversation: list[dict]) -> None:
+        self._items[response["id"]] = (response, conversation + _as_messages(response["output"]))
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def _get(self, response_id: str, param: str | None):
+        if not isinstance(response_id, str) or response_id not in self._items:
+            raise ApiError(404, f"no stored response {str(response_id)[:80]!r}: this server keeps the last "
+                                f"{self.size} responses stored in memory (an older one was evicted; none survives a "
+                                "restart); send the conversation as input instead", param=param, code="not_found")
+        return self._items[response_id]
+
+    def response(self, response_id: str) -> dict:
+        return self._get(response_id, None)[0]
+
+    def conversation(self, response_id: str) -> list[dict]:
+        return list(self._get(response_id, "previous_response_id")[1])
+
+
+def chat_body(body: dict, store: Store | None = None) -> tuple[dict, list[dict]]:
+    """The Responses request as a chat completion request, and the conversation it continues with its new input
+    (ApiError 400 naming a field it cannot take)."""
+    for key in body:
+        if key in _INSTEAD:
+            raise ApiError(400, f"'{key}' is not a Responses API field; {_INSTEAD[key]}", param=key)
+        if key not in _OWN and key not in _CHAT and key not in _NEUTRAL:
             raise ApiError(400, f"'{key}' is not supported by this server's Responses API; drop it", param=key)
-    messages = []
+        if key in _NEUTRAL and body[key] not in (None, _NEUTRAL[key], [], {}):
+            raise ApiError(400, f"'{key}' ({str(body[key])[:40]}) is not supported by this server's Responses API; "
+                                "drop it", param=key)
+    conversation = []
+    if body.get("previous_response_id") is not None:
+        conversation = (store or Store(0)).conversation(body["previous_response_id"])
+    given = body.get("input")
+    if isinstance(given, str):
+        conversation.append({"role": "user", "content": given})
+    elif isinstance(given, list) and given:
+        conversation += [_message(item) for item in given]
+    else:
+        raise ApiError(400, "'input' must be a string or a non-empty list of items", param="input")
+    messages = list(conversation)
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
             raise ApiError(400, "'instructions' must be a string", param="instructions")
-        messages.append({"role": "system", "content": body["instructions"]})
-    given = body.get("input")
-    if isinstance(given, str):
-        messages.append({"role": "user", "content": given})
-    elif isinstance(given, list) and given:
-        for item in given:
-            messages.append(_message(item))
-    else:
-        raise ApiError(400, "'input' must be a string or a non-empty list of items", param="input")
+        messages.insert(0, {"role": "system", "content": body["instructions"]})
     chat = {"messages": messages, "stream": bool(body.get("stream")), "stream_options": {"include_usage": True}
             if body.get("stream") else None,
-            **{k: body[k] for k in ("temperature", "top_p", "parallel_tool_calls", "model") if k in body}}
+            **{k: body[k] for k in ("temperature", "top_p", "parallel_tool_calls", "model", *_CHAT) if k in body}}
+    include = body.get("include") or []
+    if not isinstance(include, list) or any(i != LOGPROBS for i in include):
+        raise ApiError(400, f"'include' may hold only {LOGPROBS!r} here", param="include")
+    if include or body.get("top_logprobs") is not None:
+        chat["logprobs"], chat["top_logprobs"] = True, body.get("top_logprobs") or 0
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
     for key, kind in (("tools", list), ("text", dict), ("metadata", dict)):
@@ -63,7 +124,19 @@ def chat_body(body: dict) -> dict:
                                                                           "schema": fmt.get("schema")}}
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
         chat["response_format"] = {"type": "json_object"}
-    return chat
+    return chat, conversation
+
+
+def _as_messages(output: list[dict]) -> list[dict]:
+    """A response's output items as the chat messages a next turn reads: one assistant message, its text and its
+    calls."""
+    text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
+    calls = [{"id": item["call_id"], "type": "function",
+              "function": {"name": item["name"], "arguments": item["arguments"]}}
+             for item in output if item["type"] == "function_call"]
+    if not text and not calls:
+        return []
+    return [{"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}]
 
 
 def _message(item) -> dict:
@@ -101,13 +174,15 @@ def _tool(tool) -> dict:
 
 def response_of(chat: dict, body: dict, response_id: str, model: str) -> dict:
     """A whole chat completion (one choice) as a Responses object."""
-    message = chat["choices"][0]["message"]
+    choice = chat["choices"][0]
+    message = choice["message"]
     output = []
     if message.get("content"):
-        output.append(_text_item(message["content"]))
+        output.append(_text_item(message["content"], logprobs=_logprobs(choice)))
     for call in message.get("tool_calls") or []:
         output.append(_call_item(call))
-    return _response(response_id, model, body, "completed", output, _usage(chat["usage"]))
+    return _finished(_response(response_id, model, body, "completed", output, _usage(chat["usage"])),
+                     choice["finish_reason"])
 
 
 def _usage(usage: dict | None) -> dict | None:
@@ -125,12 +200,32 @@ def _response(response_id: str, model: str, body: dict, status: str, output: lis
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
-            "metadata": body.get("metadata") or {}, "text": {"format": {"type": "text"}}}
+            "metadata": body.get("metadata") or {}, "text": {"format": {"type": "text"}},
+            "previous_response_id": body.get("previous_response_id"), "store": body.get("store") is not False}
 
 
-def _text_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+def _finished(response: dict, finish_reason: str | None) -> dict:
+    """A response cut by max_output_tokens is "incomplete", as OpenAI says it."""
+    if finish_reason == "length":
+        response.update(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
+    return response
+
+
+def _text_item(text: str, status: str = "completed", item_id: str | None = None, logprobs=None) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
     return {"type": "message", "id": item_id or f"msg_{uuid.uuid4().hex}", "role": "assistant", "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+            "content": [part]}
+
+
+def _logprobs(choice: dict) -> list | None:
+    """A chat choice's (or chunk's) log-probabilities in the Responses API's shape, or None."""
+    content = (choice.get("logprobs") or {}).get("content")
+    return None if content is None else [
+        {"token": e["token"], "logprob": e["logprob"], "bytes": e["bytes"],
+         "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
+                          for t in e.get("top_logprobs", [])]} for e in content]
 
 
 def _call_item(call: dict) -> dict:
@@ -138,8 +233,9 @@ def _call_item(call: dict) -> dict:
             "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": "completed"}
 
 
-async def events(chunks, body: dict, response_id: str, model: str):
-    """A streamed chat completion's SSE chunks -> the Responses API's typed events (SSE)."""
+async def events(chunks, body: dict, response_id: str, model: str, done=None):
+    """A streamed chat completion's SSE chunks -> the Responses API's typed events (SSE); `done(response)` is called
+    with the completed response (the Store's put)."""
     number = 0
 
     def event(kind: str, **fields) -> str:
@@ -147,9 +243,11 @@ async def events(chunks, body: dict, response_id: str, model: str):
         number += 1
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': number, **fields})}\n\n"
 
-    yield event("response.created", response=_response(response_id, model, body, "in_progress", [], None))
+    started = _response(response_id, model, body, "in_progress", [], None)
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
     calls: list[dict] = []
-    item_id, text, usage, opened = f"msg_{uuid.uuid4().hex}", "", None, False
+    item_id, text, usage, opened, logprobs, finish = f"msg_{uuid.uuid4().hex}", "", None, False, None, None
     async for raw in chunks:
         for line in (raw.decode() if isinstance(raw, bytes) else raw).splitlines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -169,23 +267,33 @@ async def events(chunks, body: dict, response_id: str, model: str):
                         yield event("response.content_part.added", item_id=item_id, output_index=0,
                                     content_index=0, part={"type": "output_text", "text": "", "annotations": []})
                     text += delta["content"]
+                    entries = _logprobs(choice)
+                    if entries is not None:
+                        logprobs = (logprobs or []) + entries
                     yield event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
-                                delta=delta["content"], logprobs=[])
+                                delta=delta["content"], logprobs=entries or [])
                 calls += delta.get("tool_calls") or []
+                finish = choice.get("finish_reason") or finish
     output = []
     if opened:
         yield event("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text,
-                    logprobs=[])
+                    logprobs=logprobs or [])
+        output.append(_text_item(text, item_id=item_id, logprobs=logprobs))
         yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
-                    part={"type": "output_text", "text": text, "annotations": []})
-        output.append(_text_item(text, item_id=item_id))
+                    part=output[-1]["content"][0])
         yield event("response.output_item.done", output_index=0, item=output[-1])
     for call in calls:
         item = _call_item(call)
-        yield event("response.output_item.added", output_index=len(output), item=item | {"status": "in_progress"})
+        yield event("response.output_item.added", output_index=len(output),
+                    item=item | {"status": "in_progress", "arguments": ""})
+        yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=len(output),
+                    delta=item["arguments"])
         yield event("response.function_call_arguments.done", item_id=item["id"], output_index=len(output),
                     arguments=item["arguments"])
         output.append(item)
         yield event("response.output_item.done", output_index=len(output) - 1, item=item)
-    yield event("response.completed", response=_response(response_id, model, body, "completed", output,
-                                                          _usage(usage)))
+    completed = _finished(_response(response_id, model, body, "completed", output, _usage(usage)), finish)
+    if done is not None:
+        done(completed)
+    yield event("response.incomplete" if completed["status"] == "incomplete" else "response.completed",
+                response=completed)

@@ -207,4 +207,4 @@ def test_the_responses_api_whole_streamed_and_with_a_function_tool(server):
     calls = [item for item in called.output if item.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather" and "city" in json.loads(calls[0].arguments), called
     r = httpx.post(f"{server.url}/v1/responses", json={"input": "Hi", "previous_response_id": "resp_1"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
+    assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"  # none stored by that id
