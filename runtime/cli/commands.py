@@ -52,7 +52,7 @@ def cmd_serve(args) -> int:
                            api_key=api_key(args.api_key, args.api_key_file), pooling=args.pooling,
                            prefill_chunk=args.prefill_chunk, kv_cache=args.kv_cache, host=args.host,
                            allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_origins),
-                           open_metrics=args.open_metrics)
+                           open_metrics=args.open_metrics, any_model=args.any_model)
     if args.ray:
         serve_on_ray(options, args.replicas, host=args.host, port=args.port, address=args.ray_address)
     else:

@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "caches for every slot fit 60%% of the memory free after loading, up to the model's context)")
     s.add_argument("--name", help="the model id clients send, or several comma-separated (aliases: a client's fixed "
                    "'gpt-4o-mini' too); default: MODEL's file or folder name")
+    s.add_argument("--any-model", action="store_true", help="answer a request naming any model with this one "
+                   "(llama-server's behaviour; tools with a hard-coded model name need no change); default: an "
+                   "unknown name is OpenAI's 404")
     s.add_argument("--slots", type=int, default=8, help="requests decoded together: cache rows (default 8)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429 (default 64)")
     s.add_argument("--timeout", type=float, help="seconds a request may take before it is ended (default none)")

@@ -74,6 +74,7 @@ class ServeOptions:
     pooling: str = "last"  # /v1/embeddings' pooling of the last hidden states: "last" token or "mean"
     prefill_chunk: int = 128  # the prompt tokens a step writes beside the running rows' (0: whole); the CLI's help
     kv_cache: str | None = None  # the KV cache's format (llgraph/kv_cache.py); None: the backend's default
+    any_model: bool = False  # a request naming any model is answered by this one (llama-server's behaviour)
 
     @property
     def served_names(self) -> list[str]:
@@ -399,12 +400,14 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
                 "chat_template": tokenizer.chat_template, "model_max_length": state["runner"].backend.max_seq_len}
 
     def _check_model(body: dict) -> None:
-        """`model` absent or null: the one served (as vLLM); one of --name's aliases; else OpenAI's 404."""
+        """`model` absent or null: the one served (as vLLM); one of --name's aliases; any with --any-model; else
+        OpenAI's 404."""
         name = body.get("model")
-        if name is not None and name not in options.served_names:
+        if name is not None and name not in options.served_names and not (options.any_model and isinstance(name, str)):
             raise ApiError(404, f"the model '{str(name)[:100]}' does not exist here; this server serves "
                                 f"{', '.join(repr(n) for n in options.served_names)} (GET /v1/models; llgraph serve "
-                                "--name takes aliases: --name a,b)", param="model", code="model_not_found")
+                                "--name takes aliases: --name a,b; --any-model answers any name)", param="model",
+                               code="model_not_found")
 
     return app
 

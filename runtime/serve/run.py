@@ -136,7 +136,8 @@ def _announce(options: ServeOptions, url: str, extra: str = "", sampling: str = 
     print(f"llgraph serve: '{options.served_name}' from {options.model} on {options.backend}{drafting}, "
           f"{options.slots} slots"
           f"{extra}, listening at {url} (a chat page at /; /v1/chat/completions, /v1/completions, /v1/embeddings, "
-          "/v1/models, /tokenize, /detokenize, /health, /metrics)",
+          "/v1/responses, /v1/messages, /v1/models, /tokenize, /detokenize, /health, /metrics)"
+          f"{'; any model name is answered (--any-model)' if options.any_model else ''}",
           flush=True)
     if sampling:  # (Ray Serve's replicas each load their own; GET /props says it there)
         print(f"llgraph serve: a request that sets no sampling field samples with {sampling}", flush=True)

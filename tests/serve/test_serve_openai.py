@@ -208,3 +208,18 @@ def test_the_responses_api_whole_streamed_and_with_a_function_tool(server):
     assert len(calls) == 1 and calls[0].name == "get_weather" and "city" in json.loads(calls[0].arguments), called
     r = httpx.post(f"{server.url}/v1/responses", json={"input": "Hi", "previous_response_id": "resp_1"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"  # none stored by that id
+
+
+def test_any_model_answers_a_hard_coded_name(serve_export):
+    """--any-model (llama-server's behaviour): a tool that hard-codes 'gpt-3.5-turbo' or 'text-embedding-3-small'
+    is answered by the served model, which the answer names; without it the same request is a 404 (above)."""
+    s = Server(str(serve_export), "--name", "smol", "--slots", "1", "--max-seq-len", "128", "--any-model")
+    try:
+        assert any("--any-model" in line for line in s.lines if "listening at" in line)
+        chat = s.client.chat.completions.create(model="gpt-3.5-turbo", max_tokens=2,
+                                                messages=[{"role": "user", "content": "Hi"}])
+        assert chat.model == "smol" and chat.choices[0].message.content is not None
+        assert len(s.client.embeddings.create(model="text-embedding-3-small", input="Hi").data[0].embedding) > 0
+        assert s.client.models.retrieve("gpt-4").id == "gpt-4"
+    finally:
+        assert s.stop() == 0, "".join(s.lines)
