@@ -197,6 +197,12 @@ class LoraSource(SourceView):
         if not adapters:
             return w
         merged = w.astype(np.float32)
-        for adapter in adapters:
-            merged += adapter.delta(name)
-        return merged.astype(w.dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found below and said in one line
+            for adapter in adapters:
+                merged += adapter.delta(name)
+            out = merged.astype(w.dtype)
+        if not np.isfinite(out).all():  # finite A, B, alpha and scale can still overflow once multiplied
+            raise LoraError(f"--lora {', '.join(str(a.path) for a in adapters)}: merging into {name} overflows "
+                            f"{w.dtype} (its values, lora_alpha / r or the scale are too large); check the adapter, "
+                            "or give a smaller scale (DIR:0.5)")
+        return out

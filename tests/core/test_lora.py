@@ -159,6 +159,10 @@ def _tamper(adapter, folder, case: str):
         tensors[key].flat[3] = np.nan if case == "A nan" else np.inf
     elif case == "B of another rank":  # A [4, in], B [out, 8]
         tensors[b_key] = np.concatenate([tensors[b_key], tensors[b_key]], axis=1)
+    elif case == "A and B 1e20":  # finite, each; their product is not
+        tensors[a_key], tensors[b_key] = tensors[a_key] * 1e20, tensors[b_key] * 1e20
+    elif case == "alpha 1e308":
+        config["lora_alpha"] = 1e308
     elif case == "A 1-D":
         tensors[a_key] = tensors[a_key].reshape(-1).copy()
     elif case == "B 3-D":
@@ -190,6 +194,27 @@ def test_an_adapter_that_cannot_merge_is_one_line_before_anything_is_written(bas
     assert all(w in errors[0] for w in words), errors[0]
     assert "exporting" not in r.stderr  # refused before the export is announced
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))  # and nothing written
+
+
+@pytest.mark.parametrize("case, scale", [("A and B 1e20", ""), ("alpha 1e308", ""), ("good", ":1e300")])
+def test_an_adapter_whose_merge_overflows_is_one_line_and_leaves_nothing(base, tmp_path, case, scale):
+    """Finite values that overflow once multiplied (issue 64: they exported non-finite weights and answered 0,0,0,0
+    with exit 0): one line naming the weight, exit 2, no export left behind."""
+    import subprocess
+    import sys
+
+    good = _adapter(_fresh(base), tmp_path / "good", 3, r=4, lora_alpha=8)
+    adapter = good if case == "good" else _tamper(good, tmp_path / "bad", case)
+    cache = tmp_path / "cache"
+    r = subprocess.run([sys.executable, "-m", "llgraph", "generate", str(base), "--lora", f"{adapter}{scale}",
+                        "--tokens", "1,2", "--max-new-tokens", "2", "--cache-dir", str(cache)],
+                       capture_output=True, text=True)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+    print(errors)
+    assert r.returncode == 2 and len(errors) == 1 and "overflows" in errors[0] and "Traceback" not in r.stderr, \
+        r.stderr
+    left = [p.name for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
+    assert left in ([], ["hashes.json"]), left  # the checkpoint's hash record at most: no export, not even in part
 
 
 def test_cache_list_names_each_entry_s_adapter_and_scale(base, tmp_path):
