@@ -202,8 +202,10 @@ def to_model(emitter: Emitter, target: Target, metadata: dict[str, str]) -> onnx
 
 
 def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, max_positions: int,
-          metadata: dict[str, str], progress: bool = False, options: dict | None = None) -> None:
-    """Write `out_dir/model.onnx` + `model.onnx.data` (out_dir must exist and be empty)."""
+          metadata: dict[str, str], progress: bool = False, options: dict | None = None,
+          destination: Path | None = None) -> None:
+    """Write `out_dir/model.onnx` + `model.onnx.data` (out_dir must exist and be empty); `destination`: the folder
+    the progress line names (out_dir is its staged temporary)."""
     from tqdm import tqdm
 
     missing = sorted({n.op for n in graph.nodes} - set(target.lowerings))
@@ -213,7 +215,8 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
     total = sum(math.prod(int(d) for d in p.value.shape) * DTYPE_BYTES[p.value.dtype] for p in graph.params.values())
     check_free_space(out_dir, total)
     if progress:
-        print(f"export {target.name}: about {total / 1e9:.2f} GB of weights into {out_dir.parent}", file=sys.stderr)
+        print(f"export {target.name}: about {total / 1e9:.2f} GB of weights into {destination or out_dir}",
+              file=sys.stderr)
     with open(out_dir / DATA_FILE, "wb") as data, \
             tqdm(total=total, unit="B", unit_scale=True, desc=f"export {target.name}", disable=not progress) as bar:
         em = Emitter(graph, source, data, on_weight=bar.update, max_positions=max_positions, options=options or {})
@@ -247,7 +250,7 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
         metadata = {"llgraph_version": __version__, "target": target.name, "dtype": graph.metadata["dtype"],
                     "config": graph.metadata["config"], "weights": source.description}
         lower(graph, source, target, tmp, max_positions=max_positions, metadata=metadata, progress=progress,
-              options=options)
+              options=options, destination=out)
         for f in extra_files:
             shutil.copy(f, tmp / Path(f).name)
         if write_extras is not None:

@@ -200,7 +200,11 @@ class Checked:
                 if memo.get(name) == seen[name]:
                     continue
                 hashed = True
-                if hasher(self.folder / name) != digest:
+                try:
+                    same = hasher(self.folder / name) == digest
+                except RuntimeError:  # the interpreter is exiting (a one-line error, say): nothing awaits this check
+                    return
+                if not same:
                     self._why = f"{name} is not the file export wrote (its {hasher.__name__[5:]} differs)"
                     return
             except OSError as e:

@@ -74,8 +74,9 @@ def _confirm_random(args) -> None:
     weights = weights_of(args)
     bits = {"int4": 4.5, "int8": 8.5}.get(weights.quantize or "", 8 * (2 if weights.dtype != "float32" else 4))
     size = build_graph(cfg, weights.dtype).param_count() * bits / 8
-    print(f"no --checkpoint: exporting seeded random weights (seed {args.seed}), about {size / 1e9:.1f} GB into "
-          f"{args.output} — give --checkpoint for a model's own weights", file=sys.stderr, flush=True)
+    large = f", about {size / 1e9:.1f} GB," if size > ASK_ABOVE else ""  # (else the export's own line says it)
+    print(f"no --checkpoint: exporting seeded random weights (seed {args.seed}){large} into {args.output} — give "
+          "--checkpoint for a model's own weights", file=sys.stderr, flush=True)
     if size <= ASK_ABOVE or args.yes:
         return
     if not sys.stdin.isatty():

@@ -89,9 +89,10 @@ def cmd_generate(args) -> None:
     if not chat and not args.raw and args.tokens is None and runner.tokenizer is not None:
         print("llgraph: this model has no chat template (a base model): it continues the prompt's text rather than "
               "answering it; --raw says that is what you want", file=sys.stderr)
+    if runner.tokenizer is None and args.tokens is None:
+        raise LlgraphError(f"{args.model} has no tokenizer (exported without one), so it reads no text; give the "
+                           "prompt as token ids with --tokens 1,2,3, or export from a checkpoint that has one")
     if chat:
-        if runner.tokenizer is None:
-            raise LlgraphError("--chat needs a tokenizer; this model has none")
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
         prompt = runner.render_chat([*system, {"role": "user", "content": prompt}])
     if runner.tokenizer is None:  # token ids in, token ids out
