@@ -230,7 +230,7 @@ def llama_bench_engine(args, path: str, gguf: Path, flags: list[str]) -> tuple[L
     experts, used = metadata(reader, f"{arch}.expert_count"), metadata(reader, f"{arch}.expert_used_count")
     weight_bytes = int(sum(t.n_bytes * (used / experts if experts and "_exps." in t.name else 1)
                            for t in reader.tensors)) - (0 if tied else embed)
-    name = Path(path).resolve().parent.parent.parent.name or "llama-bench"
+    name = Path(path).absolute().parent.parent.parent.name or "llama-bench"  # llama.cpp/build/bin/llama-bench, as given
     return LlamaBench(args, path, gguf, flags), weight_bytes, " ".join([f"{name} llama-bench", *flags]), {}
 
 
