@@ -160,6 +160,27 @@ class ToolSpec:
         rest = "".join(piece for _, _, piece in found)
         return rest if rest.strip() else None, calls
 
+    def cut(self, text: str, template: str) -> tuple[str | None, list[Call]]:
+        """A forced answer max_tokens cut short (finish "length"): its calls as far as written, OpenAI's shape for a
+        cut call — the complete ones whole, the last with the arguments text produced so far ("" if none yet) — and
+        no markup left as content. A call whose function cannot be told yet (its name cut, several allowed) is left
+        out."""
+        text = text[:len(text) - next((k for k in range(len(CLOSE), 0, -1) if text.endswith(CLOSE[:k])), 0)]
+        content, calls = self.parse(text, template)
+        body = _partial_call(text)
+        if body is None:
+            return content, calls
+        names = [fn["name"] for fn in self.functions if self.choice in ("required", fn["name"])]
+        named = re.match(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', body)
+        name = json.loads(f'"{named[1]}"') if named else names[0] if len(names) == 1 else None
+        if name not in names or (calls and not self.many):
+            return (content if calls else None), calls
+        args = re.search(r'"(?:arguments|parameters)"\s*:\s*', body)
+        partial = body[args.end():] if args else ""
+        partial = partial[:len(partial) - next((k for k in range(len(CLOSE), 0, -1) if partial.endswith(CLOSE[:k])),
+                                               0)].rstrip()
+        return (content if calls else None), [*calls, Call(name, partial, f"call_{uuid.uuid4().hex[:24]}")]
+
     def held(self, text: str, template: str) -> int:
         """How much of a streamed answer's start (`text` so far) may go out as content now: the characters before
         anything that is, or may grow into, a call. Everything, once the answer is plainly not a call."""
@@ -261,6 +282,19 @@ def _literal(tag: str, tokenizer) -> str:
     the text."""
     token = tokenizer.token_id(tag) if tokenizer is not None else None
     return f"<[{token}]>" if token is not None else json.dumps(tag)
+
+
+def _partial_call(text: str) -> str | None:
+    """The JSON of a call the text ends inside ({"name": ... cut short), or None when the last call is whole."""
+    starts = [m.start() for m in re.finditer(r'\{\s*"name"', text)]
+    if not starts:
+        return None
+    body = text[starts[-1]:]
+    try:
+        json.JSONDecoder().raw_decode(body)
+        return None
+    except json.JSONDecodeError:
+        return body
 
 
 def _parse_hermes(text: str):

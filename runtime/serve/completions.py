@@ -253,6 +253,8 @@ class Choice:
         text = "".join(self.pieces)
         if self.ask.tools is NO_TOOLS:
             return text, []
+        if self.ask.tools.forced and self.handle.decoding.finish_reason in ("length", "timeout"):  # a call cut short
+            return self.ask.tools.cut(text, self.ask.template)
         return self.ask.tools.parse(text, self.ask.template)
 
     def release(self, done: bool) -> tuple[str, list]:

@@ -153,3 +153,27 @@ def test_forced_calls_end_with_parallel_calls_left_unset_as_clients_leave_them(s
         assert reason == "tool_calls" and len(message.tool_calls) == 1
     else:
         assert reason in ("tool_calls", "length") and message.content is None
+
+
+@pytest.mark.parametrize("max_tokens", [12, 22, 26])
+def test_a_forced_call_cut_by_max_tokens_is_a_call_not_markup(server, max_tokens):
+    """OpenAI's shape for a call max_tokens cuts (issue 64: it came back as '<tool_call>\\n{"name": "get_' in content):
+    tool_calls with the arguments produced so far, finish_reason length, no markup as content; streamed alike."""
+    weather = {"type": "function", "function": {"name": "get_weather"}}
+    done = server.client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME], tool_choice=weather,
+                                                 max_tokens=max_tokens, temperature=0)
+    choice = done.choices[0]
+    print(choice.message, choice.finish_reason)
+    assert choice.finish_reason == "length" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and "<tool_call>" not in call.function.arguments
+    assert '{"city": "Paris", "unit": "celsius"}'.startswith(call.function.arguments.replace(" ", "")
+                                                            .replace(",", ", ").replace(":", ": ")), call
+    streamed = server.client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME],
+                                                     tool_choice=weather, max_tokens=max_tokens, temperature=0,
+                                                     stream=True)
+    chunks = list(streamed)
+    calls = [c for chunk in chunks for c in (chunk.choices[0].delta.tool_calls or []) if chunk.choices]
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert [c.function.arguments for c in calls] == [call.function.arguments] and text == ""
+    assert chunks[-1].choices[0].finish_reason == "length"
