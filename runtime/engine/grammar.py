@@ -164,6 +164,25 @@ class Matcher:
         if self._m.is_error():
             raise RequestError(f"the grammar admits no output (e.g. a schema that only refers to itself): "
                                f"{self._m.get_error().splitlines()[0][:120]}")
+        self._probe(eos=set(getattr(ll_tokenizer, "eos_tokens", ()) or ()))
+
+    def _probe(self, eos: set[int], steps: int = 2) -> None:
+        """The grammar's first tokens taken on a copy, so a grammar past the engine's limits (more than 2,000
+        alternatives in a rule, a repeat of tens of thousands) is the request's error when it is submitted — a 400 —
+        rather than a failure at its first token."""
+        probe, bits = self._m.deep_copy(), np.array(self._bits)
+        for _ in range(steps):
+            allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
+            allowed = [int(t) for t in allowed[:64] if int(t) not in eos]
+            if not allowed:
+                return
+            probe.consume_token(allowed[0])
+            if not probe.is_error():
+                probe.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+            if probe.is_error():
+                raise RequestError("the grammar is beyond the grammar engine's limits (at most 2,000 alternatives "
+                                   "in a rule; no repeat of tens of thousands): "
+                                   f"{probe.get_error().splitlines()[0][:160]}")
 
     def allowed(self, vocab_size: int) -> np.ndarray:
         """[vocab_size] bool: the tokens that keep the output valid."""

@@ -147,6 +147,11 @@ def test_gbnf_grammar_json_schema_and_chat_template_flags(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "json_schema", r.text
     r = httpx.post(f"{server.url}/v1/chat/completions", json={**ask, "grammar": "root ::= missing"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "grammar", r.text
+    # past the grammar engine's limits: a 400 when submitted (issue 64: 500s at the first token)
+    for grammar in ("root ::= " + " | ".join(f'"w{i}"' for i in range(2002)), 'root ::= "a"{60000}'):
+        for stream in (False, True):
+            r = httpx.post(f"{server.url}/v1/chat/completions", json={**ask, "grammar": grammar, "stream": stream})
+            assert r.status_code == 400 and "limits" in r.json()["error"]["message"], r.text
     # the template flags, seen through /tokenize: the rendered prompt with and without the assistant's header, and
     # cut inside a last assistant message to continue it
     turn = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
