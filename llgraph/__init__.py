@@ -1,6 +1,6 @@
 """llgraph: a declarative graph compiler for Llama-family decoders."""
 
-__version__ = "0.13.0"
+__version__ = "0.14.0"
 
 
 def _source_tree_subpackages() -> None:

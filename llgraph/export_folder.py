@@ -59,7 +59,7 @@ class Manifest:
         data = asdict(self)
         data["config"] = self.config.to_dict()
         data = {"format": data.pop("format"), "llgraph_version": data.pop("llgraph_version"), **data}
-        (Path(folder) / MANIFEST).write_text(json.dumps(data, indent=2))
+        (Path(folder) / MANIFEST).write_text(json.dumps({**data, SEAL: seal(data)}, indent=2))
 
     @classmethod
     def read(cls, folder: str | Path) -> Manifest:
@@ -98,6 +98,26 @@ class Manifest:
         except (OSError, ValueError, AttributeError):
             pass
         return names
+
+
+SEAL = "seal"  # the manifest's own digest: a manifest edited after export (an eos id, the vocabulary size) is damage
+
+
+def seal(data: dict) -> str:
+    """sha256 of a manifest's fields (less its seal), in one canonical JSON form."""
+    body = {k: v for k, v in data.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def manifest_damage(folder: Path) -> str | None:
+    """Whether manifest.json is the one export wrote: its seal, where it has one (exports before 0.14 have none)."""
+    try:
+        data = json.loads((Path(folder) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return f"{MANIFEST} cannot be read"
+    if isinstance(data, dict) and SEAL in data and data[SEAL] != seal(data):
+        return f"{MANIFEST} is not the file export wrote: edited after export, its seal differs"
+    return None
 
 
 def llgraph_files(folder: Path) -> set[str] | None:
@@ -152,7 +172,9 @@ def damage(folder: Path, manifest: Manifest, hashes: bool = False) -> str | None
     """What differs from the integrity record, in a few words, or None: every size; the sha256 of every file with
     `hashes` (`cache verify`), else of the small ones where the export has no xxh3 record (an older export). The
     xxh3 of every file is Checked's, in the background of an open. A folder exported before the record existed has
-    nothing to check."""
+    nothing to check. The manifest itself by its seal."""
+    if (why := manifest_damage(folder)) is not None:
+        return why
     for name, size in manifest.sizes.items():
         path = Path(folder) / name
         if not path.is_file():

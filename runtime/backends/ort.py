@@ -256,7 +256,12 @@ class ORTRunner(Runner):
             _SAID.add(target)
             print(f"llgraph: {folder} is a --target {target} export; ONNX Runtime runs a --target ort export of the "
                   "same checkpoint several times faster, in less memory", file=sys.stderr)
-        super().__init__(backend, Tokenizer.find(Path(folder)), backend.config.eos_token_ids, folder)
+        try:
+            tokenizer = Tokenizer.find(Path(folder))
+        except Exception:  # a damaged tokenizer.json: the integrity record says so in one line, not the parser
+            backend.ready()
+            raise
+        super().__init__(backend, tokenizer, backend.config.eos_token_ids, folder)
 
 
 _SAID: set[str] = set()  # the targets ORTRunner has said this of, once a process

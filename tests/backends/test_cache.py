@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,6 +120,35 @@ def test_a_damaged_export_folder_is_one_line_naming_the_fix(tmp_path, harm):
     print(errors)
     assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr and not r.stdout
     assert f"is damaged ({path.name} is" in errors[0] and "--force -o" in errors[0] and "cache clean" in errors[0]
+
+
+@pytest.mark.parametrize("harm", ["an eos id edited", "the vocabulary size edited", "a damaged tokenizer.json"])
+def test_the_manifest_and_the_tokenizer_are_held_to_what_export_wrote(smollm2_export, tmp_path, harm):
+    """Issue 64: manifest.json was outside the check (one digit of eos_token_ids changed answered wrongly with exit
+    0, of vocab_size an ONNX Runtime traceback) and a damaged tokenizer.json was a traceback: each is one line."""
+    import json
+    import shutil
+
+    folder = Path(shutil.copytree(smollm2_export("ort", max_seq_len=64), tmp_path / "copy"))
+    if harm == "a damaged tokenizer.json":
+        path = folder / "tokenizer.json"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2: len(data) // 2 + 8] = b"\x00" * 8
+        path.write_bytes(bytes(data))
+        prompt = ["--prompt", "Hi"]
+    else:
+        path = folder / MANIFEST
+        manifest = json.loads(path.read_text())
+        key = "eos_token_ids" if "eos" in harm else "vocab_size"
+        value = manifest["config"][key]
+        manifest["config"][key] = [v + 1 for v in value] if isinstance(value, list) else value + 1
+        path.write_text(json.dumps(manifest, indent=2))
+        prompt = ["--tokens", "1,2"]
+    r = llgraph("generate", str(folder), *prompt, "--max-new-tokens", "2")
+    errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+    print(errors)
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr and not r.stdout, r.stderr
+    assert f"is damaged ({path.name} is" in errors[0] and "cache clean" in errors[0]
 
 
 def test_cache_clean_leaves_nothing_llgraph_wrote_and_list_counts_kernels(tmp_path):

@@ -256,7 +256,8 @@ def test_a_folder_missing_its_kernels_is_one_line(library, tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "libllgraph_ort.so is missing" in lines[0], r.stderr
     # a folder exported before integrity records: the kernels' own check says it
     manifest = json.loads((folder / MANIFEST).read_text())
-    (folder / MANIFEST).write_text(json.dumps({k: v for k, v in manifest.items() if k not in ("sizes", "sha256")}))
+    older = {k: v for k, v in manifest.items() if k not in ("sizes", "sha256", "seal")}  # no record, no seal
+    (folder / MANIFEST).write_text(json.dumps(older))
     r = llgraph("generate", str(folder), "--tokens", "1,2,3", "--max-new-tokens", "2")
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "--kernels standard" in lines[0], r.stderr
