@@ -108,6 +108,25 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def remove_written(folder: Path) -> list[str]:
+    """Remove what llgraph wrote into an export folder (its manifest's files, what `llgraph build` added), then the
+    folder once empty; anything else in it (a user's file) stays, and so does the folder. A symbolic link is never
+    followed: the link itself is removed where llgraph's file should be, and a linked folder is not an export folder
+    llgraph wrote. Returns the names left."""
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return [folder.name]
+    ours = llgraph_files(folder) or set()
+    for name in ours:
+        path = folder / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+    left = sorted(p.name for p in folder.iterdir())
+    if not left:
+        folder.rmdir()
+    return left
+
+
 def remove_stale(out: Path) -> list[Path]:
     """Remove `.OUT.partial-PID` / `.OUT.old-PID` siblings left by killed llgraph runs (marked, PID not alive)."""
     removed: list[Path] = []
@@ -118,8 +137,13 @@ def remove_stale(out: Path) -> list[Path]:
         for p in parent.glob(f".{out.name}.{kind}-*"):
             pid = p.name.rsplit("-", 1)[-1]
             ours = (p / PARTIAL_MARK).exists() if kind == "partial" else llgraph_files(p) is not None
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)) and ours and p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)) and ours and p.is_dir() \
+                    and not p.is_symlink():
+                if kind == "partial":  # a staging folder llgraph made whole
+                    shutil.rmtree(p, ignore_errors=True)
+                elif remove_written(p):  # an old export replaced: only what llgraph wrote in it
+                    print(f"llgraph: kept {p}: it holds files llgraph did not write", file=sys.stderr)
+                    continue
                 removed.append(p)
     for p in removed:
         print(f"llgraph: removed {p}, left by an earlier run that was killed", file=sys.stderr)

@@ -22,13 +22,14 @@ import json
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from llgraph import __version__
 from llgraph.errors import LlgraphError
 from llgraph.export_folder import BUILD_FILES, CHECKED, LEGACY_FILES, MANIFEST, Manifest, damage, file_sha256
-from llgraph.outdir import remove_stale, user_cache
+from llgraph.outdir import remove_stale, remove_written, user_cache
 from llgraph.plugins import cpu
 
 HASHES = "hashes.json"
@@ -127,7 +128,7 @@ def entries(root: Path) -> list[Entry]:
     `cache list`, removed by `cache clean`)."""
     found = []
     for p in sorted(root.iterdir()) if root.is_dir() else []:
-        if not p.is_dir():
+        if not p.is_dir() or p.is_symlink():  # a linked folder is not an entry llgraph wrote
             continue
         manifest = Manifest.find(p)
         if manifest is None and not (ENTRY_NAME.search(p.name) and _export_files_only(p)):
@@ -163,14 +164,18 @@ def clean(root: Path, names: list[str] | None = None) -> tuple[list[Entry], int]
     (plugins/cpu/). Only what llgraph wrote is ever removed. Returns the entries removed and the bytes freed."""
     chosen = _chosen(root, names)
     for e in chosen:
-        shutil.rmtree(e.path)
+        if e.manifest is None:  # damaged: a folder of export files only (entries()), no manifest to list them
+            shutil.rmtree(e.path)
+        elif left := remove_written(e.path):
+            print(f"llgraph: kept {e.path}: it holds {', '.join(left[:4])}{' ...' if len(left) > 4 else ''}, which "
+                  "llgraph did not write", file=sys.stderr)
     freed = sum(e.bytes for e in chosen)
     if not names:  # all: the hash memo, killed runs' folders, llgraph's CPU kernel builds and their headers
         for p in [*root.glob(".*.partial-*"), *root.glob(".*.old-*")]:
             remove_stale(root / p.name[1:].rsplit(".", 1)[0])
-        if (root / HASHES).exists():
+        if (root / HASHES).is_file() or (root / HASHES).is_symlink():
             (root / HASHES).unlink()
-        if (root / CHECKED).is_dir():  # the open checks' memos (export_folder.Checked)
+        if (root / CHECKED).is_dir() and not (root / CHECKED).is_symlink():  # the open checks' memos (Checked)
             shutil.rmtree(root / CHECKED)
         freed += kernel_builds(root)[1]
         for folder in cpu.built_here(root):

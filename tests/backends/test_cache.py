@@ -15,7 +15,7 @@ from reference import tiny, write_hf_checkpoint
 from llgraph.checkpoint import random_weights
 from llgraph.errors import LlgraphError
 from llgraph.export import export_model
-from llgraph.export_folder import DATA_FILE, MANIFEST, MODEL_FILE, Manifest
+from llgraph.export_folder import CHECKED, DATA_FILE, MANIFEST, MODEL_FILE, Manifest
 from llgraph.outdir import PARTIAL_MARK
 from llgraph.plugins import cpu
 from llgraph.runtime.backends.export_cache import entries
@@ -171,6 +171,35 @@ def test_cache_clean_leaves_nothing_llgraph_wrote_and_list_counts_kernels(tmp_pa
     left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
     print(r.stdout.strip(), left)
     assert r.returncode == 0 and left == []
+
+
+def test_cache_clean_removes_only_what_llgraph_wrote_and_follows_no_link(ckpt, tmp_path):
+    """Issue 64: a symlinked entry or checked/ folder ended in `Cannot call rmtree on a symbolic link`, hashes.json
+    as a folder in IsADirectoryError, and a user's file inside an entry or an .old-N folder was deleted. Now the
+    links and what they point at stay, and so do a user's files (their folder with them), said in a line."""
+    cache = tmp_path / "cache"
+    generate(ckpt, cache)
+    [entry] = entries(cache)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(entry.path, elsewhere / "export")
+    (entry.path / "notes.txt").write_text("mine")
+    (cache / "linked-ort-float32-0123456789abcdef").symlink_to(elsewhere / "export")
+    (elsewhere / "checked").mkdir()
+    (elsewhere / "checked" / "keep.json").write_text("{}")
+    shutil.rmtree(cache / CHECKED, ignore_errors=True)
+    (cache / CHECKED).symlink_to(elsewhere / "checked")
+    (cache / "hashes.json").unlink(missing_ok=True)
+    (cache / "hashes.json").mkdir()
+    old = cache / f".{entry.name}.old-{dead_pid()}"
+    shutil.copytree(elsewhere / "export", old)
+    (old / "mine.txt").write_text("mine")
+    r = llgraph("cache", "clean", "--cache-dir", str(cache))
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.name for p in entry.path.iterdir()) == ["notes.txt"] and "kept" in r.stderr
+    assert sorted(p.name for p in old.iterdir()) == ["mine.txt"]
+    assert (elsewhere / "export" / MANIFEST).is_file() and (elsewhere / "checked" / "keep.json").is_file()
+    assert (cache / "hashes.json").is_dir()
 
 
 def test_a_corrupt_shared_kernel_library_is_rebuilt(tmp_path, monkeypatch):
