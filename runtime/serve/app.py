@@ -379,16 +379,19 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         body = await read_json(request, options.max_request_bytes)
         _check_model(body)
         runner, tokens = state["runner"], body.get("tokens")
-        if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)):
-            raise ApiError(400, "'tokens' must be a list of token ids", param="tokens")
-        if runner.tokenizer is None:
-            raise ApiError(400, "this model has no tokenizer", param="tokens")
-        bad = [t for t in tokens if not 0 <= t < runner.backend.vocab_size]
-        if bad:
-            raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary "
-                                f"(0..{runner.backend.vocab_size - 1})", param="tokens")
-        text = runner.tokenizer.decode(tokens)
-        return {"prompt": text, "content": text}  # vLLM's key and llama.cpp's
+
+        def decoded() -> str:  # off the event loop: millions of ids take a while to check and decode
+            if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)):
+                raise ApiError(400, "'tokens' must be a list of token ids", param="tokens")
+            if runner.tokenizer is None:
+                raise ApiError(400, "this model has no tokenizer", param="tokens")
+            bad = [t for t in tokens if not 0 <= t < runner.backend.vocab_size]
+            if bad:
+                raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary "
+                                    f"(0..{runner.backend.vocab_size - 1})", param="tokens")
+            text = runner.tokenizer.decode(tokens)
+            return json.dumps({"prompt": text, "content": text})  # vLLM's key and llama.cpp's
+        return Response(await asyncio.to_thread(decoded), media_type="application/json")
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():

@@ -18,8 +18,8 @@ from llgraph.runtime.serve.request import ApiError, prompt_ids, prompts_of, subm
 async def embeddings(request, body: dict, runner, scheduler, pooling: str, model: str, capacity: int):
     if "input" not in body:
         raise ApiError(400, "'input' is required: a string, a list of strings, or token ids", param="input")
-    try:
-        inputs = prompts_of({"prompt": body["input"]}, runner.tokenizer)
+    try:  # off the event loop: a list of millions of ids takes a while to check
+        inputs = await asyncio.to_thread(prompts_of, {"prompt": body["input"]}, runner.tokenizer)
     except ApiError as e:  # completions' wording, this endpoint's field
         raise ApiError(400, str(e).replace("'prompt'", "'input'"), param="input") from None
     if len(inputs) > capacity:

@@ -63,15 +63,19 @@ def test_prompt_logprobs_are_the_same_fresh_or_after_their_prefix_was_cached(smo
     assert reused == fresh
 
 
-def test_a_moe_row_s_experts_do_not_depend_on_its_neighbours():
-    """llama.cpp's Qwen3-MoE GGUF (tests/data/gguf_families): four seeded, sampled requests give the same tokens
-    each alone and packed together in the scheduler's steps (prompts written in chunks of 5): the router and the
-    experts a row's tokens take are its own."""
+@pytest.mark.parametrize("experts", ["float", "K-quants"])
+def test_a_moe_row_s_experts_do_not_depend_on_its_neighbours(experts, tmp_path):
+    """llama.cpp's Qwen3-MoE GGUF (tests/data/gguf_families; and tests/kquant_moe.py's, its experts Q4_K/Q5_K/Q6_K
+    on llgraph's MoE kernel): four seeded, sampled requests give the same tokens each alone and packed together in
+    the scheduler's steps (prompts written in chunks of 5): the router and the experts a row's tokens take are its
+    own."""
     from gguf_families import DATA
+    from kquant_moe import write
 
     from llgraph.runtime import open_runner
 
-    runner = open_runner(str(DATA / "qwen3_moe" / "model.gguf"), "ort", max_seq_len=64)
+    path = DATA / "qwen3_moe" / "model.gguf" if experts == "float" else write(tmp_path / "q.gguf")
+    runner = open_runner(str(path), "ort", max_seq_len=64, cache_dir=str(tmp_path))
     prompts = [[5, 17, 33, 8, 61, 42, 9, 11, 70], [3, 4, 5, 6], [80, 81, 82, 83, 84, 85, 86], [7] * 12]
     solo = [runner.generate(p, 16, temperature=1.0, seed=0, eos_token_ids=[]).token_ids for p in prompts]
     scheduler = Scheduler(runner, slots=4, prefill_chunk=5).start()
