@@ -55,6 +55,8 @@ from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_dra
 from llgraph.runtime.engine.step import Engine, Metrics
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
+STEP_SECONDS = 0.5  # while rows decode, a step that also writes prompt tokens takes about this long at most
+MIN_CHUNK = 16  # the fewest prompt tokens a step writes, however slow the machine
 
 
 class Scheduler:
@@ -69,6 +71,8 @@ class Scheduler:
             raise RequestError(f"slots ({slots}) must be >= 1, max_queue ({max_queue}) and prefill_chunk "
                                f"({prefill_chunk}) >= 0")
         self.prefill_chunk = prefill_chunk
+        self._pace: float | None = None  # seconds a token of a prompt-writing step took (a moving average)
+        self._clock: Callable[[], float] = time.monotonic
         self._chunking: deque[_Request] = deque()  # admitted, their prompts written a chunk a step (oldest first)
         self.runner, self.backend, self.slots, self.max_queue = runner, runner.backend, slots, max_queue
         self.timeout = timeout
@@ -259,10 +263,29 @@ class Scheduler:
         r.start = self._rows.reuse(r.slot, r.ids[:r.written], allowed=not (r.prompt_logprobs or r.pooling == "mean"))
         self._rows.held[r.slot] = r.ids[:r.start]
 
+    def _budget(self) -> int:
+        """The prompt tokens a step may write: prefill_chunk, or fewer where this machine's measured pace would make
+        the step longer than STEP_SECONDS while other rows wait for their next token (a chunk by time, not only by
+        tokens: on a slow host or a large model 128 tokens took 4-8 s a step)."""
+        waiting = any(r.seen is not None for r in self._active.values())
+        if not self.prefill_chunk or self._pace is None or not waiting:
+            return self.prefill_chunk
+        return max(MIN_CHUNK, min(self.prefill_chunk, int(STEP_SECONDS / self._pace)))
+
+    def _paced(self, tokens: int, written: int, seconds: float) -> None:
+        """A step of `tokens` inputs, `written` of them prompt tokens, took `seconds`: the pace's moving average."""
+        if written >= MIN_CHUNK:
+            pace = seconds / tokens
+            self._pace = pace if self._pace is None else 0.7 * self._pace + 0.3 * pace
+
     def _advance(self) -> None:
         """One engine step of every active request (Engine.advance), then what each row's cache holds."""
         before = {slot: (r.token, r.seen is not None) for slot, r in self._active.items()}
-        self.engine.advance(list(self._active.values()), self.prefill_chunk)
+        starts = {slot: r.start for slot, r in self._active.items() if r.seen is None}
+        begun = self._clock()
+        self.engine.advance(list(self._active.values()), self._budget())
+        written = sum(self._active[slot].start - start for slot, start in starts.items())
+        self._paced(written + sum(decoding for _, decoding in before.values()), written, self._clock() - begun)
         for slot, r in self._active.items():
             if r.error is not None:
                 continue
@@ -299,7 +322,9 @@ class Scheduler:
         if r.cancelled or (r.deadline is not None and time.monotonic() > r.deadline):
             return  # _retire frees its slot before anything more is written
         if r.written - r.start > self.prefill_chunk:
-            self.engine.write(r, r.start + self.prefill_chunk)
+            begun, budget = self._clock(), self._budget()
+            self.engine.write(r, r.start + budget)
+            self._paced(budget, budget, self._clock() - begun)
             self._rows.held[r.slot] = r.ids[:r.start]
             if not r.finished:
                 return

@@ -94,3 +94,45 @@ def test_a_long_scored_prompt_is_written_in_chunks_and_scores_as_written_whole(r
     assert handles[0].prompt_logprobs == whole.prompt_logprobs  # every logprob and alternative, the same bits
     assert [(s.token, s.logprob) for s in handles[1].prompt_logprobs] == \
         [(s.token, s.logprob) for s in whole.prompt_logprobs]
+
+
+class SlowClock(Recording):
+    """A Recording whose every input token costs 10 ms on the scheduler's clock (a slow host or a large model, made
+    deterministic): the clock moves only by the forwards' tokens."""
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def forward(self, input_ids, position_ids, rows=None, keep=0):
+        self.now += 0.01 * input_ids.size
+        return super().forward(input_ids, position_ids, rows, keep)
+
+
+def test_a_step_is_chunked_by_time_on_a_slow_machine(runner):
+    """Issue 64 item 7: at 10 ms a token a 128-token chunk held a running stream 1.3 s a step; the scheduler measures
+    the pace and writes about STEP_SECONDS' worth beside a decoding row (0.5 s: 50 tokens, never under MIN_CHUNK)."""
+    from llgraph.runtime.engine.scheduler import MIN_CHUNK, STEP_SECONDS
+
+    slow = SlowClock(runner.backend)
+    runner.backend = slow
+    scheduler = Scheduler(runner, slots=4, prefill_chunk=128)
+    scheduler._clock = slow
+    scheduler.start()
+    try:
+        stream = scheduler.submit("Once upon a time", 200, stop=(), eos_token_ids=())
+        assert stream.events.get(timeout=60).kind == "token"
+        slow.calls.clear()
+        scheduler.submit("The history of the world. " * 40, 1, stop=(), eos_token_ids=()).result(timeout=120)
+        sizes = [int(np.prod(shape)) for shape in slow.calls]
+        stream.cancel()
+    finally:
+        scheduler.stop()
+        runner.backend = slow.backend
+    print("tokens a forward while the prompt was written:", sizes)
+    big = [s for s in sizes if s > 2]  # the forwards that wrote prompt tokens beside the stream's one
+    assert big[0] <= 128 + 1 and max(big[1:]) <= int(STEP_SECONDS / 0.01) + 1 and min(big[1:-1]) >= MIN_CHUNK
+    assert len(big) >= 4  # 128, then 50 a step
