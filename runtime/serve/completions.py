@@ -355,6 +355,15 @@ async def _merged(handles):
             h.cancel()  # a no-op once finished; frees the slot (or the queue place) of an abandoned request
 
 
+async def parsed_chunks(body):
+    """A streamed chat completion's SSE body (bytes or text) -> its chunks as dicts, [DONE] left out: what the
+    Responses and Messages APIs translate into their own events."""
+    async for raw in body:
+        for line in (raw.decode() if isinstance(raw, bytes) else raw).splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
 async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: Ask):
     kind = "chat.completion.chunk" if ask.chat else "text_completion"
 

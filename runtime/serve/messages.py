@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 
+from llgraph.runtime.serve.completions import parsed_chunks
 from llgraph.runtime.serve.request import ApiError
 
 _TAKEN = {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p", "top_k", "tools",
@@ -204,26 +205,22 @@ async def events(chunks, message_id: str, model: str):
              "stop_reason": None, "stop_sequence": None, "usage": _usage(None)}
     yield event("message_start", message=start)
     index, text_open, calls, finished, usage = 0, False, [], None, None
-    async for raw in chunks:
-        for line in (raw.decode() if isinstance(raw, bytes) else raw).splitlines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                yield event("error", error={"type": "api_error", "message": chunk["error"]["message"]})
-                return
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    if not text_open:
-                        text_open = True
-                        yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
-                    yield event("content_block_delta", index=index,
-                                delta={"type": "text_delta", "text": delta["content"]})
-                calls += delta.get("tool_calls") or []
-                if choice.get("finish_reason") is not None:
-                    finished = choice
+    async for chunk in parsed_chunks(chunks):
+        if "error" in chunk:
+            yield event("error", error={"type": "api_error", "message": chunk["error"]["message"]})
+            return
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices", []):
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if not text_open:
+                    text_open = True
+                    yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+                yield event("content_block_delta", index=index,
+                            delta={"type": "text_delta", "text": delta["content"]})
+            calls += delta.get("tool_calls") or []
+            if choice.get("finish_reason") is not None:
+                finished = choice
     if text_open:
         yield event("content_block_stop", index=index)
         index += 1

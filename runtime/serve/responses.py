@@ -28,6 +28,7 @@ import time
 import uuid
 from collections import OrderedDict
 
+from llgraph.runtime.serve.completions import parsed_chunks
 from llgraph.runtime.serve.request import ApiError
 
 STORE_SIZE = 1024  # responses kept for previous_response_id and retrieval
@@ -248,32 +249,28 @@ async def events(chunks, body: dict, response_id: str, model: str, done=None):
     yield event("response.in_progress", response=started)
     calls: list[dict] = []
     item_id, text, usage, opened, logprobs, finish = f"msg_{uuid.uuid4().hex}", "", None, False, None, None
-    async for raw in chunks:
-        for line in (raw.decode() if isinstance(raw, bytes) else raw).splitlines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                yield event("error", message=chunk["error"]["message"], code=chunk["error"].get("code"))
-                return
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    if not opened:
-                        opened = True
-                        yield event("response.output_item.added", output_index=0,
-                                    item=_text_item("", "in_progress", item_id) | {"content": []})
-                        yield event("response.content_part.added", item_id=item_id, output_index=0,
-                                    content_index=0, part={"type": "output_text", "text": "", "annotations": []})
-                    text += delta["content"]
-                    entries = _logprobs(choice)
-                    if entries is not None:
-                        logprobs = (logprobs or []) + entries
-                    yield event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
-                                delta=delta["content"], logprobs=entries or [])
-                calls += delta.get("tool_calls") or []
-                finish = choice.get("finish_reason") or finish
+    async for chunk in parsed_chunks(chunks):
+        if "error" in chunk:
+            yield event("error", message=chunk["error"]["message"], code=chunk["error"].get("code"))
+            return
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices", []):
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if not opened:
+                    opened = True
+                    yield event("response.output_item.added", output_index=0,
+                                item=_text_item("", "in_progress", item_id) | {"content": []})
+                    yield event("response.content_part.added", item_id=item_id, output_index=0,
+                                content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+                text += delta["content"]
+                entries = _logprobs(choice)
+                if entries is not None:
+                    logprobs = (logprobs or []) + entries
+                yield event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
+                            delta=delta["content"], logprobs=entries or [])
+            calls += delta.get("tool_calls") or []
+            finish = choice.get("finish_reason") or finish
     output = []
     if opened:
         yield event("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text,

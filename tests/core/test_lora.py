@@ -172,14 +172,8 @@ def _tamper(adapter, folder, case: str):
     return folder
 
 
-@pytest.mark.parametrize("case, scale, words", [
-    ("good", ":nan", ["finite number"]), ("good", ":inf", ["finite number"]), ("good", ":-1e309", ["finite number"]),
-    ("alpha NaN", "", ["positive finite 'lora_alpha'"]), ("r true", "", ["positive integer 'r'", "True"]),
-    ("A nan", "", ["lora_A", "NaN or infinite"]), ("B inf", "", ["lora_B", "NaN or infinite"]),
-    ("B of another rank", "", ["lora_A", "is [4, ", ", 8]; LoRA wants A [r, in] and B [out, r]"]),
-    ("A 1-D", "", ["lora_A", "wants A [r, in]"]), ("B 3-D", "", ["lora_B", "wants A [r, in]"]),
-])
-def test_an_adapter_that_cannot_merge_is_one_line_before_anything_is_written(base, tmp_path, case, scale, words):
+def _generate_with(base, tmp_path, case: str, scale: str):
+    """`llgraph generate` with the adapter `case` (_tamper's) at `scale` -> (the run, its error lines, its cache)."""
     import subprocess
     import sys
 
@@ -189,7 +183,18 @@ def test_an_adapter_that_cannot_merge_is_one_line_before_anything_is_written(bas
     r = subprocess.run([sys.executable, "-m", "llgraph", "generate", str(base), "--lora", f"{adapter}{scale}",
                         "--tokens", "1,2", "--max-new-tokens", "2", "--cache-dir", str(cache)],
                        capture_output=True, text=True)
-    errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+    return r, [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")], cache
+
+
+@pytest.mark.parametrize("case, scale, words", [
+    ("good", ":nan", ["finite number"]), ("good", ":inf", ["finite number"]), ("good", ":-1e309", ["finite number"]),
+    ("alpha NaN", "", ["positive finite 'lora_alpha'"]), ("r true", "", ["positive integer 'r'", "True"]),
+    ("A nan", "", ["lora_A", "NaN or infinite"]), ("B inf", "", ["lora_B", "NaN or infinite"]),
+    ("B of another rank", "", ["lora_A", "is [4, ", ", 8]; LoRA wants A [r, in] and B [out, r]"]),
+    ("A 1-D", "", ["lora_A", "wants A [r, in]"]), ("B 3-D", "", ["lora_B", "wants A [r, in]"]),
+])
+def test_an_adapter_that_cannot_merge_is_one_line_before_anything_is_written(base, tmp_path, case, scale, words):
+    r, errors, cache = _generate_with(base, tmp_path, case, scale)
     assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
     assert all(w in errors[0] for w in words), errors[0]
     assert "exporting" not in r.stderr  # refused before the export is announced
@@ -200,16 +205,7 @@ def test_an_adapter_that_cannot_merge_is_one_line_before_anything_is_written(bas
 def test_an_adapter_whose_merge_overflows_is_one_line_and_leaves_nothing(base, tmp_path, case, scale):
     """Finite values that overflow once multiplied (issue 64: they exported non-finite weights and answered 0,0,0,0
     with exit 0): one line naming the weight, exit 2, no export left behind."""
-    import subprocess
-    import sys
-
-    good = _adapter(_fresh(base), tmp_path / "good", 3, r=4, lora_alpha=8)
-    adapter = good if case == "good" else _tamper(good, tmp_path / "bad", case)
-    cache = tmp_path / "cache"
-    r = subprocess.run([sys.executable, "-m", "llgraph", "generate", str(base), "--lora", f"{adapter}{scale}",
-                        "--tokens", "1,2", "--max-new-tokens", "2", "--cache-dir", str(cache)],
-                       capture_output=True, text=True)
-    errors = [line for line in r.stderr.splitlines() if line.startswith("llgraph: error:")]
+    r, errors, cache = _generate_with(base, tmp_path, case, scale)
     print(errors)
     assert r.returncode == 2 and len(errors) == 1 and "overflows" in errors[0] and "Traceback" not in r.stderr, \
         r.stderr
