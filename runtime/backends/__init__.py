@@ -1,7 +1,8 @@
 """The backends the engine runs on: one module each (its Backend, its Runner and a BACKEND spec) plus one line here:
 `ort.py` (ONNX Runtime, the CPU default), `pytorch.py` (the executor, the reference), `trt.py` (a TensorRT engine)
-and `trt_twin.py` (its CPU twin), and `cache.py` (checkpoints exported once into the user's cache). `open_runner`,
-the CLI's --backend choices, diff's sides and the weight checks all find a backend here. May import the engine.
+and `trt_twin.py` (its CPU twin), and `export_cache.py` (checkpoints exported once into the user's cache).
+`open_runner`, the CLI's --backend choices, diff's sides and the weight checks all find a backend here. May import
+the engine.
 
     BACKENDS = {"ort": (module, help), ...}     # the one registration per backend
     backend("ort").open(path, RunOptions(...))   # -> a Runner on an export folder or a checkpoint
@@ -146,7 +147,7 @@ def check_kv_cache(spec: BackendSpec, kv_cache: str | None) -> str | None:
 
 def share_threads_with_a_draft(name: str, threads: int | None) -> None:
     """Before any runner of the process opens: a model and its draft model share one thread pool where the backend
-    has one (ONNX Runtime's, runtime/ort.share_threads)."""
+    has one (ONNX Runtime's, runtime/backends/ort.share_threads)."""
     spec = backend(name)
     if spec.share_threads is not None:
         spec.share_threads(threads)

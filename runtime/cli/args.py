@@ -54,7 +54,7 @@ RUN_FLAVOR_HELP = ("for --backend trt: the TensorRT to run with (default: the on
 
 def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_help: str) -> None:
     """What generate, eval and serve share: MODEL, the backend, the cache length, the TensorRT, the export cache and
-    the weight flags (runtime.registry.open_runner takes them)."""
+    the weight flags (runtime.backends.open_runner takes them)."""
     p.add_argument("model", help="export folder, checkpoint (HF folder, .safetensors, .gguf), 'smollm2', or a Hub id "
                    "(org/name, org/name:Q4_K_M, org/name:FILE.gguf)")
     p.add_argument("--backend", default="ort", choices=tuple(BACKENDS), help=backend_help)
@@ -71,7 +71,7 @@ def add_runner_flags(p: argparse.ArgumentParser, backend_help: str, max_seq_len_
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int, what: str) -> None:
-    """What generate and chat share: how many tokens, and how they are sampled (runtime.sampling.Sampling)."""
+    """What generate and chat share: how many tokens, and how they are sampled (runtime.engine.sampling.Sampling)."""
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"{what} (default {max_new_tokens})")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 disables")

@@ -20,7 +20,8 @@ class Decoding:
         self.text_of, self.max_new_tokens, self.stop, self.eos = text_of, max_new_tokens, tuple(stop), set(eos)
         self.tokens: list[int] = []
         self.steps = 0
-        self.finish_reason: str | None = None  # "eos", "stop" or "length"
+        # "eos", "stop", "length"; the scheduler's "timeout", "cancelled", "error", "shutdown"
+        self.finish_reason: str | None = None
         self._shown = 0  # characters of the text new_text() has given
         self._text = ""  # the text of tokens[:read] (whole characters)
         self._prefix = self._read = 0  # the window: tokens[prefix:read] decode to the end of _text

@@ -60,7 +60,7 @@ class Runner:
                  presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None, min_p: float = 0.0):
         """One prompt (a string, a list of token ids, or a conversation: a list of {"role", "content"} messages,
         rendered with the model's chat template) -> a Generation; a list of prompts -> a list of them.
-        `grammar`: a runtime.grammar.Grammar (e.g. Grammar.json_schema(schema)) every output must follow.
+        `grammar`: a runtime.engine.grammar.Grammar (e.g. Grammar.json_schema(schema)) every output must follow.
         `speculative`: "ngram" drafts tokens by prompt lookup and verifies them in one step
         (runtime/engine/speculative.py), or a draft model's runner drafts them: the same greedy output, the same
         sampling distribution, fewer steps where the output repeats its context; `draft_max` bounds the tokens

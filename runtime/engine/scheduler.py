@@ -118,10 +118,10 @@ class Scheduler:
         at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it.
         `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
         `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only). `grammar`: a
-        runtime.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and verifies
-        the drafts in its decode steps (runtime/engine/speculative.py), "draft" drafts with the scheduler's draft model;
-        at most `draft_max` tokens a step. `pooling` ("last" or "mean"): an embedding, nothing generated (its
-        handle's `embedding` once done; runtime/engine/embed.py), unit length if `normalize`."""
+        runtime.engine.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and
+        verifies the drafts in its decode steps (runtime/engine/speculative.py), "draft" drafts with the scheduler's
+        draft model; at most `draft_max` tokens a step. `pooling` ("last" or "mean"): an embedding, nothing
+        generated (its handle's `embedding` once done; runtime/engine/embed.py), unit length if `normalize`."""
         ids = self.runner.encode(prompt)
         check_served_mode(speculative, self.draft is not None)
         check_draft_max(draft_max)

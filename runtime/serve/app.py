@@ -61,7 +61,7 @@ class ServeOptions:
     tensorrt: str = "auto"
     weights: Weights = Weights()
     max_request_bytes: int = 8 << 20  # a larger body is a 413 before it is read
-    threads: int | None = None  # CPU threads of the runner (registry.RunOptions.threads)
+    threads: int | None = None  # CPU threads of the runner (runtime.backends.RunOptions.threads)
     speculative: str = "off"  # requests' default: off, ngram or draft (runtime/engine/speculative.py); a request's
     # "speculative" overrides it
     draft_max: int = MAX_DRAFT  # requests' default most drafted tokens a step; "speculative.n_max" overrides it

@@ -326,7 +326,7 @@ def _usage(handles, n: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _failure(handle, event) -> ApiError:
+def failure(handle, event) -> ApiError:
     """An error event as the API says it: 503 when the server shut down first, else 500 (the model failed)."""
     if handle.decoding.finish_reason == "shutdown":
         return ApiError(503, event.text, "server_error", code="shutting_down")
@@ -344,7 +344,7 @@ async def _merged(handles):
                 k = waits.pop(task)
                 event = task.result()
                 if event.kind == "error":
-                    raise _failure(handles[k], event)
+                    raise failure(handles[k], event)
                 yield k, event
                 if event.kind != "done":
                     waits[asyncio.ensure_future(handles[k].events.get())] = k

@@ -12,6 +12,7 @@ import base64
 import numpy as np
 from fastapi.responses import JSONResponse
 
+from llgraph.runtime.serve.completions import failure
 from llgraph.runtime.serve.request import ApiError, prompt_ids, prompts_of, submitting, unless_gone
 
 
@@ -47,8 +48,8 @@ async def embeddings(request, body: dict, runner, scheduler, pooling: str, model
         async def pooled():
             for h in handles:
                 while (event := await h.events.get()).kind != "done":
-                    if event.kind == "error":
-                        raise ApiError(500, f"the model failed: {event.text}", "server_error")
+                    if event.kind == "error":  # 503 when the server shut down first, else 500: as completions
+                        raise failure(h, event)
         if await unless_gone(request, pooled(), done=True) is None:  # the client left: its inputs free their slots
             for h in handles:
                 h.cancel()
