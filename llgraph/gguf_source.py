@@ -86,6 +86,18 @@ def _gguf_reader(path: str, mtime_ns: int, size: int):
     return Reader(path, "r")
 
 
+def _why_unreadable(path: Path, size: int, error: Exception) -> str:
+    """Why gguf's reader failed, in a user's words: not a GGUF (its magic), ended early, or (otherwise) the
+    reader's own first line."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != b"GGUF":
+        return f"it does not start with GGUF's magic bytes but {head!r}"
+    if isinstance(error, (ValueError, IndexError, EOFError)):  # numpy reading past the end of the file
+        return "it ends before its header, metadata and tensors do"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 def gguf_reader(path: str | Path):
     """gguf's reader of a GGUF file, parsed once per process for the config, the weights and the tokenizer alike
     (parsing SmolLM2's 49k-token vocabulary takes seconds; it was parsed four times per export)."""
@@ -95,7 +107,7 @@ def gguf_reader(path: str | Path):
     except OSError:
         raise
     except Exception as e:  # gguf's reader fails on a bad file with whatever numpy or struct raised
-        why = "it is empty" if st.st_size == 0 else f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        why = "it is empty" if st.st_size == 0 else _why_unreadable(Path(path), st.st_size, e)
         raise WeightError(f"{path} is not a readable GGUF file ({why}; {st.st_size:,} bytes): it is truncated, "
                           "damaged or not a GGUF; download it again, or check the path") from None
 

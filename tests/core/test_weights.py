@@ -73,6 +73,15 @@ def test_unreadable_files_get_one_line_errors(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"GGUF-not-really")
     with pytest.raises(WeightError, match="is not a readable GGUF file"):
         open_checkpoint(tmp_path / "bad.gguf")
+    from gguf_families import DATA  # a real file cut short, and a file that is no GGUF: said without numpy's words
+    whole = (DATA / "qwen3_moe" / "model.gguf").read_bytes()
+    for data, says in ((whole[:300_000], "it ends before its header, metadata and tensors do"),
+                       (whole[:2000], "it ends before its header, metadata and tensors do"),
+                       (b"hello world", "does not start with GGUF's magic bytes")):
+        (tmp_path / "cut.gguf").write_bytes(data)
+        with pytest.raises(WeightError, match=says) as e:
+            open_checkpoint(tmp_path / "cut.gguf")
+        assert "reshape" not in str(e.value) and "axis" not in str(e.value), e.value
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(WeightError, match="neither a folder, a .safetensors nor a .gguf"):
         open_checkpoint(tmp_path / "weights.bin")
