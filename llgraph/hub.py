@@ -108,7 +108,7 @@ def _fetch(ref: str, revision: str | None) -> Path:
 
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-_ETAG = re.compile(r'(W/)?"?[\w\-]{1,128}"?')
+_ETAG = re.compile(r'(W/)?"?[A-Za-z0-9_\-]{1,128}"?')  # ASCII: a blob's file name on any file system
 
 
 def _guard_endpoint() -> None:

@@ -112,9 +112,11 @@ def hostile(tmp_path_factory, hub):
     """An endpoint that resolves any revision and answers paths as commits and ETags (a mirror or proxy turned)."""
     _, hf = hub
     escape = "../../../../../../../../../../../../../../escaped"
-    server = Hub({"test-org/tiny-hf": hf, "test-org/etag": hf, "test-org/commit": hf, "test-org/sha": hf},
+    server = Hub({"test-org/tiny-hf": hf, "test-org/etag": hf, "test-org/commit": hf, "test-org/sha": hf,
+                  "test-org/etag-word": hf},
                  any_revision=True, lies={"test-org/etag": {"etag": escape}, "test-org/commit": {"commit": escape},
-                                          "test-org/sha": {"sha": escape}})
+                                          "test-org/sha": {"sha": escape},
+                                          "test-org/etag-word": {"etag": "bl\u00f6b"}})  # a non-ASCII blob name
     yield server
     server.close()
 
@@ -126,6 +128,7 @@ def hostile(tmp_path_factory, hub):
       "--tokens", "1"], ["not a branch, tag"]),
     (["generate", "test-org/tiny-hf", "--revision", "/abs", "--tokens", "1"], ["not a branch, tag"]),
     (["generate", "test-org/etag", "--tokens", "1"], ["answered ETag", "HF_ENDPOINT"]),
+    (["generate", "test-org/etag-word", "--tokens", "1"], ["answered ETag", "HF_ENDPOINT"]),
     (["generate", "test-org/commit", "--tokens", "1"], ["answered commit", "HF_ENDPOINT"]),
     (["generate", "test-org/sha", "--tokens", "1"], ["answered commit", "HF_ENDPOINT"]),
     (["inspect", "test-org/" + "x" * 3000], ["is not a Hub repo id"]),
