@@ -15,13 +15,15 @@ the others go on. Only a failure of the batch's forward itself concerns every ro
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
-from llgraph.errors import described
+from llgraph.errors import LlgraphError, described
 from llgraph.runtime.engine import speculative
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.decoding import Decoding
@@ -296,7 +298,9 @@ class Engine:
             try:
                 drafts = speculative.draft_together([r.drafter for r in models], [rooms[r.slot] for r in models])
                 out = {r.slot: d for r, d in zip(models, drafts)}
-            except Exception:
+            except Exception as e:  # each row drafts alone below: a row at fault ends alone, with its own error
+                if not isinstance(e, LlgraphError):
+                    traceback.print_exception(e, file=sys.stderr)
                 out = {}
         for r in rows:
             if r.drafter is not None and r.slot not in out:
@@ -351,10 +355,13 @@ class Engine:
 
     def _own(self, r: Row, work, *args):
         """`work(*args)`, a piece of row `r`'s own work -> its result; if it raises, `r` alone ends with the error
-        and None is returned: the other rows go on."""
+        and None is returned: the other rows go on. An error that is not llgraph's one-line kind is a bug: its
+        traceback goes to stderr as well (errors.py's rule), not only its line into the row's answer."""
         try:
             return work(*args)
         except Exception as e:
+            if not isinstance(e, LlgraphError):
+                traceback.print_exception(e, file=sys.stderr)
             r.error = described(e)
             r.decoding.finish_reason = "error"
             self.on_error(r)
