@@ -172,8 +172,8 @@ class Matcher:
         rather than a failure at its first token."""
         probe, bits = self._m.deep_copy(), np.array(self._bits)
         for _ in range(steps):
-            allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
-            allowed = [int(t) for t in allowed[:64] if int(t) not in eos]
+            tokens = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
+            allowed = [int(t) for t in tokens[:64] if int(t) not in eos]
             if not allowed:
                 return
             probe.consume_token(allowed[0])

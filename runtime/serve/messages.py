@@ -204,7 +204,8 @@ async def events(chunks, message_id: str, model: str):
     start = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
              "stop_reason": None, "stop_sequence": None, "usage": _usage(None)}
     yield event("message_start", message=start)
-    index, text_open, calls, finished, usage = 0, False, [], None, None
+    index, text_open, finished, usage = 0, False, None, None
+    calls: list[dict] = []
     async for chunk in parsed_chunks(chunks):
         if "error" in chunk:
             yield event("error", error={"type": "api_error", "message": chunk["error"]["message"]})

@@ -50,7 +50,8 @@ class Store:
     its output as messages; the last `size`, the oldest evicted first."""
 
     def __init__(self, size: int = STORE_SIZE):
-        self.size, self._items = size, OrderedDict()
+        self.size = size
+        self._items: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
 
     def put(self, response: dict, conversation: list[dict]) -> None:
         self._items[response["id"]] = (response, conversation + _as_messages(response["output"]))
