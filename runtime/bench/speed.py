@@ -258,6 +258,7 @@ def main(argv=None) -> None:
 
     threads = args.threads or __import__("os").cpu_count()
     bandwidth = read_bandwidth(threads)
+    probes = {t: read_bandwidth(t) for t in (1, 2) if t != threads}  # the 1- and 2-thread probes beside every run
     levels = args.accuracy_level.split(",") if args.accuracy_level else [None]
     if any(v is not None and not v.isdigit() for v in levels):
         raise LlgraphError(f"--accuracy-level {args.accuracy_level}: give levels 0-4, comma-separated (e.g. 0,4)")
@@ -284,7 +285,9 @@ def main(argv=None) -> None:
                 b[k] = min(b[k], v)
     rows = [(b, *rest) for b, (_, *rest) in zip(best, engines)]
     tg = f"tg{args.n}" + (f" @ d{args.depth}" if args.depth else "")
-    print(f"\n{args.model}, {threads} threads; read bandwidth of this machine now: {bandwidth:.1f} GB/s")
+    others = "".join(f", {v:.1f} GB/s at {t} thread{'s' if t > 1 else ''}" for t, v in probes.items())
+    print(f"\n{args.model}, {threads} threads; read bandwidth of this machine now: {bandwidth:.1f} GB/s at {threads} "
+          f"thread{'s' if threads > 1 else ''}{others}")
     print(f"| engine | pp{args.p} tok/s | {tg} tok/s | weights read / token | GB/s in tg | llgraph × this, pp | "
           "llgraph × this, tg | load s |\n|---|---|---|---|---|---|---|---|")
     first = rows[0][0]
