@@ -328,15 +328,20 @@ def moe(em: Emitter, node: Node) -> None:
     moe_finish(em, node, flat, summed)
 
 
-def expert_weights(em: Emitter, node: Node, index: int, compute) -> str:
+def expert_weights(em: Emitter, node: Node, index: int, compute=None) -> str:
     """A MoE's float experts (input `index`: gate, up or down), or a QMoE's dequantized in x's float type as ggml
-    defines its super-blocks, through `compute` ([experts, out, in] -> the layout a lowering reads)."""
+    defines its super-blocks, through `compute` ([experts, out, in] -> the layout a lowering reads; None: as they
+    are)."""
     param = node.inputs[index]
     if node.op == "MoE":
         return em.weight(param, compute=compute)
     kind = node.attrs["down_format" if index == 4 else "format"]
     dtype = DTYPES[em.graph.values[node.inputs[0]].dtype]
-    return em.derived(f"{param}.{compute.__name__}", lambda c: compute(dequantize_experts(c, kind, dtype)), param)
+
+    def dequantized(codes):
+        w = dequantize_experts(codes, kind, dtype)
+        return w if compute is None else compute(w)
+    return em.derived(f"{param}.dequantized{'.' + compute.__name__ if compute else ''}", dequantized, param)
 
 
 def add(em: Emitter, node: Node) -> None:

@@ -29,10 +29,6 @@ def _gate_up_interleaved(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.stack([gate, up], axis=2).reshape(e, 2 * f, h))
 
 
-def _as_stored(w: np.ndarray) -> np.ndarray:
-    return w
-
-
 def moe(em: Emitter, node: Node) -> None:
     x = node.inputs[0]
     if em.graph.values[x].dtype != "float32":
@@ -42,7 +38,7 @@ def moe(em: Emitter, node: Node) -> None:
     fc1 = em.derived(f"{gate}.gate_up_interleaved", _gate_up_interleaved, gate, up) if node.op == "MoE" else \
         em.derived(f"{gate}.gate_up_interleaved", lambda g, u: _gate_up_interleaved(
             *(dequantize_experts(c, node.attrs["format"]) for c in (g, u))), gate, up)
-    down = std.expert_weights(em, node, 4, _as_stored)
+    down = std.expert_weights(em, node, 4)
     routed = em.node("MoE", [flat, logits, fc1, "", down, ""], domain=MS, hint=node.name,
                      k=node.attrs["top_k"], activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
                      activation_beta=0.0, swiglu_limit=float(np.finfo(np.float32).max),

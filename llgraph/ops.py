@@ -274,6 +274,13 @@ QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbed
     Attr("code_bits", int, "bits the codes use, <= bits (5 for GGUF Q5_0/Q5_1/Q5_K, 6 for Q6_K held in 8)"),
 )
 
+# a mixture's inputs and routing, which MoE and QMoE (its experts in GGUF super-blocks) share
+MOE_INPUTS = ("x", "router", "gate", "up", "down", "shared_gate?", "shared_up?", "shared_down?", "shared_router?")
+ROUTING = (
+    Attr("top_k", int, "experts each token takes"),
+    Attr("normalize", bool, "the k weights rescaled to sum to 1 (Qwen3-MoE's norm_topk_prob, Mixtral)"),
+)
+
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     OpSchema("Embedding", ("ids", "table"), ("out",), (
         Attr("scale", float, "multiplies the rows, in the table's dtype (Gemma: sqrt(hidden); else 1)"),
@@ -317,20 +324,14 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         "query (b, s) to its row's positions 0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv "
         "head j serves query heads j*g..(j+1)*g-1 with g = num_heads / num_kv_heads"),
     OpSchema("SwiGLU", ("gate", "up"), ("out",), (), _swiglu, "silu(gate) * up"),
-    OpSchema("MoE", ("x", "router", "gate", "up", "down", "shared_gate?", "shared_up?", "shared_down?",
-                     "shared_router?"), ("out",), (
-        Attr("top_k", int, "experts each token takes"),
-        Attr("normalize", bool, "the k weights rescaled to sum to 1 (Qwen3-MoE's norm_topk_prob, Mixtral)"),
-    ), _moe,
+    OpSchema("MoE", MOE_INPUTS, ("out",), ROUTING, _moe,
         "routed experts: p = softmax(x @ router^T) over all experts (float32), the top_k of p (ties: the lower "
         "expert), w = those p (/ their sum if normalize); out = sum over the chosen e of w_e * (silu(x @ gate[e]^T) "
         "* (x @ up[e]^T)) @ down[e]^T. gate, up: [experts, ffn, hidden]; down: [experts, hidden, ffn]. With a shared "
         "expert (Qwen2-MoE), out += sigmoid(x @ shared_router^T) * (silu(x @ shared_gate^T) * (x @ shared_up^T)) "
         "@ shared_down^T"),
-    OpSchema("QMoE", ("x", "router", "gate", "up", "down", "shared_gate?", "shared_up?", "shared_down?",
-                      "shared_router?"), ("out",), (
-        Attr("top_k", int, "experts each token takes"),
-        Attr("normalize", bool, "as MoE's"),
+    OpSchema("QMoE", MOE_INPUTS, ("out",), (
+        *ROUTING,
         Attr("format", str, "gate's and up's GGUF super-blocks", tuple(SUPERBLOCK_BYTES)),
         Attr("down_format", str, "down's GGUF super-blocks", tuple(SUPERBLOCK_BYTES)),
     ), _qmoe,

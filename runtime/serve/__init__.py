@@ -7,12 +7,12 @@
 
 Rooms: `app.py` builds the FastAPI app and its routes (/v1/models[/{id}], /v1/completions, /v1/chat/completions,
 /v1/responses[/{id}], /v1/messages[/count_tokens], /v1/embeddings — each also without /v1 —, /tokenize, /detokenize,
-/tokenizer_info, /health, /metrics, the chat page at / from `chat.html`), `completions.py` answers completions and
-chat (whole or as server-sent events in OpenAI's chunk format), `responses.py` OpenAI's Responses API and
-`messages.py` Anthropic's Messages API over the same answer, `embeddings.py` /v1/embeddings, `request.py` parses
-and checks each field, `body.py` reads and decodes bodies off the event loop, `access.py` decides who may drive it
-and from where (the API key, the Host, the Origin, CORS), `plan.py` sizes each slot's context from the free memory,
-`run.py` listens, drains on SIGTERM, or runs Ray Serve replicas.
+/tokenizer_info, /health, /metrics, the chat page at / from `chat.html`), `ask.py` parses a completion or chat
+request, `completions.py` answers it (whole or as server-sent events in OpenAI's chunk format), `responses.py`
+OpenAI's Responses API and `messages.py` Anthropic's Messages API over the same answer, `embeddings.py`
+/v1/embeddings, `request.py` parses and checks each field, `body.py` reads and decodes bodies off the event loop,
+`access.py` decides who may drive it and from where (the API key, the Host, the Origin, CORS), `plan.py` sizes each
+slot's context from the free memory, `run.py` listens, drains on SIGTERM, or runs Ray Serve replicas.
 May import the engine and the backends rooms.
 
 What clients send works as they expect: `prompt` as a string, strings, token ids or lists of them; `n` (choice

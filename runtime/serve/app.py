@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 try:
     from fastapi import FastAPI, Request
-    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from fastapi.responses import HTMLResponse, PlainTextResponse, Response
     from starlette.exceptions import HTTPException
 except ImportError as e:
     from llgraph.errors import MissingExtra
@@ -40,10 +40,11 @@ from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 from llgraph.runtime.engine.speculative import MAX_DRAFT
 from llgraph.runtime.serve import messages, responses
 from llgraph.runtime.serve.access import Guard
+from llgraph.runtime.serve.ask import parse
 from llgraph.runtime.serve.body import read_json, start_worker, stop_worker
-from llgraph.runtime.serve.completions import answer, parse
+from llgraph.runtime.serve.completions import answer
 from llgraph.runtime.serve.embeddings import embeddings as embed
-from llgraph.runtime.serve.request import ApiError, chat_prompt, flag, prompt_ids
+from llgraph.runtime.serve.request import ApiError, chat_prompt, flag
 from llgraph.weight_request import Weights
 
 
@@ -269,27 +270,15 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
 
     stored = responses.Store()  # what previous_response_id continues and GET /v1/responses/{id} returns
 
-    @route("post", "/v1/responses")  # OpenAI's Responses API, through the same answer (serve/responses.py)
-    async def responses_api(request: Request):
+    async def _checked(request: Request) -> dict:
         body = await read_json(request, options.max_request_bytes, state["runner"].backend.max_seq_len)
         _check_model(body)
-        if not isinstance(body.get("input"), (str, list)):
-            raise ApiError(400, "'input' must be a string or a list of items", param="input")
-        chat, conversation = responses.chat_body(body, stored)
-        answered = await _serve(request, chat=True, body=chat)
-        rid, name = f"resp_{uuid.uuid4().hex}", options.served_name
+        return body
 
-        def keep(response: dict) -> None:
-            if body.get("store") is not False:
-                stored.put(response, conversation)
-        if isinstance(answered, StreamingResponse):
-            return StreamingResponse(responses.events(answered.body_iterator, body, rid, name, keep),
-                                     media_type="text/event-stream")
-        if not isinstance(answered, dict):
-            return answered
-        response = responses.response_of(answered, body, rid, name)
-        keep(response)
-        return response
+    @route("post", "/v1/responses")  # OpenAI's Responses API, through the same answer (serve/responses.py)
+    async def responses_api(request: Request):
+        return await responses.respond(await _checked(request), stored, lambda chat: _serve(request, True, chat),
+                                       options.served_name)
 
     @route("get", "/v1/responses/{response_id}")  # the openai client's responses.retrieve
     async def response_api(response_id: str):
@@ -297,30 +286,13 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
 
     @route("post", "/v1/messages")  # Anthropic's Messages API, through the same answer (serve/messages.py)
     async def messages_api(request: Request):
-        try:
-            body = await read_json(request, options.max_request_bytes, state["runner"].backend.max_seq_len)
-            _check_model(body)
-            answered = await _serve(request, chat=True, body=messages.chat_body(body))
-        except ApiError as e:  # in Anthropic's shape, which its SDK reads
-            return JSONResponse(messages.error_body(e), status_code=e.status)
-        mid, name = f"msg_{uuid.uuid4().hex}", options.served_name
-        if isinstance(answered, StreamingResponse):
-            return StreamingResponse(messages.events(answered.body_iterator, mid, name),
-                                     media_type="text/event-stream")
-        return messages.message_of(answered, mid, name) if isinstance(answered, dict) else answered
+        return await messages.respond(lambda: _checked(request), lambda chat: _serve(request, True, chat),
+                                      options.served_name)
 
     @route("post", "/v1/messages/count_tokens")  # the prompt's tokens as the chat template renders it
     async def count_tokens(request: Request):
-        runner = state["runner"]
-        try:
-            body = await read_json(request, options.max_request_bytes, runner.backend.max_seq_len)
-            _check_model(body)
-            chat = messages.chat_body(body, counting=True)
-            ask = await asyncio.to_thread(parse, chat, True, runner, options.slots, options.slots + options.max_queue)
-            ids = await asyncio.to_thread(prompt_ids, runner, ask.prompts[0], 1 << 62, "messages")
-        except ApiError as e:
-            return JSONResponse(messages.error_body(e), status_code=e.status)
-        return {"input_tokens": len(ids)}
+        return await messages.count_tokens(lambda: _checked(request), state["runner"], options.slots,
+                                           options.slots + options.max_queue)
 
     # what OpenAI's system_fingerprint says: the backend configuration that answered (a seeded answer repeats while
     # it stays the same)

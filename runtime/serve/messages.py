@@ -18,10 +18,15 @@ documents, server tools, MCP servers and containers are a 400 naming them, as is
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from llgraph.runtime.serve.ask import parse
 from llgraph.runtime.serve.completions import parsed_chunks
-from llgraph.runtime.serve.request import ApiError
+from llgraph.runtime.serve.request import ApiError, prompt_ids
 
 _TAKEN = {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p", "top_k", "tools",
           "tool_choice", "stream", "thinking", "output_config",
@@ -30,6 +35,30 @@ _TAKEN = {"model", "max_tokens", "messages", "system", "stop_sequences", "temper
 STOP_REASON = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+async def respond(read, answer_chat, name: str):
+    """POST /v1/messages: the body `await read()` gives (read and checked as every route's), answered by
+    `answer_chat(chat_body)` (the chat route's answer), whole or as events; an error in Anthropic's shape."""
+    try:
+        answered = await answer_chat(chat_body(await read()))
+    except ApiError as e:  # in Anthropic's shape, which its SDK reads
+        return JSONResponse(error_body(e), status_code=e.status)
+    message_id = f"msg_{uuid.uuid4().hex}"
+    if isinstance(answered, StreamingResponse):
+        return StreamingResponse(events(answered.body_iterator, message_id, name), media_type="text/event-stream")
+    return message_of(answered, message_id, name) if isinstance(answered, dict) else answered
+
+
+async def count_tokens(read, runner, slots: int, capacity: int):
+    """POST /v1/messages/count_tokens: the prompt's tokens as the chat template renders it, tools included."""
+    try:
+        chat = chat_body(await read(), counting=True)
+        ask = await asyncio.to_thread(parse, chat, True, runner, slots, capacity)  # the template off the loop
+        ids = await asyncio.to_thread(prompt_ids, runner, ask.prompts[0], 1 << 62, "messages")
+    except ApiError as e:
+        return JSONResponse(error_body(e), status_code=e.status)
+    return {"input_tokens": len(ids)}
 
 
 def error_body(e: ApiError) -> dict:

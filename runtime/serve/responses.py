@@ -28,6 +28,8 @@ import time
 import uuid
 from collections import OrderedDict
 
+from fastapi.responses import StreamingResponse
+
 from llgraph.runtime.serve.completions import parsed_chunks
 from llgraph.runtime.serve.request import ApiError
 
@@ -70,6 +72,29 @@ class Store:
 
     def conversation(self, response_id: str) -> list[dict]:
         return list(self._get(response_id, "previous_response_id")[1])
+
+
+async def respond(body: dict, store: Store, answer_chat, name: str):
+    """POST /v1/responses: the request answered by `answer_chat(chat_body)` (the chat route's answer: a dict, a
+    StreamingResponse, or a Response passed on as it is), whole or as events; kept in `store` unless it says
+    `store: false`."""
+    if not isinstance(body.get("input"), (str, list)):
+        raise ApiError(400, "'input' must be a string or a list of items", param="input")
+    chat, conversation = chat_body(body, store)
+    answered = await answer_chat(chat)
+    response_id = f"resp_{uuid.uuid4().hex}"
+
+    def keep(response: dict) -> None:
+        if body.get("store") is not False:
+            store.put(response, conversation)
+    if isinstance(answered, StreamingResponse):
+        return StreamingResponse(events(answered.body_iterator, body, response_id, name, keep),
+                                 media_type="text/event-stream")
+    if not isinstance(answered, dict):
+        return answered
+    response = response_of(answered, body, response_id, name)
+    keep(response)
+    return response
 
 
 def chat_body(body: dict, store: Store | None = None) -> tuple[dict, list[dict]]:
