@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from llgraph.ir import Graph, Node
+from llgraph.quant import IQ4_VALUES
 from llgraph.weights import DTYPES, WeightSource, iter_params
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in (*DTYPES, "int8")}  # int8: a KV cache format
@@ -120,6 +121,12 @@ def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = to
     def half(lo):  # a little-endian float16 field
         return (b[..., lo] | (b[..., lo + 1] << 8)).to(torch.int16).view(torch.float16).float()
 
+    if kind == "IQ4_XS":  # d scales_h(u16) scales_l[4] qs[128]: sub-block j's 16 bytes, element l low, 16 + l high
+        ls = ((b[..., 4:8, None] >> torch.tensor([0, 4], device=raw.device)) & 15).reshape(out, n, 8)
+        ls = ls | (((b[..., 2:3] | (b[..., 3:4] << 8)) >> (2 * torch.arange(8, device=raw.device)) & 3) << 4)
+        qs = b[..., 8:136].reshape(out, n, 8, 16)
+        kv = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=raw.device)[torch.cat([qs & 15, qs >> 4], -1)]
+        return (kv * (half(0)[..., None] * (ls - 32).float())[..., None]).reshape(out, -1).to(dtype)
     if kind == "Q6_K":  # ql[128] qh[64] scales[16] d
         ql, qh = b[..., 0:128].reshape(out, n, 2, 64), b[..., 128:192].reshape(out, n, 2, 32)
         q = torch.stack([(ql[..., :32] & 15) | ((qh & 3) << 4), (ql[..., 32:] & 15) | (((qh >> 2) & 3) << 4),

@@ -102,7 +102,7 @@ def _linear(ins, attrs):
     return [(x.dtype, x.shape[:-1] + (w.shape[0],))]
 
 
-SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # (llgraph/quant.py's) GGUF bytes per 256 weights
+SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_XS": 136}  # (quant.py's) GGUF bytes per 256 weights
 
 
 def _blocks(codes, scales, mins, attrs, dtype):
@@ -264,7 +264,7 @@ def _add(ins, attrs):
 
 
 QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbedding's codes
-    Attr("format", str, "blocks: codes + scales (+ mins); Q4_K/Q5_K/Q6_K: GGUF super-blocks as stored",
+    Attr("format", str, "blocks: codes + scales (+ mins); Q4_K/Q5_K/Q6_K/IQ4_XS: GGUF super-blocks as stored",
          ("blocks", *SUPERBLOCK_BYTES)),
     Attr("bits", int, "code width (blocks: 4 or 8; super-blocks: 4, 5, 6)", (4, 5, 6, 8)),
     Attr("block_size", int, "codes per scale along the input features (super-blocks: 256)"),
@@ -293,7 +293,7 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
     OpSchema("Linear", ("x", "weight", "bias?"), ("out",), (), _linear, "x @ weight^T + bias"),
     OpSchema("QLinear", ("x", "codes", "scales?", "mins?", "bias?"), ("out",), QUANT_ATTRS, _qlinear,
              "x @ w^T + bias with w[o, b*B + j] = scales[o, b] * (q[o, b, j] - zero_point) + mins[o, b]; "
-             "q unpacked from codes (4-bit: two per byte, low nibble first); or, format Q4_K/Q5_K/Q6_K, w as "
+             "q unpacked from codes (4-bit: two per byte, low nibble first); or, a super-block format, w as "
              "ggml defines those super-blocks (codes [out, in/256, bytes], no scales or mins); see llgraph/quant.py"),
     OpSchema("QEmbedding", ("ids", "codes", "scales?", "mins?"), ("out",), (
         *QUANT_ATTRS, Attr("scale", float, "multiplies the rows, as Embedding's"),

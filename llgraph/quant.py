@@ -13,18 +13,24 @@ integer for the whole tensor (8 for 4-bit symmetric, 128 for 8-bit). GGUF's bloc
     Q4_1  w = d*q + m          bits 4, B 32, zero_point 0,   scales d, mins m
     Q8_0  w = d*q (q signed)   bits 8, B 32, zero_point 128, scales d   (codes stored as q + 128)
 
-K-quants are carried as GGUF stores them: `format` "Q4_K", "Q5_K" or "Q6_K", the codes input holding each row's
-super-blocks of 256 weights byte for byte ([out, in/256, 144 | 176 | 210]: 4.5, 5.5 and 6.5625 bits a weight) and no
-scales or mins inputs; ggml's definitions (`dequantize_superblocks`):
+K-quants (and IQ4_XS) are carried as GGUF stores them: `format` "Q4_K", "Q5_K", "Q6_K" or "IQ4_XS", the codes input
+holding each row's super-blocks of 256 weights byte for byte ([out, in/256, 144 | 176 | 210 | 136]: 4.5, 5.5, 6.5625
+and 4.25 bits a weight) and no scales or mins inputs; ggml's definitions (`dequantize_superblocks`):
 
-    Q4_K  d, dmin (f16), 8 six-bit scales sc and mins m, 128 B of nibbles:   w = d*sc*q - dmin*m  (sub-blocks of 32)
-    Q5_K  as Q4_K, a fifth bit per code from 32 bytes of high bits:        w = d*sc*q - dmin*m  (q in 0..31)
-    Q6_K  128 B of low nibbles, 64 of high bit pairs, 16 int8 scales, d:   w = d*sc*(q - 32)    (sub-blocks of 16)
+    Q4_K    d, dmin (f16), 8 six-bit scales sc and mins m, 128 B of nibbles: w = d*sc*q - dmin*m  (sub-blocks of 32)
+    Q5_K    as Q4_K, a fifth bit per code from 32 bytes of high bits:      w = d*sc*q - dmin*m  (q in 0..31)
+    Q6_K    128 B of low nibbles, 64 of high bit pairs, 16 int8 scales, d: w = d*sc*(q - 32)    (sub-blocks of 16)
+    IQ4_XS  d, 8 six-bit scales ls (2 high bits each in a u16, the low 4 in 4 bytes), 128 B of nibbles indexing the
+            16 values IQ4_VALUES:                                          w = d*(ls - 32)*kv[q] (sub-blocks of 32)
 
 A runtime without a super-block kernel reads them widened to the blocked form (`QuantFormat.widened`,
 `QuantTensor.widened`), exactly: the products d*sc and dmin*m are exact in float32 (11 x 6 or 8 bits), so each
 sub-block is a block (Q4_K: bits 4, B 32, zero_point 0, scales d*sc, mins -dmin*m; Q5_K the same in 8-bit codes;
-Q6_K: bits 8, B 16, zero_point 32) — at 6, 10 and 10 bits a weight in float32.
+Q6_K: bits 8, B 16, zero_point 32; IQ4_XS: bits 8, B 32, zero_point 128, codes kv + 128) — at 6, 10, 10 and 9 bits
+a weight in float32.
+
+IQ4_NL (IQ4_XS's fallback where a row is not whole super-blocks) is the same lookup per block of 32 with an f16 d;
+it is read exactly in that widened 8-bit form (8.5 bits a weight against the file's 4.5).
 """
 
 from __future__ import annotations
@@ -114,20 +120,25 @@ class QuantTensor:
         return dequantize(self.codes, self.scales, self.mins, self.fmt.bits, self.fmt.zero_point, dtype)
 
 
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
+CENTRE = {"Q4_K": 0, "Q5_K": 0, "Q6_K": 32, "IQ4_XS": 128}  # the code a super-block format's zero sits at
+
+
 def superblock_format(kind: str) -> QuantFormat:
-    """A GGUF K-quant carried as stored: bits/code_bits are its codes' widths, zero_point Q6_K's centre."""
-    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6}[kind]
-    return QuantFormat(bits, SUPERBLOCK, 32 if kind == "Q6_K" else 0, False, bits, kind)
+    """A GGUF super-block format carried as stored: bits/code_bits are its codes' widths, zero_point its centre."""
+    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "IQ4_XS": 4}[kind]
+    return QuantFormat(bits, SUPERBLOCK, CENTRE[kind], False, bits, kind)
 
 
 WIDENED = {"Q4_K": QuantFormat(4, 32, 0, True), "Q5_K": QuantFormat(8, 32, 0, True, 5),
-           "Q6_K": QuantFormat(8, 16, 32, False, 6)}
+           "Q6_K": QuantFormat(8, 16, 32, False, 6), "IQ4_XS": QuantFormat(8, 32, 128, False)}
 # Q5_0/Q5_1 (llama.cpp's fallback where a row is not whole super-blocks: Gemma 3's, Qwen2.5's, SmolLM2's hidden
 # sizes) hold their 5-bit codes one a byte here; the ort export on llgraph's kernels writes them back at 5 bits
 # (export/cpu_layout.py fifth_bits: 5.5/6.0 bits a weight, as the file), read at every accuracy level
 GGUF_FORMATS = {"Q4_0": QuantFormat(4, 32, 8, False), "Q4_1": QuantFormat(4, 32, 0, True),
                 "Q5_0": QuantFormat(8, 32, 16, False, code_bits=5), "Q5_1": QuantFormat(8, 32, 0, True, code_bits=5),
-                "Q8_0": QuantFormat(8, 32, 128, False), **{k: superblock_format(k) for k in SUPERBLOCK_BYTES}}
+                "Q8_0": QuantFormat(8, 32, 128, False), "IQ4_NL": QuantFormat(8, 32, 128, False),
+                **{k: superblock_format(k) for k in SUPERBLOCK_BYTES}}
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -157,7 +168,7 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, b
 def dequantize_superblocks(raw: np.ndarray, kind: str, dtype: np.dtype | None = None) -> np.ndarray:
     """GGUF K-quant super-blocks [out, in/256, bytes] -> float weight [out, in] (float32, then `dtype`)."""
     q, scales, mins = _from_k_blocks(raw, kind)
-    w = q.astype(np.float32) - np.float32(32 if kind == "Q6_K" else 0)
+    w = q.astype(np.float32) - np.float32(CENTRE[kind])
     w = w * scales.astype(np.float32)[..., None]
     if mins is not None:
         w = w + mins.astype(np.float32)[..., None]
@@ -185,6 +196,14 @@ def _k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _from_k_blocks(blocks: np.ndarray, type_name: str):
     """[out, n/256, bytes] K-quant super-blocks -> codes [out, n/B, B], scales and mins [out, n/B] (or None)."""
     out, nsb = blocks.shape[:2]
+    if type_name == "IQ4_XS":  # d scales_h (u16) scales_l[4] qs[128]: sub-block j: 16 bytes, element l low, 16+l high
+        high = (blocks[..., 2].astype(np.uint16) | (blocks[..., 3].astype(np.uint16) << 8))[..., None]
+        ls = np.stack((blocks[..., 4:8] & 15, blocks[..., 4:8] >> 4), -1).reshape(out, nsb, 8)
+        ls = ls | (((high >> (2 * np.arange(8, dtype=np.uint16))) & 3) << 4).astype(np.uint8)
+        qs = blocks[..., 8:136].reshape(out, nsb, 8, 16)
+        q = _iq4_codes(np.concatenate((qs & 15, qs >> 4), -1))
+        return q.reshape(out, nsb * 8, 32), (_f16(blocks[..., 0:2])[..., None] * (ls.astype(np.float32) - 32)) \
+            .reshape(out, nsb * 8), None
     if type_name == "Q6_K":  # ql[128] qh[64] scales[16] (int8) d
         ql, qh = blocks[..., 0:128].reshape(out, nsb, 2, 64), blocks[..., 128:192].reshape(out, nsb, 2, 32)
         sc = blocks[..., 192:208].view(np.int8).astype(np.float32)
@@ -207,9 +226,14 @@ def _from_k_blocks(blocks: np.ndarray, type_name: str):
     return q.reshape(out, nsb * 8, 32), scales, mins
 
 
+def _iq4_codes(nibbles: np.ndarray) -> np.ndarray:
+    """IQ4 nibbles -> the 8-bit codes kv + 128 of their values."""
+    return (np.array(IQ4_VALUES, np.int16) + 128).astype(np.uint8)[nibbles]
+
+
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> QuantTensor:
-    """GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K block bytes of a [out, in] tensor -> QuantTensor, without
-    rounding (the K-quants' super-blocks as they are; they may be stacked experts, [experts, out, in])."""
+    """GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/Q4_K/Q5_K/Q6_K/IQ4_XS block bytes of a [out, in] tensor -> QuantTensor,
+    without rounding (super-blocks as they are; they may be stacked experts, [experts, out, in])."""
     fmt = GGUF_FORMATS[type_name]
     if fmt.superblocks:  # as stored, byte for byte
         return QuantTensor(raw.reshape(*shape[:-1], *fmt.codes_shape(1, shape[-1])[1:]), None, None, fmt)
@@ -220,6 +244,8 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) ->
     if type_name == "Q8_0":
         q = (blocks[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         mins = None
+    elif type_name == "IQ4_NL":  # d, 16 bytes of nibbles (element j low, j + 16 high) indexing IQ4_VALUES
+        q, mins = _iq4_codes(np.concatenate((blocks[..., 2:18] & 15, blocks[..., 2:18] >> 4), -1)), None
     elif type_name in ("Q5_0", "Q5_1"):  # d, (m), 32 high bits, 16 bytes of low nibbles: element j, j + 16
         at = 4 if type_name == "Q5_1" else 2
         qh = blocks[..., at:at + 4].copy().view("<u4")[..., 0]

@@ -184,7 +184,7 @@ class NormOffsetSource(WeightSource):
 
 
 class WidenedSource(SourceView):
-    """Another source whose GGUF super-blocks (Q4_K, Q5_K, Q6_K) are seen widened to the blocked form, exactly
+    """Another source whose GGUF super-blocks (Q4_K, Q5_K, Q6_K, IQ4_XS) are seen widened to the blocked form, exactly
     (QuantTensor.widened): what a runtime without a super-block kernel reads (ONNX Runtime's MatMulNBits, ONNX's
     DequantizeLinear, TensorRT)."""
 

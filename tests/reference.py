@@ -161,7 +161,7 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of, fields=No
             d = x.shape[0] // heads
             x = x.reshape(heads, 2, d // 2, -1).swapaxes(1, 2).reshape(x.shape)
         qtype = qtype_of(i, name, x)
-        data = random_k_blocks(x.shape, qtype, seed=i) if qtype.name.endswith("_K") else gq.quantize(x, qtype)
+        data = random_k_blocks(x.shape, qtype, seed=i) if qtype.name in _K_LAYOUT else gq.quantize(x, qtype)
         expected[name] = (gq.dequantize(data, qtype).reshape(x.shape), qtype, heads)
         stem, kind = name.rsplit(".", 1)
         m = stem.split(".")
@@ -174,18 +174,20 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of, fields=No
 
 
 # (bytes per super-block, {offset of a float16: its value}): d*sc*q and dmin*m balance on average (zero-mean weights)
-_K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}), "Q5_K": (176, {0: 5e-4, 2: 7.75e-3}), "Q6_K": (210, {208: 2e-4})}
+_K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}), "Q5_K": (176, {0: 5e-4, 2: 7.75e-3}), "Q6_K": (210, {208: 2e-4}),
+             "IQ4_XS": (136, {0: 2e-4}), "IQ4_NL": (18, {0: 3.5e-3})}  # (IQ4_NL: blocks of 32)
 
 
 def random_k_blocks(shape, qtype, seed: int):
-    """K-quant super-blocks of random codes, sub-block scales and mins (gguf cannot quantize to K-quants), with
+    """K-quant (and IQ4) blocks of random codes, sub-block scales and mins (gguf cannot quantize to them), with
     float16 d/dmin chosen so the weights are zero-mean, std ~0.25: valid blocks of a [rows, cols] tensor, as the
     writer takes."""
     import numpy as np
 
     size, halves = _K_LAYOUT[qtype.name]
     rows, cols = shape
-    raw = np.random.default_rng(seed).integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
+    per = 32 if qtype.name == "IQ4_NL" else 256
+    raw = np.random.default_rng(seed).integers(0, 256, size=(rows, cols // per, size), dtype=np.uint8)
     for offset, value in halves.items():
         raw[..., offset:offset + 2] = np.full(raw.shape[:-1] + (1,), value, np.float16).view(np.uint8)
     return raw.reshape(rows, -1)

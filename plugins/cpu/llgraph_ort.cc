@@ -70,7 +70,7 @@ struct Problem {
   bool groups;     // exact on the interleaved layout (qlinear_groups.inc): x as given, chunks are groups of 16 rows
   float* glu;      // activation=swiglu: the output [M, glu_rows], silu(gate) * up of y's row pairs (y: scratch whose
   int64_t glu_rows;  // groups alternate 16 gate rows, 16 up rows); null: y is the output
-  int sb = 0;      // GGUF super-blocks (superblocks.inc: kQ4K, kQ5K, kQ6K) on the interleaved layout; 0: blocks
+  int sb = 0;      // GGUF super-blocks (superblocks.inc: kQ4K, kQ5K, kQ6K, kIQ4XS) on the interleaved layout; 0: blocks
   const struct Int8K* int8k = nullptr;  // level 4 on super-blocks: x quantized per 32; null: exact (x, xsum)
 };
 
@@ -114,7 +114,7 @@ struct BlockFormat {
       const std::string format = k.GetAttribute<std::string>("format");
       sb_ = SuperKind(format);
       if (sb_ == 0 && format != "blocks")
-        ORT_CXX_API_THROW("llgraph: format must be blocks, Q4_K, Q5_K or Q6_K", ORT_INVALID_ARGUMENT);
+        ORT_CXX_API_THROW("llgraph: format must be blocks, Q4_K, Q5_K, Q6_K or IQ4_XS", ORT_INVALID_ARGUMENT);
       if (sb_ != 0 && block_ != 256)
         ORT_CXX_API_THROW("llgraph: a super-block format's block_size is 256", ORT_INVALID_ARGUMENT);
     }

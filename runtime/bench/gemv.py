@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}, 4), "Q5_K": (176, {0: 5e-4, 2: 7.75e-3}, 5),
-            "Q6_K": (210, {208: 2e-4}, 6)}  # bytes a super-block, its half-float d/dmin, code bits
+            "Q6_K": (210, {208: 2e-4}, 6), "IQ4_XS": (136, {0: 2e-4}, 4)}  # bytes a super-block, its d/dmin, bits
 # bits, block, zero point, GGUF bytes a block (Q5_0/Q5_1: at their own bits, export/cpu_layout.py fifth_bits)
 BLOCKS = {"Q8_0": (8, 32, 128, 34), "Q4_0": (4, 32, 8, 18), "Q5_0": (5, 32, 16, 22), "Q5_1": (5, 32, 0, 24)}
 
@@ -39,6 +39,7 @@ def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng, 
 
     from llgraph.export.cpu_layout import interleave16_5bit, interleave16_half, interleaver
     from llgraph.plugins import cpu
+    from llgraph.quant import CENTRE
 
     if kind in K_LAYOUT:
         size, halves, bits = K_LAYOUT[kind]
@@ -46,7 +47,7 @@ def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng, 
         for offset, value in halves.items():
             raw[..., offset:offset + 2] = np.full(raw.shape[:-1] + (1,), value, np.float16).view(np.uint8)
         given = {"codes": interleaver(kind)(raw)}
-        attrs = dict(format=kind, bits=bits, block_size=256, zero_point=32 if kind == "Q6_K" else 0,
+        attrs = dict(format=kind, bits=bits, block_size=256, zero_point=CENTRE[kind],
                      accuracy_level=4 if level is None else level)
         nbytes = raw.nbytes
     else:
@@ -86,7 +87,7 @@ def llgraph_gbps(kind: str, rows: int, cols: int, level: int | None, threads: in
 
 
 BYTES_PER_WEIGHT = {"Q4_K": 144 / 256, "Q5_K": 176 / 256, "Q6_K": 210 / 256, "Q8_0": 34 / 32, "Q4_0": 18 / 32,
-                    "Q5_0": 22 / 32, "Q5_1": 24 / 32}
+                    "Q5_0": 22 / 32, "Q5_1": 24 / 32, "IQ4_XS": 136 / 256}
 
 
 def ggml_gbps(binary: str, types: list[str], rows: int, cols: int) -> dict[str, float]:

@@ -16,6 +16,7 @@ from llgraph.bundled import bundled_model
 from llgraph.checkpoint import load_config, random_weights
 from llgraph.export import export_model
 from llgraph.gguf_source import GGUFSource
+from llgraph.ops import SUPERBLOCK_BYTES
 from llgraph.quant import dequantize, quantize_rtn
 from llgraph.runtime.engine.score import log_softmax
 from llgraph.source_views import QuantizedSource
@@ -40,14 +41,25 @@ def tiny_gguf(path, qtype, cfg=None):
 
 EXACT = {"ort": 0}  # MatMulNBits' exact-compute accuracy level (the default; 4 quantizes activations to int8)
 K_CFG = dict(hidden_size=256, intermediate_size=512, head_dim=64)  # K-quant rows are super-blocks of 256
-BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 8, T.Q5_1: 8, T.Q8_0: 8, T.Q4_K: 4, T.Q5_K: 8, T.Q6_K: 8}
+# the blocked form's bits (super-blocks: widened); IQ4_NL's and IQ4_XS's values are 8-bit codes there
+BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 8, T.Q5_1: 8, T.Q8_0: 8, T.IQ4_NL: 8, T.Q4_K: 4, T.Q5_K: 8, T.Q6_K: 8,
+        T.IQ4_XS: 8}
+
+
+def superblocks(qtype) -> bool:
+    return qtype.name in SUPERBLOCK_BYTES
+
+
+def cfg_for(qtype):
+    """A tiny config whose rows are whole super-blocks where `qtype` needs them (None: tiny_gguf's own)."""
+    return tiny(**K_CFG) if superblocks(qtype) else None
 
 
 @pytest.mark.parametrize("qtype", list(BITS))
 def test_gguf_blocks_map_exactly(qtype, tmp_path, report):
     """Our blocked form of each GGUF tensor, dequantized by llgraph, == gguf's own dequantization, bit for bit
     (K-quants: random super-blocks, as gguf's writer cannot quantize to them)."""
-    cfg, expected = tiny_gguf(tmp_path / "t.gguf", qtype, tiny(**K_CFG) if qtype.name.endswith("_K") else None)
+    cfg, expected = tiny_gguf(tmp_path / "t.gguf", qtype, cfg_for(qtype))
     source = GGUFSource(tmp_path / "t.gguf")
     worst, n = 0.0, 0
     for name, (want, kind, _) in expected.items():
@@ -74,7 +86,7 @@ def test_quantized_export_matches_executor_on_dequantized_weights(qtype, target,
     """Prefill + 8 decode steps, batch 2: logits and caches of the QLinear/QEmbedding export (MatMulNBits and
     GatherBlockQuantized for ort, blocked DequantizeLinear and a dequantized table for onnx/trt) vs the float
     executor on gguf's dequantization of the same file."""
-    tiny_gguf(tmp_path / "t.gguf", qtype, tiny(**K_CFG) if qtype.name.endswith("_K") else None)
+    tiny_gguf(tmp_path / "t.gguf", qtype, cfg_for(qtype))
     cfg = load_config(tmp_path / "t.gguf")  # the GGUF's own: interleaved RoPE rows
     folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / target,
                           target=target, max_seq_len=64,
@@ -89,7 +101,7 @@ def test_quantized_export_matches_executor_on_dequantized_weights(qtype, target,
         # qkv, o, gate_up, down, head
         assert set(bits) == {4} and len(bits) == (4 * cfg.num_layers + 1) * BITS[qtype] // 4
         assert "GatherBlockQuantized" in ops
-    if qtype.name.endswith("_K"):  # 256/512-wide sums and logits of O(15): float32 rounding reaches ~3e-5 relative,
+    if superblocks(qtype):  # 256/512-wide sums and logits of O(15): float32 rounding reaches ~3e-5 relative,
         # so the truth is float64 and the tolerance 1e-3 (3e-5 of the logits' range of ~30; measured up to 6.7e-4
         # on the onnx and ort targets alike, ONNX Runtime's float32 sums either way)
         truth, tol = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64, dtype="float64"), 1e-3

@@ -13,15 +13,14 @@ import subprocess
 import sys
 
 import pytest
-from reference import tiny
 from test_cpu_kernels import library  # noqa: F401 (fixture)
-from test_quant import K_CFG, T, tiny_gguf
+from test_quant import T, cfg_for, tiny_gguf
 
 from llgraph.export import export_model
 from llgraph.plugins import cpu
 from llgraph.weight_request import Weights
 
-QTYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)  # Q5_0 exact: at 5 bits
+QTYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)  # Q5_0 exact: at 5 bits
 
 # argv: the export folders. Prints one line per folder and cache format: the largest difference of any shape from
 # the whole prompt in one forward (0.0 is bit-identical).
@@ -70,7 +69,7 @@ def exports(tmp_path_factory, library):  # noqa: F811
     root = tmp_path_factory.mktemp("invariance")
     for qtype in QTYPES:
         gguf = root / f"{qtype.name}.gguf"
-        tiny_gguf(gguf, qtype, tiny(**K_CFG) if qtype.name.endswith("_K") else None)
+        tiny_gguf(gguf, qtype, cfg_for(qtype))
         for level in (0, 4):
             folders.append(export_model(gguf, checkpoint=gguf, out=root / f"{qtype.name}-level{level}",
                                         max_seq_len=64, weights=Weights(kernels="llgraph", accuracy_level=level)))

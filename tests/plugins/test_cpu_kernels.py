@@ -12,7 +12,7 @@ import sys
 import pytest
 from reference import OrtStepper, Stepper, tiny
 from test_export import compare_steps
-from test_quant import K_CFG, T, llgraph, tiny_gguf
+from test_quant import K_CFG, T, cfg_for, llgraph, superblocks, tiny_gguf
 from test_smollm2 import gguf_path, greedy_against, hf, hf_greedy, prompt  # noqa: F401 (fixtures)
 
 from llgraph.checkpoint import load_config
@@ -186,11 +186,11 @@ def test_every_instruction_set_path_equals_float64(library, isa, report):
         report(f"llgraph QLinear on {isa}, {layout}, vs float64, relative to max |y|", float(diff), 2e-6)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K])
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
 def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, report):
     """Prefill + 8 decode steps, batch 2, logits and caches: every Linear one llgraph QLinear node on the blocks
     as stored, vs the executor on the GGUF's dequantization (float64 for the K-quants' wide sums)."""
-    tiny_gguf(tmp_path / "t.gguf", qtype, tiny(**K_CFG) if qtype.name.endswith("_K") else None)
+    tiny_gguf(tmp_path / "t.gguf", qtype, cfg_for(qtype))
     cfg = load_config(tmp_path / "t.gguf")
     folder = export_model(tmp_path / "t.gguf", checkpoint=tmp_path / "t.gguf", out=tmp_path / "ort", max_seq_len=64,
                           weights=KERNELS.replace(accuracy_level=0))  # exact (the K-quants' default is level 4)
@@ -205,11 +205,11 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     layers = [n for n in ours if any(a.name == "interleave" for a in n.attribute)]
     assert len(layers) >= 4 * cfg.num_layers
     scale_types = {i.data_type for i in graph.initializer if i.name in {n.input[2] for n in layers if len(n.input) > 2}}
-    assert scale_types == ({10} if qtype.name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") else set())  # FLOAT16
+    assert scale_types == (set() if superblocks(qtype) else {10})  # FLOAT16
     # Q5_0/Q5_1 at their own bits (20 code bytes a block of 32, as the file's 22 less its scale), the tied table's
     # QEmbedding reading the head's codes
     bits = {a.i for n in ours + tables for a in n.attribute if a.name == "bits"}
-    if not qtype.name.endswith("_K"):  # (a super-block format's bits attribute is its own: 4, 5, 6)
+    if not superblocks(qtype):  # (a super-block format's bits attribute is its own: 4, 5, 6)
         assert bits == ({5} if qtype.name in ("Q5_0", "Q5_1") else {4} if qtype.name in ("Q4_0", "Q4_1") else {8})
     if qtype.name in ("Q5_0", "Q5_1"):
         codes = {i.name: i for i in graph.initializer}
@@ -223,7 +223,7 @@ def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, r
     assert "Add" not in ops and "GroupQueryAttention" not in ops, ops
     assert [n.domain for n in graph.node if n.op_type == "GroupedAttention"] == [cpu.DOMAIN] * cfg.num_layers
     # the K-quants' tolerance is test_quant's (float32 sums of 256/512 terms against a float64 truth: 6.7e-4 here)
-    dtype, tol = ("float64", 1e-3) if qtype.name.endswith("_K") else ("float32", None)
+    dtype, tol = ("float64", 1e-3) if superblocks(qtype) else ("float32", None)
     truth = Stepper(cfg, GGUFSource(tmp_path / "t.gguf"), batch=2, max_seq=64, dtype=dtype)
     compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"ort llgraph {qtype.name}",
                   tol=tol)
