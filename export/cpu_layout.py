@@ -52,6 +52,7 @@ SUPERBLOCK_FIELDS = {
              *((off + 4 * kk, 4, 4) for n in (0, 1) for hh in (0, 1) for kk in range(4)
                for off in (64 * n + 16 * hh, 64 * n + 32 + 16 * hh, 128 + 32 * n + 16 * hh))),
     "IQ4_XS": ((0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)),  # d, scales_h, scales_l, the nibbles as stored
+    "Q3_K": ((108, 2, 2), (96, 12, 4), (0, 32, 4), (32, 64, 4)),  # d, scales, hmask, qs
 }
 
 

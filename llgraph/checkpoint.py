@@ -206,8 +206,8 @@ def _say_widened_experts(source, graph) -> None:
         stored = sum(source.stored_bytes(n) for n in experts)
         wide = sum(4 * math.prod(source.shape(n)) for n in experts)
         kinds = sorted({source.tensor_type(n) for n in experts})
-        why = ("llgraph's MoE kernels read Q4_K, Q5_K, Q6_K and IQ4_XS experts (gate and up in one type) as stored, on the "
-               "ort target's own kernels (--kernels llgraph)")
+        why = ("llgraph's MoE kernels read Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS experts (gate and up in one type) as "
+               "stored, on the ort target's own kernels (--kernels llgraph)")
         print(f"llgraph: this GGUF's experts ({'/'.join(kinds)}, {stored / 1e9:.2f} GB as stored) run widened to "
               f"float32 ({wide / 1e9:.2f} GB): {why}", file=sys.stderr)
 

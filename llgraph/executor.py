@@ -121,6 +121,16 @@ def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = to
     def half(lo):  # a little-endian float16 field
         return (b[..., lo] | (b[..., lo + 1] << 8)).to(torch.int16).view(torch.float16).float()
 
+    if kind == "Q3_K":  # hmask[32] qs[64] scales[12] d (llgraph/quant.py's _from_k_blocks)
+        dev = raw.device
+        hm, qs = b[..., 0:32], b[..., 32:96].reshape(out, n, 2, 1, 32)
+        t = torch.arange(4, device=dev)[:, None]
+        high = (hm[:, :, None, None, :] >> (4 * torch.arange(2, device=dev)[:, None, None] + t)) & 1
+        q = ((qs >> (2 * t)) & 3) | (high << 2)
+        i, sb = torch.arange(16, device=dev), b[..., 96:108]
+        sc = ((sb[..., i % 8] >> (4 * (i // 8))) & 15) | (((sb[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)
+        w = (q.reshape(out, n * 16, 16).float() - 4) * (half(108)[..., None] * (sc - 32).float()).reshape(out, -1, 1)
+        return w.reshape(out, -1).to(dtype)
     if kind == "IQ4_XS":  # d scales_h(u16) scales_l[4] qs[128]: sub-block j's 16 bytes, element l low, 16 + l high
         ls = ((b[..., 4:8, None] >> torch.tensor([0, 4], device=raw.device)) & 15).reshape(out, n, 8)
         ls = ls | (((b[..., 2:3] | (b[..., 3:4] << 8)) >> (2 * torch.arange(8, device=raw.device)) & 3) << 4)
