@@ -53,6 +53,7 @@ SUPERBLOCK_FIELDS = {
                for off in (64 * n + 16 * hh, 64 * n + 32 + 16 * hh, 128 + 32 * n + 16 * hh))),
     "IQ4_XS": ((0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)),  # d, scales_h, scales_l, the nibbles as stored
     "Q3_K": ((108, 2, 2), (96, 12, 4), (0, 32, 4), (32, 64, 4)),  # d, scales, hmask, qs
+    "Q2_K": ((80, 2, 2), (82, 2, 2), (0, 16, 4), (16, 64, 4)),  # d, dmin, scales and mins, qs
 }
 
 

@@ -121,6 +121,12 @@ def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = to
     def half(lo):  # a little-endian float16 field
         return (b[..., lo] | (b[..., lo + 1] << 8)).to(torch.int16).view(torch.float16).float()
 
+    if kind == "Q2_K":  # scales[16] (sc | m << 4) qs[64] d dmin (llgraph/quant.py's _from_k_blocks)
+        qs = b[..., 16:80].reshape(out, n, 2, 1, 32)
+        q = ((qs >> (2 * torch.arange(4, device=raw.device)[:, None])) & 3).reshape(out, n * 16, 16).float()
+        sc, m = (b[..., 0:16] & 15).float(), (b[..., 0:16] >> 4).float()
+        w = q * (half(80)[..., None] * sc).reshape(out, -1, 1) - (half(82)[..., None] * m).reshape(out, -1, 1)
+        return w.reshape(out, -1).to(dtype)
     if kind == "Q3_K":  # hmask[32] qs[64] scales[12] d (llgraph/quant.py's _from_k_blocks)
         dev = raw.device
         hm, qs = b[..., 0:32], b[..., 32:96].reshape(out, n, 2, 1, 32)

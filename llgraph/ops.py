@@ -103,7 +103,7 @@ def _linear(ins, attrs):
 
 
 # (quant.py's) GGUF bytes per 256 weights, by super-block format
-SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_XS": 136, "Q3_K": 110}
+SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_XS": 136, "Q3_K": 110, "Q2_K": 84}
 
 
 def _blocks(codes, scales, mins, attrs, dtype):
@@ -265,9 +265,9 @@ def _add(ins, attrs):
 
 
 QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbedding's codes
-    Attr("format", str, "blocks: codes + scales (+ mins); Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS: GGUF super-blocks as stored",
+    Attr("format", str, "blocks: codes + scales (+ mins); Q2_K..Q6_K/IQ4_XS: GGUF super-blocks as stored",
          ("blocks", *SUPERBLOCK_BYTES)),
-    Attr("bits", int, "code width (blocks: 4 or 8; super-blocks: 3, 4, 5, 6)", (3, 4, 5, 6, 8)),
+    Attr("bits", int, "code width (blocks: 4 or 8; super-blocks: 2 to 6)", (2, 3, 4, 5, 6, 8)),
     Attr("block_size", int, "codes per scale along the input features (super-blocks: 256)"),
     Attr("zero_point", int, "the code that means 0 (before mins)"),
     # (the ort export on llgraph's kernels writes blocks of 5-bit codes packed at 5 bits: a layout of that lowering,

@@ -13,9 +13,10 @@ integer for the whole tensor (8 for 4-bit symmetric, 128 for 8-bit). GGUF's bloc
     Q4_1  w = d*q + m          bits 4, B 32, zero_point 0,   scales d, mins m
     Q8_0  w = d*q (q signed)   bits 8, B 32, zero_point 128, scales d   (codes stored as q + 128)
 
-K-quants (and IQ4_XS) are carried as GGUF stores them: `format` "Q3_K", "Q4_K", "Q5_K", "Q6_K" or "IQ4_XS", the codes
-input holding each row's super-blocks of 256 weights byte for byte ([out, in/256, 110 | 144 | 176 | 210 | 136]: 3.4375,
-4.5, 5.5, 6.5625 and 4.25 bits a weight) and no scales or mins inputs; ggml's definitions (`dequantize_superblocks`):
+K-quants (and IQ4_XS) are carried as GGUF stores them: `format` "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K" or "IQ4_XS",
+the codes input holding each row's super-blocks of 256 weights byte for byte ([out, in/256, 84 | 110 | 144 | 176 | 210 |
+136]: 2.625, 3.4375, 4.5, 5.5, 6.5625 and 4.25 bits a weight) and no scales or mins inputs; ggml's definitions
+(`dequantize_superblocks`):
 
     Q4_K    d, dmin (f16), 8 six-bit scales sc and mins m, 128 B of nibbles: w = d*sc*q - dmin*m  (sub-blocks of 32)
     Q5_K    as Q4_K, a fifth bit per code from 32 bytes of high bits:      w = d*sc*q - dmin*m  (q in 0..31)
@@ -24,12 +25,13 @@ input holding each row's super-blocks of 256 weights byte for byte ([out, in/256
             16 values IQ4_VALUES:                                          w = d*(ls - 32)*kv[q] (sub-blocks of 32)
     Q3_K    32 B of high bits, 64 of 2-bit pairs, 16 six-bit scales in 12 B, d: w = d*(sc - 32)*(q - 4)
                                                                           (q in 0..7, sub-blocks of 16)
+    Q2_K    16 B of 4-bit scales sc and mins m, 64 of 2-bit pairs, d, dmin: w = d*sc*q - dmin*m (sub-blocks of 16)
 
 A runtime without a super-block kernel reads them widened to the blocked form (`QuantFormat.widened`,
 `QuantTensor.widened`), exactly: the products d*sc and dmin*m are exact in float32 (11 x 6 or 8 bits), so each
 sub-block is a block (Q4_K: bits 4, B 32, zero_point 0, scales d*sc, mins -dmin*m; Q5_K the same in 8-bit codes;
 Q6_K: bits 8, B 16, zero_point 32; IQ4_XS: bits 8, B 32, zero_point 128, codes kv + 128; Q3_K: bits 8, B 16,
-zero_point 4) — at 6, 10, 10, 9 and 10 bits a weight in float32.
+zero_point 4; Q2_K: bits 4, B 16, zero_point 0, mins -dmin*m) — at 6, 10, 10, 9, 10 and 8 bits a weight in float32.
 
 IQ4_NL (IQ4_XS's fallback where a row is not whole super-blocks) is the same lookup per block of 32 with an f16 d;
 it is read exactly in that widened 8-bit form (8.5 bits a weight against the file's 4.5).
@@ -123,18 +125,19 @@ class QuantTensor:
 
 
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
-CENTRE = {"Q4_K": 0, "Q5_K": 0, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4}  # the code a super-block format's zero sits at
+# the code a super-block format's zero sits at (as _from_k_blocks gives the codes: w = scale (q - centre) + min)
+CENTRE = {"Q4_K": 0, "Q5_K": 0, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 0}
 
 
 def superblock_format(kind: str) -> QuantFormat:
     """A GGUF super-block format carried as stored: bits/code_bits are its codes' widths, zero_point its centre."""
-    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "IQ4_XS": 4, "Q3_K": 3}[kind]
+    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "IQ4_XS": 4, "Q3_K": 3, "Q2_K": 2}[kind]
     return QuantFormat(bits, SUPERBLOCK, CENTRE[kind], False, bits, kind)
 
 
 WIDENED = {"Q4_K": QuantFormat(4, 32, 0, True), "Q5_K": QuantFormat(8, 32, 0, True, 5),
            "Q6_K": QuantFormat(8, 16, 32, False, 6), "IQ4_XS": QuantFormat(8, 32, 128, False),
-           "Q3_K": QuantFormat(8, 16, 4, False, 3)}
+           "Q3_K": QuantFormat(8, 16, 4, False, 3), "Q2_K": QuantFormat(4, 16, 0, True, 2)}
 # Q5_0/Q5_1 (llama.cpp's fallback where a row is not whole super-blocks: Gemma 3's, Qwen2.5's, SmolLM2's hidden
 # sizes) hold their 5-bit codes one a byte here; the ort export on llgraph's kernels writes them back at 5 bits
 # (export/cpu_layout.py fifth_bits: 5.5/6.0 bits a weight, as the file), read at every accuracy level
@@ -207,6 +210,12 @@ def _from_k_blocks(blocks: np.ndarray, type_name: str):
         q = _iq4_codes(np.concatenate((qs & 15, qs >> 4), -1))
         return q.reshape(out, nsb * 8, 32), (_f16(blocks[..., 0:2])[..., None] * (ls.astype(np.float32) - 32)) \
             .reshape(out, nsb * 8), None
+    if type_name == "Q2_K":  # scales[16] (sc | m << 4) qs[64] d dmin: element 128n + 32t + l, bits 2t of qs[32n + l]
+        qs = blocks[..., 16:80].reshape(out, nsb, 2, 1, 32)
+        q = (qs >> (2 * np.arange(4, dtype=np.uint8)[:, None])) & 3  # [out, nsb, n, t, l]
+        d, dmin = _f16(blocks[..., 80:82])[..., None], _f16(blocks[..., 82:84])[..., None]
+        scales, mins = d * (blocks[..., 0:16] & 15), -(dmin * (blocks[..., 0:16] >> 4))
+        return q.reshape(out, nsb * 16, 16), scales.reshape(out, nsb * 16), mins.reshape(out, nsb * 16)
     if type_name == "Q3_K":  # hmask[32] qs[64] scales[12] d: element 128n + 32t + l, bits 2t of qs[32n + l] and
         # bit 4n + t of hmask[l]; scale i: nibble i // 8 of byte i % 8, bits 2 (i // 4) of byte 8 + i % 4 above
         hm, qs = blocks[..., 0:32], blocks[..., 32:96].reshape(out, nsb, 2, 1, 32)
@@ -246,7 +255,7 @@ def _iq4_codes(nibbles: np.ndarray) -> np.ndarray:
 
 
 def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> QuantTensor:
-    """GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS block bytes of a [out, in] tensor -> QuantTensor,
+    """GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/Q2_K..Q6_K/IQ4_XS block bytes of a [out, in] tensor -> QuantTensor,
     without rounding (super-blocks as they are; they may be stacked experts, [experts, out, in])."""
     fmt = GGUF_FORMATS[type_name]
     if fmt.superblocks:  # as stored, byte for byte

@@ -176,7 +176,7 @@ def write_gguf(path, cfg: LlamaConfig, source: WeightSource, qtype_of, fields=No
 # (bytes per super-block, {offset of a float16: its value}): d*sc*q and dmin*m balance on average (zero-mean weights)
 _K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}), "Q5_K": (176, {0: 5e-4, 2: 7.75e-3}), "Q6_K": (210, {208: 2e-4}),
              "IQ4_XS": (136, {0: 2e-4}), "IQ4_NL": (18, {0: 3.5e-3}),  # (IQ4_NL: blocks of 32)
-             "Q3_K": (110, {108: 6e-3})}
+             "Q3_K": (110, {108: 6e-3}), "Q2_K": (84, {80: 1.5e-2, 82: 2.25e-2})}
 
 
 def random_k_blocks(shape, qtype, seed: int):

@@ -70,8 +70,9 @@ struct Problem {
   bool groups;     // exact on the interleaved layout (qlinear_groups.inc): x as given, chunks are groups of 16 rows
   float* glu;      // activation=swiglu: the output [M, glu_rows], silu(gate) * up of y's row pairs (y: scratch whose
   int64_t glu_rows;  // groups alternate 16 gate rows, 16 up rows); null: y is the output
-  int sb = 0;      // GGUF super-blocks (superblocks.inc: kQ4K, kQ5K, kQ6K, kIQ4XS) on the interleaved layout; 0: blocks
+  int sb = 0;      // GGUF super-blocks (superblocks.inc: kQ4K .. kQ2K) on the interleaved layout; 0: blocks
   const struct Int8K* int8k = nullptr;  // level 4 on super-blocks: x quantized per 32; null: exact (x, xsum)
+  const float* xsum16 = nullptr;        // exact on Q2_K: the sums of x per 16
 };
 
 // IEEE half -> float, exactly (normals, subnormals, infinities)
@@ -114,7 +115,7 @@ struct BlockFormat {
       const std::string format = k.GetAttribute<std::string>("format");
       sb_ = SuperKind(format);
       if (sb_ == 0 && format != "blocks")
-        ORT_CXX_API_THROW("llgraph: format must be blocks, Q4_K, Q5_K, Q6_K or IQ4_XS", ORT_INVALID_ARGUMENT);
+        ORT_CXX_API_THROW("llgraph: format must be blocks, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS", ORT_INVALID_ARGUMENT);
       if (sb_ != 0 && block_ != 256)
         ORT_CXX_API_THROW("llgraph: a super-block format's block_size is 256", ORT_INVALID_ARGUMENT);
     }
@@ -148,7 +149,7 @@ struct BlockFormat {
 // one set per calling thread, which every node reuses: a node runs whole before the next on that thread, so the
 // process holds the largest node's buffers once, not every node's own (at a 2,048-token prefill of an 8B, 13 GB)
 struct Scratch {
-  std::vector<float> reordered, sums, glu, normed;
+  std::vector<float> reordered, sums, sums16, glu, normed;
   Int8X int8x;
   Int8Blocks int8b;
   Int8K int8k;
@@ -255,10 +256,14 @@ struct QLinearKernel : BlockFormat {
     if (sb_ != 0 && int8_) {
       QuantizeK(in, M, K, Pick(&Kernels::quantize, g_isa, int64_t{32}), s.int8k);
       p.int8k = &s.int8k;
-    } else if (sb_ != 0) {  // exact: x as given, its sums per 32
+    } else if (sb_ != 0) {  // exact: x as given, its sums per 32 (Q2_K: and per 16)
       Sums(in, M * K / 32, 32, s);
       p.x = in;
       p.xsum = s.sums.data();
+      if (sb_ == kQ2K) {
+        Sums16(in, M * K / 16, s.sums16);
+        p.xsum16 = s.sums16.data();
+      }
     } else if (p.groups) {
       Sums(in, M * nb, block_, s);
       p.x = in;

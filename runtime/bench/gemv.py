@@ -27,7 +27,8 @@ import numpy as np
 
 K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}, 4), "Q5_K": (176, {0: 5e-4, 2: 7.75e-3}, 5),
             "Q6_K": (210, {208: 2e-4}, 6), "IQ4_XS": (136, {0: 2e-4}, 4),
-            "Q3_K": (110, {108: 6e-3}, 3)}  # bytes a super-block, its half-float d/dmin, code bits
+            "Q3_K": (110, {108: 6e-3}, 3),
+            "Q2_K": (84, {80: 1.5e-2, 82: 2.25e-2}, 2)}  # bytes a super-block, its half-float d/dmin, code bits
 # bits, block, zero point, GGUF bytes a block (Q5_0/Q5_1: at their own bits, export/cpu_layout.py fifth_bits)
 BLOCKS = {"Q8_0": (8, 32, 128, 34), "Q4_0": (4, 32, 8, 18), "Q5_0": (5, 32, 16, 22), "Q5_1": (5, 32, 0, 24)}
 
@@ -88,7 +89,8 @@ def llgraph_gbps(kind: str, rows: int, cols: int, level: int | None, threads: in
 
 
 BYTES_PER_WEIGHT = {"Q4_K": 144 / 256, "Q5_K": 176 / 256, "Q6_K": 210 / 256, "Q8_0": 34 / 32, "Q4_0": 18 / 32,
-                    "Q5_0": 22 / 32, "Q5_1": 24 / 32, "IQ4_XS": 136 / 256, "Q3_K": 110 / 256}
+                    "Q5_0": 22 / 32, "Q5_1": 24 / 32, "IQ4_XS": 136 / 256, "Q3_K": 110 / 256,
+                    "Q2_K": 84 / 256}
 
 
 def ggml_gbps(binary: str, types: list[str], rows: int, cols: int) -> dict[str, float]:

@@ -42,8 +42,8 @@ def tiny_gguf(path, qtype, cfg=None):
 EXACT = {"ort": 0}  # MatMulNBits' exact-compute accuracy level (the default; 4 quantizes activations to int8)
 K_CFG = dict(hidden_size=256, intermediate_size=512, head_dim=64)  # K-quant rows are super-blocks of 256
 # the blocked form's bits (super-blocks: widened); IQ4_NL's and IQ4_XS's values are 8-bit codes there
-BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 8, T.Q5_1: 8, T.Q8_0: 8, T.IQ4_NL: 8, T.Q3_K: 8, T.Q4_K: 4, T.Q5_K: 8,
-        T.Q6_K: 8, T.IQ4_XS: 8}
+BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 8, T.Q5_1: 8, T.Q8_0: 8, T.IQ4_NL: 8, T.Q2_K: 4, T.Q3_K: 8, T.Q4_K: 4,
+        T.Q5_K: 8, T.Q6_K: 8, T.IQ4_XS: 8}
 
 
 def superblocks(qtype) -> bool:

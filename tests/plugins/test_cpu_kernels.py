@@ -186,8 +186,8 @@ def test_every_instruction_set_path_equals_float64(library, isa, report):
         report(f"llgraph QLinear on {isa}, {layout}, vs float64, relative to max |y|", float(diff), 2e-6)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-                                   T.IQ4_XS])
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
+                                   T.Q6_K, T.IQ4_XS])
 def test_gguf_export_on_the_kernels_matches_executor(library, qtype, tmp_path, report):
     """Prefill + 8 decode steps, batch 2, logits and caches: every Linear one llgraph QLinear node on the blocks
     as stored, vs the executor on the GGUF's dequantization (float64 for the K-quants' wide sums)."""

@@ -21,7 +21,7 @@ sys.path.insert(0, sys.argv[2])
 from reference import random_k_blocks
 
 E, H, F = 6, 512, 256
-CENTRE = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4}
+CENTRE = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 2}
 
 
 def experts(kind, rows, cols, seed):
@@ -30,7 +30,7 @@ def experts(kind, rows, cols, seed):
     raw = random_k_blocks((E * rows, cols), qtype, seed).reshape(E * rows, cols // 256, -1)
     w = dequantize(raw.reshape(E * rows, -1), qtype).astype(np.float64).reshape(E, rows, cols)
     _, S, mins = _from_k_blocks(raw, kind)
-    sub = 16 if kind in ("Q6_K", "Q3_K") else 32
+    sub = 16 if kind in ("Q6_K", "Q3_K", "Q2_K") else 32
     offsets = np.zeros((E * rows, cols)) if mins is None else \
         np.repeat(S.astype(np.float64) * CENTRE[kind] + mins, sub, axis=1)
     return w, offsets.reshape(E, rows, cols), raw.reshape(E, rows, cols // 256, -1)
@@ -66,7 +66,7 @@ def moe(x, logits, gate_up, down, **attrs):
 
 worst, alone_differs = {}, 0
 for gate_kind, down_kind in (("Q4_K", "Q6_K"), ("Q5_K", "Q4_K"), ("Q6_K", "Q5_K"), ("IQ4_XS", "IQ4_XS"),
-                             ("Q3_K", "Q3_K")):
+                             ("Q2_K", "Q3_K")):
     g, og, graw = experts(gate_kind, F, H, 1)
     u, ou, uraw = experts(gate_kind, F, H, 2)
     d, od, draw = experts(down_kind, H, F, 3)
@@ -103,7 +103,7 @@ print(isa().decode(), f"alone_differs={alone_differs}", " ".join(f"{k}={v}" for 
 
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
 def test_moe_kernel_equals_float64_on_every_path(library, isa, report):  # noqa: F811
-    """Q4_K/Q6_K, Q5_K/Q4_K, Q6_K/Q5_K, IQ4_XS and Q3_K experts (gate-up/down), 6 experts, k 2 renormalised and 3
+    """Q4_K/Q6_K, Q5_K/Q4_K, Q6_K/Q5_K, IQ4_XS and Q2_K/Q3_K experts (gate-up/down), 6 experts, k 2 renormalised and 3
     not, 1 to 9 tokens; exact mode against gguf's dequantization in float64 (the routing included), level 4 against
     float64 of its int8 arithmetic: the kernel rounds its float32 activations where the reference rounds float64's,
     so an activation on a rounding boundary can take the next code, one step dx = max|a|/127 of its block, about 2e-3

@@ -28,19 +28,20 @@ PROBE = QLINEAR_PROBE + r'''
 import gguf
 from gguf.quants import dequantize
 from llgraph.export.cpu_layout import interleaver
-from llgraph.quant import CENTRE, _from_k_blocks
+from llgraph.quant import CENTRE, _from_k_blocks, superblock_format
 sys.path.insert(0, sys.argv[2])
 from reference import random_k_blocks
 
 worst = {}
 N, K = 37, 512
-for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K"):
+for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K"):
     raw = random_k_blocks((N, K), gguf.GGMLQuantizationType[kind], seed=3)
     w = dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(N, K).astype(np.float64)
     codes = interleaver(kind)(raw.reshape(N, K // 256, -1))
     _, S, mins = _from_k_blocks(raw.reshape(N, K // 256, -1), kind)  # w = S (q - c) + O per sub-block
-    centre = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4}[kind]
-    offsets = np.zeros((N, K)) if mins is None else np.repeat(S.astype(np.float64) * centre + mins, 32, axis=1)
+    centre = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 2}[kind]
+    offsets = np.zeros((N, K)) if mins is None else \
+        np.repeat(S.astype(np.float64) * centre + mins, K // S.shape[1], axis=1)
     bias = rng.standard_normal(N).astype(np.float32)
     for level in (0, 4):
         for M in (1, 3, 5, 8):
@@ -53,7 +54,7 @@ for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K"):
             # level 4 meets the sub-blocks' offsets (w = S (q - c) + O) with x's own block sums
             want = exact if level == 0 else x4 @ w.T + (x.reshape(M, K) - x4) @ offsets.T + bias
             got = qlinear({"codes": codes, "scales": None, "mins": None, "bias": bias}, x, format=kind,
-                          bits={"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "IQ4_XS": 4, "Q3_K": 3}[kind], block_size=256,
+                          bits=superblock_format(kind).bits, block_size=256,
                           zero_point=CENTRE[kind], interleave=16, rows=N,
                           accuracy_level=level).reshape(M, N)
             key = f"{kind}-level{level}"
@@ -64,7 +65,7 @@ for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K"):
     ids = np.array([[0, 5, 16, 36, 17]], np.int64)
     inits = [numpy_helper.from_array(codes, "codes")]
     node = helper.make_node("QEmbedding", ["ids", "codes"], ["y"], domain="llgraph", format=kind,
-                            bits={"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "IQ4_XS": 4, "Q3_K": 3}[kind], block_size=256,
+                            bits=superblock_format(kind).bits, block_size=256,
                             zero_point=CENTRE[kind], rows=N)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
@@ -79,7 +80,7 @@ print(isa().decode(), " ".join(f"{k}={v}" for k, v in worst.items()))
 
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
 def test_every_superblock_path_equals_float64(library, isa, report):  # noqa: F811
-    """Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS at the exact level (fp32) and at level 4 (int8 x), 1 to 8 input rows, with a
+    """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS at the exact level (fp32) and at level 4 (int8 x), 1 to 8 input rows, with a
     bias."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where reference.py is
     r = subprocess.run([sys.executable, "-c", PROBE, str(library), tests], capture_output=True, text=True,
