@@ -54,6 +54,7 @@ SUPERBLOCK_FIELDS = {
     "IQ4_XS": ((0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)),  # d, scales_h, scales_l, the nibbles as stored
     "Q3_K": ((108, 2, 2), (96, 12, 4), (0, 32, 4), (32, 64, 4)),  # d, scales, hmask, qs
     "Q2_K": ((80, 2, 2), (82, 2, 2), (0, 16, 4), (16, 64, 4)),  # d, dmin, scales and mins, qs
+    "IQ4_NL": ((0, 2, 2), (2, 16, 4)),  # d, the nibbles (a block of 32)
 }
 
 

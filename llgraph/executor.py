@@ -137,6 +137,10 @@ def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = to
         sc = ((sb[..., i % 8] >> (4 * (i // 8))) & 15) | (((sb[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)
         w = (q.reshape(out, n * 16, 16).float() - 4) * (half(108)[..., None] * (sc - 32).float()).reshape(out, -1, 1)
         return w.reshape(out, -1).to(dtype)
+    if kind == "IQ4_NL":  # d qs[16]: element l low nibble, 16 + l high
+        qs = b[..., 2:18]
+        kv = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=raw.device)[torch.cat([qs & 15, qs >> 4], -1)]
+        return (kv * half(0)[..., None]).reshape(out, -1).to(dtype)
     if kind == "IQ4_XS":  # d scales_h(u16) scales_l[4] qs[128]: sub-block j's 16 bytes, element l low, 16 + l high
         ls = ((b[..., 4:8, None] >> torch.tensor([0, 4], device=raw.device)) & 15).reshape(out, n, 8)
         ls = ls | (((b[..., 2:3] | (b[..., 3:4] << 8)) >> (2 * torch.arange(8, device=raw.device)) & 3) << 4)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from llgraph.config import ConfigError, LlamaConfig, MoeConfig, RopeConfig
+from llgraph.ops import EXPERT_FORMATS
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
 from llgraph.weights import CARRIED, EXPERTS, WeightError, WeightSource
 
@@ -158,7 +159,7 @@ class GGUFSource(WeightSource):
     def quant_format(self, name):
         fmt = GGUF_FORMATS.get(self.tensor_type(name))
         if EXPERTS.fullmatch(name):  # stacked experts: their super-blocks (QMoE); other blocks are read widened
-            return fmt if fmt is not None and fmt.superblocks else None
+            return fmt if fmt is not None and fmt.format in EXPERT_FORMATS else None
         return fmt if CARRIED.fullmatch(name) else None
 
     def load_quantized(self, name):

@@ -103,7 +103,14 @@ def _linear(ins, attrs):
 
 
 # (quant.py's) GGUF bytes per 256 weights, by super-block format
-SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_XS": 136, "Q3_K": 110, "Q2_K": 84}
+SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_XS": 136, "Q3_K": 110, "Q2_K": 84, "IQ4_NL": 18}
+SUPERBLOCK_WEIGHTS = {"IQ4_NL": 32}  # weights a block where not 256 (IQ4_NL: IQ4_XS's fallback, blocks of 32)
+EXPERT_FORMATS = tuple(f for f in SUPERBLOCK_BYTES if f not in SUPERBLOCK_WEIGHTS)  # QMoE's: super-blocks of 256
+
+
+def superblock_weights(fmt: str) -> int:
+    """The weights in one block of a super-block format (256, or IQ4_NL's 32)."""
+    return SUPERBLOCK_WEIGHTS.get(fmt, 256)
 
 
 def _blocks(codes, scales, mins, attrs, dtype):
@@ -112,7 +119,7 @@ def _blocks(codes, scales, mins, attrs, dtype):
     _require(codes.dtype == "uint8" and len(codes.shape) == 3, f"codes must be uint8 [out, in/block, packed], got "
              f"{codes.dtype}{list(codes.shape)}")
     if fmt != "blocks":  # GGUF super-blocks as stored: they hold their scales and mins
-        _same(block, 256, f"{fmt} block_size (a super-block)")
+        _same(block, superblock_weights(fmt), f"{fmt} block_size (weights a block)")
         _same(codes.shape[2], SUPERBLOCK_BYTES[fmt], f"{fmt} bytes per super-block")
         _require(scales is None and mins is None, f"{fmt} super-blocks take no scales or mins inputs")
         return codes.shape[1] * block
@@ -265,7 +272,7 @@ def _add(ins, attrs):
 
 
 QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbedding's codes
-    Attr("format", str, "blocks: codes + scales (+ mins); Q2_K..Q6_K/IQ4_XS: GGUF super-blocks as stored",
+    Attr("format", str, "blocks: codes + scales (+ mins); Q2_K..Q6_K/IQ4_XS/IQ4_NL: GGUF blocks as stored",
          ("blocks", *SUPERBLOCK_BYTES)),
     Attr("bits", int, "code width (blocks: 4 or 8; super-blocks: 2 to 6)", (2, 3, 4, 5, 6, 8)),
     Attr("block_size", int, "codes per scale along the input features (super-blocks: 256)"),
@@ -333,8 +340,8 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         "@ shared_down^T"),
     OpSchema("QMoE", MOE_INPUTS, ("out",), (
         *ROUTING,
-        Attr("format", str, "gate's and up's GGUF super-blocks", tuple(SUPERBLOCK_BYTES)),
-        Attr("down_format", str, "down's GGUF super-blocks", tuple(SUPERBLOCK_BYTES)),
+        Attr("format", str, "gate's and up's GGUF super-blocks", EXPERT_FORMATS),
+        Attr("down_format", str, "down's GGUF super-blocks", EXPERT_FORMATS),
     ), _qmoe,
         "MoE with its routed experts as a GGUF stores them: gate, up [experts, ffn, hidden/256, bytes] and down "
         "[experts, hidden, ffn/256, bytes], each expert's rows QLinear's super-blocks (format, down_format), w as "

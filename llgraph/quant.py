@@ -33,8 +33,8 @@ sub-block is a block (Q4_K: bits 4, B 32, zero_point 0, scales d*sc, mins -dmin*
 Q6_K: bits 8, B 16, zero_point 32; IQ4_XS: bits 8, B 32, zero_point 128, codes kv + 128; Q3_K: bits 8, B 16,
 zero_point 4; Q2_K: bits 4, B 16, zero_point 0, mins -dmin*m) — at 6, 10, 10, 9, 10 and 8 bits a weight in float32.
 
-IQ4_NL (IQ4_XS's fallback where a row is not whole super-blocks) is the same lookup per block of 32 with an f16 d;
-it is read exactly in that widened 8-bit form (8.5 bits a weight against the file's 4.5).
+IQ4_NL (IQ4_XS's fallback where a row is not whole super-blocks) is the same lookup per block of 32 with an f16 d,
+carried the same way as 18-byte blocks of 32 weights (4.5 bits a weight; widened: bits 8, B 32, zero_point 128).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llgraph.ops import SUPERBLOCK_BYTES  # GGUF's bytes per super-block, by format
+from llgraph.ops import SUPERBLOCK_BYTES, superblock_weights  # GGUF's bytes per super-block, by format
 
 SUPERBLOCK = 256  # weights in a K-quant super-block
 
@@ -61,8 +61,10 @@ class QuantFormat:
         if self.code_bits == 0:
             object.__setattr__(self, "code_bits", self.bits)
         if self.format != "blocks":
-            if self.format not in SUPERBLOCK_BYTES or self.block_size != SUPERBLOCK or self.has_mins:
-                raise ValueError(f"super-block format {self.format}: block 256, no separate mins")
+            if self.format not in SUPERBLOCK_BYTES or self.block_size != superblock_weights(self.format) or \
+                    self.has_mins:
+                raise ValueError(f"super-block format {self.format}: block {superblock_weights(self.format)}, no "
+                                 "separate mins")
             return
         if self.bits not in (4, 8):
             raise ValueError(f"bits ({self.bits}) must be 4 or 8")
@@ -83,7 +85,7 @@ class QuantFormat:
     def codes_shape(self, out: int, n_in: int) -> tuple[int, int, int]:
         """The codes' shape for an [out, n_in] weight."""
         if self.superblocks:
-            return out, n_in // SUPERBLOCK, SUPERBLOCK_BYTES[self.format]
+            return out, n_in // self.block_size, SUPERBLOCK_BYTES[self.format]
         return out, n_in // self.block_size, self.block_size * self.bits // 8
 
     @property
@@ -126,25 +128,25 @@ class QuantTensor:
 
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 # the code a super-block format's zero sits at (as _from_k_blocks gives the codes: w = scale (q - centre) + min)
-CENTRE = {"Q4_K": 0, "Q5_K": 0, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 0}
+CENTRE = {"Q4_K": 0, "Q5_K": 0, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 0, "IQ4_NL": 128}
 
 
 def superblock_format(kind: str) -> QuantFormat:
     """A GGUF super-block format carried as stored: bits/code_bits are its codes' widths, zero_point its centre."""
-    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "IQ4_XS": 4, "Q3_K": 3, "Q2_K": 2}[kind]
-    return QuantFormat(bits, SUPERBLOCK, CENTRE[kind], False, bits, kind)
+    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "IQ4_XS": 4, "Q3_K": 3, "Q2_K": 2, "IQ4_NL": 4}[kind]
+    return QuantFormat(bits, superblock_weights(kind), CENTRE[kind], False, bits, kind)
 
 
 WIDENED = {"Q4_K": QuantFormat(4, 32, 0, True), "Q5_K": QuantFormat(8, 32, 0, True, 5),
            "Q6_K": QuantFormat(8, 16, 32, False, 6), "IQ4_XS": QuantFormat(8, 32, 128, False),
-           "Q3_K": QuantFormat(8, 16, 4, False, 3), "Q2_K": QuantFormat(4, 16, 0, True, 2)}
+           "Q3_K": QuantFormat(8, 16, 4, False, 3), "Q2_K": QuantFormat(4, 16, 0, True, 2),
+           "IQ4_NL": QuantFormat(8, 32, 128, False)}
 # Q5_0/Q5_1 (llama.cpp's fallback where a row is not whole super-blocks: Gemma 3's, Qwen2.5's, SmolLM2's hidden
 # sizes) hold their 5-bit codes one a byte here; the ort export on llgraph's kernels writes them back at 5 bits
 # (export/cpu_layout.py fifth_bits: 5.5/6.0 bits a weight, as the file), read at every accuracy level
 GGUF_FORMATS = {"Q4_0": QuantFormat(4, 32, 8, False), "Q4_1": QuantFormat(4, 32, 0, True),
                 "Q5_0": QuantFormat(8, 32, 16, False, code_bits=5), "Q5_1": QuantFormat(8, 32, 0, True, code_bits=5),
-                "Q8_0": QuantFormat(8, 32, 128, False), "IQ4_NL": QuantFormat(8, 32, 128, False),
-                **{k: superblock_format(k) for k in SUPERBLOCK_BYTES}}
+                "Q8_0": QuantFormat(8, 32, 128, False), **{k: superblock_format(k) for k in SUPERBLOCK_BYTES}}
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -202,6 +204,9 @@ def _k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _from_k_blocks(blocks: np.ndarray, type_name: str):
     """[out, n/256, bytes] K-quant super-blocks -> codes [out, n/B, B], scales and mins [out, n/B] (or None)."""
     out, nsb = blocks.shape[:2]
+    if type_name == "IQ4_NL":  # d, 16 bytes of nibbles (element j low, j + 16 high) indexing IQ4_VALUES
+        q = _iq4_codes(np.concatenate((blocks[..., 2:18] & 15, blocks[..., 2:18] >> 4), -1))
+        return q, _f16(blocks[..., 0:2]), None
     if type_name == "IQ4_XS":  # d scales_h (u16) scales_l[4] qs[128]: sub-block j: 16 bytes, element l low, 16+l high
         high = (blocks[..., 2].astype(np.uint16) | (blocks[..., 3].astype(np.uint16) << 8))[..., None]
         ls = np.stack((blocks[..., 4:8] & 15, blocks[..., 4:8] >> 4), -1).reshape(out, nsb, 8)
@@ -267,8 +272,6 @@ def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) ->
     if type_name == "Q8_0":
         q = (blocks[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         mins = None
-    elif type_name == "IQ4_NL":  # d, 16 bytes of nibbles (element j low, j + 16 high) indexing IQ4_VALUES
-        q, mins = _iq4_codes(np.concatenate((blocks[..., 2:18] & 15, blocks[..., 2:18] >> 4), -1)), None
     elif type_name in ("Q5_0", "Q5_1"):  # d, (m), 32 high bits, 16 bytes of low nibbles: element j, j + 16
         at = 4 if type_name == "Q5_1" else 2
         qh = blocks[..., at:at + 4].copy().view("<u4")[..., 0]

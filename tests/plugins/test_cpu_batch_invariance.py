@@ -20,7 +20,8 @@ from llgraph.export import export_model
 from llgraph.plugins import cpu
 from llgraph.weight_request import Weights
 
-QTYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)  # Q5_0 exact: at 5 bits
+QTYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS,
+          T.IQ4_NL)  # Q5_0 exact: at 5 bits
 
 # argv: the export folders. Prints one line per folder and cache format: the largest difference of any shape from
 # the whole prompt in one forward (0.0 is bit-identical).

@@ -34,12 +34,13 @@ from reference import random_k_blocks
 
 worst = {}
 N, K = 37, 512
-for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K"):
+for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K", "IQ4_NL"):
     raw = random_k_blocks((N, K), gguf.GGMLQuantizationType[kind], seed=3)
     w = dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(N, K).astype(np.float64)
-    codes = interleaver(kind)(raw.reshape(N, K // 256, -1))
-    _, S, mins = _from_k_blocks(raw.reshape(N, K // 256, -1), kind)  # w = S (q - c) + O per sub-block
-    centre = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 2}[kind]
+    per = superblock_format(kind).block_size  # weights a block: 256 (IQ4_NL: 32)
+    codes = interleaver(kind)(raw.reshape(N, K // per, -1))
+    _, S, mins = _from_k_blocks(raw.reshape(N, K // per, -1), kind)  # w = S (q - c) + O per sub-block
+    centre = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 2, "IQ4_NL": 128}[kind]
     offsets = np.zeros((N, K)) if mins is None else \
         np.repeat(S.astype(np.float64) * centre + mins, K // S.shape[1], axis=1)
     bias = rng.standard_normal(N).astype(np.float32)
@@ -54,7 +55,7 @@ for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K"):
             # level 4 meets the sub-blocks' offsets (w = S (q - c) + O) with x's own block sums
             want = exact if level == 0 else x4 @ w.T + (x.reshape(M, K) - x4) @ offsets.T + bias
             got = qlinear({"codes": codes, "scales": None, "mins": None, "bias": bias}, x, format=kind,
-                          bits=superblock_format(kind).bits, block_size=256,
+                          bits=superblock_format(kind).bits, block_size=per,
                           zero_point=CENTRE[kind], interleave=16, rows=N,
                           accuracy_level=level).reshape(M, N)
             key = f"{kind}-level{level}"
@@ -65,7 +66,7 @@ for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K"):
     ids = np.array([[0, 5, 16, 36, 17]], np.int64)
     inits = [numpy_helper.from_array(codes, "codes")]
     node = helper.make_node("QEmbedding", ["ids", "codes"], ["y"], domain="llgraph", format=kind,
-                            bits=superblock_format(kind).bits, block_size=256,
+                            bits=superblock_format(kind).bits, block_size=per,
                             zero_point=CENTRE[kind], rows=N)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
@@ -80,8 +81,8 @@ print(isa().decode(), " ".join(f"{k}={v}" for k, v in worst.items()))
 
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
 def test_every_superblock_path_equals_float64(library, isa, report):  # noqa: F811
-    """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS at the exact level (fp32) and at level 4 (int8 x), 1 to 8 input rows, with a
-    bias."""
+    """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL at the exact level (fp32) and at level 4 (int8 x), 1 to 8 input
+    rows, with a bias."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where reference.py is
     r = subprocess.run([sys.executable, "-c", PROBE, str(library), tests], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa})
