@@ -1,10 +1,12 @@
-"""What users read, against llama.cpp on the same file: the bundled SmolLM2-135M-Instruct GGUF (Q4_1) and a Q4_K_M
-made from it by llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize, requantizing). For each chat
-question, greedy: whether the prompt ids are llama.cpp's, whether llgraph's streamed text is its whole text, whether
-llama.cpp's detokenize of llgraph's ids is llgraph's text, both answers, and where they first differ the probability
-llama.cpp gives each side's token (a near-tie, or not).
+"""What users read, against llama.cpp on the same file: the bundled SmolLM2-135M-Instruct GGUF (Q4_1) and files made
+from it by llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize, requantizing): Q4_K_M, Q3_K_M, Q2_K,
+IQ4_XS (SmolLM2's 576-wide rows take llama.cpp's fallbacks: Q4_0/Q5_0 for the K-quants, IQ4_NL for IQ4_XS). For each
+chat question, greedy: whether the prompt ids are llama.cpp's, whether llgraph's streamed text is its whole text,
+whether llama.cpp's detokenize of llgraph's ids is llgraph's text, both answers, and where they first differ the
+probability llama.cpp gives each side's token (a near-tie, or not).
 
-    python tests/llama_cpp_answers.py [OUT_DIR]     # needs llama-cpp-python (built from its sdist)
+    python tests/llama_cpp_answers.py [OUT_DIR [TYPE...]]   # needs llama-cpp-python (built from its sdist);
+                                                              # TYPE: Q4_K_M (default), Q3_K_M, Q2_K, IQ4_XS
 """
 
 import ctypes
@@ -17,12 +19,15 @@ QUESTIONS = ["What is the capital of France?", "Write a Python function that rev
              "List three colours, one per line."]
 
 
-def q4_k_m(src: Path, out: Path) -> Path:
+FTYPES = {"Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "IQ4_XS": 30}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
+
+
+def quantized(src: Path, out: Path, ftype: str) -> Path:
     from llama_cpp import llama_model_quantize, llama_model_quantize_default_params
 
     if not out.exists():
         params = llama_model_quantize_default_params()
-        params.ftype, params.allow_requantize = 15, True  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+        params.ftype, params.allow_requantize = FTYPES[ftype], True
         assert llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
     return out
 
@@ -69,5 +74,6 @@ if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "llama-cpp-answers")
     out.mkdir(exist_ok=True)
     source = Path(bundled_model("smollm2"))
-    for gguf in (source, q4_k_m(source, out / "smollm2-q4_k_m.gguf")):
+    types = sys.argv[2:] or ["Q4_K_M"]
+    for gguf in (source, *(quantized(source, out / f"smollm2-{t.lower()}.gguf", t) for t in types)):
         compare(gguf, out / "cache")
