@@ -169,6 +169,7 @@ def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int 
             source = LoraSource(source, list(weights.lora))
         if not (weights.quantize or weights.dequantize):
             _check_stored_formats(source)
+            _say_widened_blocks(source)
         if not superblocks:
             source = widened_view(source)
     source = rtn_view(source, cfg, weights.quantize, weights.block_size, weights.symmetric, weights.lm_head)
@@ -212,17 +213,39 @@ def _say_widened_experts(source, graph) -> None:
               f"float32 ({wide / 1e9:.2f} GB): {why}", file=sys.stderr)
 
 
+def _say_widened_blocks(source) -> None:
+    """GGUF Linears in a block type llgraph has no kernel for (llgraph/quant_grid.py): one line saying they run read
+    exactly as 8-bit blocks, and the cost."""
+    from llgraph.gguf_source import GGUFSource
+    from llgraph.quant_grid import GRID_TYPES, widened_line
+    from llgraph.weights import QUANTIZABLE
+
+    base = getattr(source, "base", source)
+    if not isinstance(base, GGUFSource):
+        return
+    kinds: dict[str, tuple[int, int]] = {}
+    for name in base.names():
+        kind = base.tensor_type(name)
+        if kind in GRID_TYPES and QUANTIZABLE.fullmatch(name):
+            stored, n = kinds.get(kind, (0, 0))
+            kinds[kind] = (stored + base.stored_bytes(name), n + math.prod(base.shape(name)))
+    if kinds:
+        print(widened_line(kinds), file=sys.stderr)
+
+
 def _check_stored_formats(source) -> None:
     """A GGUF Linear stored in a block type llgraph cannot carry exactly: one line naming it (or --dequantize)."""
     from llgraph.gguf_source import GGUFSource
     from llgraph.quant import GGUF_FORMATS
+    from llgraph.quant_grid import GRID_TYPES
     from llgraph.weights import QUANTIZABLE
 
     if not isinstance(getattr(source, "base", source), GGUFSource):  # a GGUF, or its fused parts (Phi-3)
         return
     for name in source.names():
         kind = source.tensor_type(name)
-        if QUANTIZABLE.fullmatch(name) and kind not in GGUF_FORMATS and kind not in ("F32", "F16", "BF16"):
-            raise ExportError(f"{name} is stored as GGUF {kind}; llgraph carries {', '.join(GGUF_FORMATS)} "
-                              "blocks exactly — pass --dequantize to export it in float (or --quantize int4 to "
-                              "re-round it)")
+        if QUANTIZABLE.fullmatch(name) and kind not in GGUF_FORMATS and kind not in GRID_TYPES and \
+                kind not in ("F32", "F16", "BF16"):
+            known = ", ".join([*GGUF_FORMATS, *GRID_TYPES])
+            raise ExportError(f"{name} is stored as GGUF {kind}; llgraph reads {known} blocks exactly — pass "
+                              "--dequantize to export it in float (or --quantize int4 to re-round it)")

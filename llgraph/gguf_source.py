@@ -22,6 +22,7 @@ import numpy as np
 from llgraph.config import ConfigError, LlamaConfig, MoeConfig, RopeConfig
 from llgraph.ops import EXPERT_FORMATS
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
+from llgraph.quant_grid import GRID_FORMATS, widen_grid
 from llgraph.weights import CARRIED, EXPERTS, WeightError, WeightSource
 
 # general.architecture values read (Mistral GGUFs are 'llama'), as llama.cpp's converter writes them
@@ -157,7 +158,7 @@ class GGUFSource(WeightSource):
         return int(self._tensors[name].n_bytes)
 
     def quant_format(self, name):
-        fmt = GGUF_FORMATS.get(self.tensor_type(name))
+        fmt = GGUF_FORMATS.get(self.tensor_type(name)) or GRID_FORMATS.get(self.tensor_type(name))
         if EXPERTS.fullmatch(name):  # stacked experts: their super-blocks (QMoE); other blocks are read widened
             return fmt if fmt is not None and fmt.format in EXPERT_FORMATS else None
         return fmt if CARRIED.fullmatch(name) else None
@@ -175,7 +176,8 @@ class GGUFSource(WeightSource):
         if self.quant_format(name) is None:
             return super().load_quantized(name)
         raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
-        q = from_gguf_blocks(raw, t.tensor_type.name, self.shape(name))
+        kind = t.tensor_type.name
+        q = (widen_grid if kind in GRID_FORMATS else from_gguf_blocks)(raw, kind, self.shape(name))
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             heads = self._heads if m[1] == "q" else self._kv_heads
             def half(a):
@@ -208,7 +210,18 @@ class GGUFSource(WeightSource):
         row_bytes = t.n_bytes // (math.prod(self.shape(name)) // cols)
         raw = np.fromfile(self.path, dtype=np.uint8, count=(stop - start) * row_bytes,
                           offset=t.data_offset + start * row_bytes)
-        return dequantize(raw.view(t.data.dtype).reshape(stop - start, -1), t.tensor_type).reshape(-1, cols)
+        try:
+            return dequantize(raw.view(t.data.dtype).reshape(stop - start, -1), t.tensor_type).reshape(-1, cols)
+        except NotImplementedError:
+            raise WeightError(f"{name} is stored as GGUF {t.tensor_type.name}, a block type neither llgraph nor gguf "
+                              f"{_gguf_version()} reads yet; a newer gguf (pip install -U gguf) may, else convert "
+                              "the model to another type with llama-quantize") from None
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import version
+
+    return version("gguf")
 
 
 def interleaved_to_half(w: np.ndarray, n_heads: int) -> np.ndarray:
