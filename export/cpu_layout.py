@@ -52,7 +52,8 @@ SUPERBLOCK_FIELDS = {
              *((off + 4 * kk, 4, 4) for n in (0, 1) for hh in (0, 1) for kk in range(4)
                for off in (64 * n + 16 * hh, 64 * n + 32 + 16 * hh, 128 + 32 * n + 16 * hh))),
     "IQ4_XS": ((0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)),  # d, scales_h, scales_l, the nibbles as stored
-    "Q3_K": ((108, 2, 2), (96, 12, 4), (0, 32, 4), (32, 64, 4)),  # d, scales, hmask, qs
+    # Q3_K: d, scales, then per step k of 4 bytes its hmask, half 0's qs and half 1's qs side by side (one stream)
+    "Q3_K": ((108, 2, 2), (96, 12, 4), *((off + 4 * k, 4, 4) for k in range(8) for off in (0, 32, 64))),
     "Q2_K": ((80, 2, 2), (82, 2, 2), (0, 16, 4), (16, 64, 4)),  # d, dmin, scales and mins, qs
     "IQ4_NL": ((0, 2, 2), (2, 16, 4)),  # d, the nibbles (a block of 32)
 }

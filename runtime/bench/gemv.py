@@ -6,6 +6,7 @@ host; it does not repack weights as llama.cpp's model loader may) when `--ggml` 
 bandwidth on 1 and 2 threads printed with them.
 
     python -m llgraph.runtime.bench.gemv [--threads 1] [--types Q4_K,Q5_K,Q6_K,Q8_0,Q5_0,Q4_0] [--level auto]
+                                         (types also Q2_K, Q3_K, IQ4_XS, IQ4_NL, Q5_1)
                                          [--ggml /path/to/test-backend-ops] [--tokens 1] [--library A.so B.so]
 
 `--tokens M`: M tokens a call (a serving step's decode rows; GB/s then counts the weights once a call, so it rises
@@ -28,7 +29,8 @@ import numpy as np
 K_LAYOUT = {"Q4_K": (144, {0: 1e-3, 2: 7.5e-3}, 4), "Q5_K": (176, {0: 5e-4, 2: 7.75e-3}, 5),
             "Q6_K": (210, {208: 2e-4}, 6), "IQ4_XS": (136, {0: 2e-4}, 4),
             "Q3_K": (110, {108: 6e-3}, 3),
-            "Q2_K": (84, {80: 1.5e-2, 82: 2.25e-2}, 2)}  # bytes a super-block, its half-float d/dmin, code bits
+            "Q2_K": (84, {80: 1.5e-2, 82: 2.25e-2}, 2),
+            "IQ4_NL": (18, {0: 3.5e-3}, 4)}  # bytes a (super-)block, its half-float d/dmin, code bits
 # bits, block, zero point, GGUF bytes a block (Q5_0/Q5_1: at their own bits, export/cpu_layout.py fifth_bits)
 BLOCKS = {"Q8_0": (8, 32, 128, 34), "Q4_0": (4, 32, 8, 18), "Q5_0": (5, 32, 16, 22), "Q5_1": (5, 32, 0, 24)}
 
@@ -41,15 +43,16 @@ def node(kind: str, rows: int, cols: int, level: int | None, threads: int, rng, 
 
     from llgraph.export.cpu_layout import interleave16_5bit, interleave16_half, interleaver
     from llgraph.plugins import cpu
-    from llgraph.quant import CENTRE
+    from llgraph.quant import CENTRE, superblock_format
 
     if kind in K_LAYOUT:
         size, halves, bits = K_LAYOUT[kind]
-        raw = rng.integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
+        per = superblock_format(kind).block_size  # weights a block: 256 (IQ4_NL: 32)
+        raw = rng.integers(0, 256, size=(rows, cols // per, size), dtype=np.uint8)
         for offset, value in halves.items():
             raw[..., offset:offset + 2] = np.full(raw.shape[:-1] + (1,), value, np.float16).view(np.uint8)
         given = {"codes": interleaver(kind)(raw)}
-        attrs = dict(format=kind, bits=bits, block_size=256, zero_point=CENTRE[kind],
+        attrs = dict(format=kind, bits=bits, block_size=per, zero_point=CENTRE[kind],
                      accuracy_level=4 if level is None else level)
         nbytes = raw.nbytes
     else:
@@ -90,7 +93,7 @@ def llgraph_gbps(kind: str, rows: int, cols: int, level: int | None, threads: in
 
 BYTES_PER_WEIGHT = {"Q4_K": 144 / 256, "Q5_K": 176 / 256, "Q6_K": 210 / 256, "Q8_0": 34 / 32, "Q4_0": 18 / 32,
                     "Q5_0": 22 / 32, "Q5_1": 24 / 32, "IQ4_XS": 136 / 256, "Q3_K": 110 / 256,
-                    "Q2_K": 84 / 256}
+                    "Q2_K": 84 / 256, "IQ4_NL": 18 / 32}
 
 
 def ggml_gbps(binary: str, types: list[str], rows: int, cols: int) -> dict[str, float]:
