@@ -45,8 +45,6 @@ import numpy as np
 
 from llgraph.ops import SUPERBLOCK_BYTES, superblock_weights  # GGUF's bytes per super-block, by format
 
-SUPERBLOCK = 256  # weights in a K-quant super-block
-
 
 @dataclass(frozen=True)
 class QuantFormat:

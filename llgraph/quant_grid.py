@@ -18,11 +18,10 @@ import numpy as np
 
 from llgraph.quant import QuantFormat, QuantTensor
 
-# type -> (bytes a GGUF block, weights a GGUF block, weights a scale)
-GRID_TYPES = {"IQ2_XXS": (66, 256, 32), "IQ2_XS": (74, 256, 16), "IQ2_S": (82, 256, 16), "IQ3_XXS": (98, 256, 32),
-              "IQ3_S": (110, 256, 32), "IQ1_S": (50, 256, 32), "IQ1_M": (56, 256, 16), "TQ1_0": (54, 256, 256),
-              "TQ2_0": (66, 256, 256), "MXFP4": (17, 32, 32), "NVFP4": (36, 64, 16)}
-GRID_FORMATS = {t: QuantFormat(8, b, 128, False) for t, (_, _, b) in GRID_TYPES.items()}
+# type -> weights a scale (a GGUF block's weights and bytes: gguf's GGML_QUANT_SIZES)
+GRID_TYPES = {"IQ2_XXS": 32, "IQ2_XS": 16, "IQ2_S": 16, "IQ3_XXS": 32, "IQ3_S": 32, "IQ1_S": 32, "IQ1_M": 16,
+              "TQ1_0": 256, "TQ2_0": 256, "MXFP4": 32, "NVFP4": 16}
+GRID_FORMATS = {t: QuantFormat(8, b, 128, False) for t, b in GRID_TYPES.items()}
 
 
 def _half(b: np.ndarray) -> np.ndarray:
@@ -74,10 +73,10 @@ def _scales(blocks: np.ndarray, kind: str) -> np.ndarray:
 def widen_grid(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> QuantTensor:
     """A [rows, cols] tensor's GGUF blocks of `kind` -> the blocked 8-bit form, exactly (ValueError where a block's
     weights are not its scale times integer codes of at most 127: a damaged file)."""
-    from gguf import GGMLQuantizationType
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
-    size, per, block = GRID_TYPES[kind]
+    (per, size), block = GGML_QUANT_SIZES[GGMLQuantizationType[kind]], GRID_TYPES[kind]
     rows, cols = shape
     blocks = raw.reshape(rows, cols // per, size)
     w = dequantize(blocks.reshape(rows, -1), GGMLQuantizationType[kind]).reshape(rows, cols // block, block)
@@ -92,6 +91,6 @@ def widen_grid(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> QuantTenso
 def widened_line(kinds: dict[str, tuple[int, int]]) -> str:
     """One line: these types' tensors (type -> (bytes stored, weights)) run as 8-bit blocks, and the cost."""
     stored = sum(b for b, _ in kinds.values())
-    wide = sum(n + 4 * n // GRID_TYPES[k][2] for k, (_, n) in kinds.items())
+    wide = sum(n + 4 * n // GRID_TYPES[k] for k, (_, n) in kinds.items())
     return (f"llgraph: this GGUF's {'/'.join(sorted(kinds))} tensors ({stored / 1e9:.2f} GB) have no llgraph kernel; "
             f"they run read exactly as 8-bit blocks ({wide / 1e9:.2f} GB, {wide / stored:.1f}x the bytes a token)")

@@ -255,7 +255,7 @@ struct QLinearKernel : BlockFormat {
               bits_, zero_point_, 16, g_isa, nullptr, nullptr, centre_, interleave_ != 0 && !int8_, glu, rows_};
     p.sb = sb_;
     if (sb_ != 0 && int8_) {
-      QuantizeK(in, M, K, Pick(&Kernels::quantize, g_isa, int64_t{32}), s.int8k);
+      QuantizeK(in, M, K, Pick(&Kernels::quantize, g_isa, int64_t{32}), s.int8k, sb_ == kQ2K);
       p.int8k = &s.int8k;
     } else if (sb_ != 0) {  // exact: x as given, its sums per 32 (Q2_K: and per 16)
       Sums(in, M * K / 32, 32, s);
