@@ -196,6 +196,7 @@ def _say_widened_experts(source, graph) -> None:
     """GGUF experts stored in blocks that the graph runs in float (MoE, where QMoE carries them as stored): one line
     saying so, why, and the cost."""
     from llgraph.gguf_source import GGUFSource
+    from llgraph.ops import EXPERT_FORMATS
 
     while not isinstance(source, GGUFSource) and hasattr(source, "base"):  # the file under its views
         source = source.base
@@ -207,8 +208,8 @@ def _say_widened_experts(source, graph) -> None:
         stored = sum(source.stored_bytes(n) for n in experts)
         wide = sum(4 * math.prod(source.shape(n)) for n in experts)
         kinds = sorted({source.tensor_type(n) for n in experts})
-        why = ("llgraph's MoE kernels read Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS experts (gate and up in one type) as "
-               "stored, on the ort target's own kernels (--kernels llgraph)")
+        why = (f"llgraph's MoE kernels read {', '.join(EXPERT_FORMATS)} experts (gate and up in one type) as stored, "
+               "on the ort target's own kernels (--kernels llgraph)")
         print(f"llgraph: this GGUF's experts ({'/'.join(kinds)}, {stored / 1e9:.2f} GB as stored) run widened to "
               f"float32 ({wide / 1e9:.2f} GB): {why}", file=sys.stderr)
 
@@ -242,10 +243,9 @@ def _check_stored_formats(source) -> None:
 
     if not isinstance(getattr(source, "base", source), GGUFSource):  # a GGUF, or its fused parts (Phi-3)
         return
+    known = [*GGUF_FORMATS, *GRID_TYPES]
     for name in source.names():
         kind = source.tensor_type(name)
-        if QUANTIZABLE.fullmatch(name) and kind not in GGUF_FORMATS and kind not in GRID_TYPES and \
-                kind not in ("F32", "F16", "BF16"):
-            known = ", ".join([*GGUF_FORMATS, *GRID_TYPES])
-            raise ExportError(f"{name} is stored as GGUF {kind}; llgraph reads {known} blocks exactly — pass "
-                              "--dequantize to export it in float (or --quantize int4 to re-round it)")
+        if QUANTIZABLE.fullmatch(name) and kind not in known and kind not in ("F32", "F16", "BF16"):
+            raise ExportError(f"{name} is stored as GGUF {kind}; llgraph reads {', '.join(known)} blocks exactly — "
+                              "pass --dequantize to export it in float (or --quantize int4 to re-round it)")
