@@ -213,6 +213,18 @@ def slots_input(em: Emitter, node: Node) -> str | None:
     return slots
 
 
+NO_SINKS = "attention.no_sinks"  # the empty `sinks` a plugin node of a model without them takes
+
+
+def no_sinks(em: Emitter) -> str:
+    """An empty float32 initializer, once per graph: the `sinks` of a plugin GroupedAttention (export/trt.py, whose
+    plugin takes every schema input) in a model without them."""
+    if NO_SINKS not in em.shared:
+        em.initializers.append(numpy_helper.from_array(np.zeros(0, np.float32), NO_SINKS))
+        em.shared[NO_SINKS] = NO_SINKS
+    return NO_SINKS
+
+
 def refuse_slots(node: Node, lowering: str) -> None:
     """A GroupedAttention with `slots` (passes.ragged_slots) only where the lowering reads them."""
     if len(node.inputs) > 6 and node.inputs[6] is not None:
@@ -235,10 +247,36 @@ def grouped_attention(em: Emitter, node: Node) -> None:
     zero, two = em.const([0], "int64"), em.const([2], "int64")
     keys, values = (em.node("Slice", [c, zero, length, two], hint=hint)[0] for c in (present_k, present_v))
     extra = {"softcap": float(a["softcap"])} if a["softcap"] else {}
+    sinks = node.inputs[7] if len(node.inputs) > 7 else None
+    if sinks is not None:
+        keys, values, mask = with_sinks(em, node, keys, values, mask, em.weight(sinks))
     y = em.node("Attention", [_heads_first(em, q, a["num_heads"], hint), keys, values, mask], hint=hint,
                 scale=float(a["scale"]), **extra)[0]
     y = em.node("Transpose", [y], hint=hint, perm=[0, 2, 1, 3])[0]
     em.node("Reshape", [y, em.const([0, 0, -1], "int64")], [out], hint=hint)
+
+
+def with_sinks(em: Emitter, node: Node, keys: str, values: str, mask: str, sinks: str) -> tuple[str, str, str]:
+    """Attention sinks (gpt-oss) as one more key: a zero key and value after every row's, whose score an additive
+    mask makes the head's sink logit (the masked slots' -inf): the softmax's denominator gains exp(sink), the
+    output nothing. -> (keys, values, float mask [B, H, S, L + 1])."""
+    hint, dtype = node.name, em.dtype_of(node.inputs[0])
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+
+    def dims(t, lo, hi):
+        return em.node("Shape", [t], hint=hint, start=lo, end=hi)[0]
+    row = em.node("Concat", [dims(keys, 0, 2), em.const([1], "int64"), dims(keys, 3, 4)], hint=hint, axis=0)[0]
+    zero_row = em.node("ConstantOfShape", [row], hint=hint,
+                       value=numpy_helper.from_array(np.zeros(1, np_dtype)))[0]  # [B, KV, 1, D]
+    keys, values = (em.node("Concat", [t, zero_row], hint=hint, axis=2)[0] for t in (keys, values))
+    additive = em.node("Where", [mask, em.const(0, np_dtype), em.const(-np.inf, np_dtype)], hint=hint)[0]
+    heads = node.attrs["num_heads"]
+    additive = em.node("Add", [additive, em.const(np.zeros((1, heads, 1, 1)), np_dtype)], hint=hint)[0]
+    sink = em.node("Reshape", [em.node("Cast", [sinks], hint=hint, to=dtype)[0],
+                               em.const([1, heads, 1, 1], "int64")], hint=hint)[0]
+    column = em.node("Expand", [sink, em.node("Concat", [dims(additive, 0, 3), em.const([1], "int64")], hint=hint,
+                                              axis=0)[0]], hint=hint)[0]  # [B, H, S, 1]
+    return keys, values, em.node("Concat", [additive, column], hint=hint, axis=3)[0]
 
 
 def geglu(em: Emitter, node: Node) -> None:
@@ -267,15 +305,19 @@ def _experts_t(w: np.ndarray) -> np.ndarray:
 
 
 def moe_inputs(node: Node) -> list:
-    """x, router, gate, up, down, shared_gate, shared_up, shared_down, shared_router (absent ones None)."""
-    return (list(node.inputs) + [None] * 4)[:9]
+    """x, router, gate, up, down, shared_gate, shared_up, shared_down, shared_router, router_bias, gate_bias, up_bias,
+    down_bias (absent ones None)."""
+    return (list(node.inputs) + [None] * 8)[:13]
 
 
 def moe_tokens(em: Emitter, node: Node) -> tuple[str, str]:
-    """(x as [tokens, hidden], the router's logits [tokens, experts] in float32)."""
+    """(x as [tokens, hidden], the router's logits [tokens, experts] in float32, its bias added)."""
     x, router = node.inputs[:2]
     flat = em.node("Reshape", [x, em.const([-1, em.graph.values[x].shape[-1]], "int64")], hint=node.name)[0]
     logits = em.node("MatMul", [flat, em.weight(router, transpose=True)], hint=node.name)[0]
+    router_bias = moe_inputs(node)[9]
+    if router_bias is not None:
+        logits = em.node("Add", [logits, em.weight(router_bias)], hint=node.name)[0]
     if em.dtype_of(x) != TensorProto.FLOAT:
         logits = em.node("Cast", [logits], hint=node.name, to=TensorProto.FLOAT)[0]
     return flat, logits
@@ -284,7 +326,7 @@ def moe_tokens(em: Emitter, node: Node) -> tuple[str, str]:
 def moe_finish(em: Emitter, node: Node, flat: str, routed: str) -> None:
     """The routed experts' sum [tokens, hidden], plus Qwen2-MoE's shared expert (every token, times
     sigmoid(x @ shared_router^T)) where the node has one, in x's shape."""
-    x, _, _, _, _, shared_gate, shared_up, shared_down, shared_router = moe_inputs(node)
+    x, _, _, _, _, shared_gate, shared_up, shared_down, shared_router = moe_inputs(node)[:9]
     name = node.name
     if shared_gate is not None:
         def mm(a, w):
@@ -317,15 +359,40 @@ def moe(em: Emitter, node: Node) -> None:
     if dtype != TensorProto.FLOAT:
         dense = em.node("Cast", [dense], hint=name, to=dtype)[0]
     gate, up, down = (expert_weights(em, node, i, _experts_t) for i in (2, 3, 4))
-    g = em.node("MatMul", [flat, gate], hint=name)[0]  # [E, N, F]
-    u = em.node("MatMul", [flat, up], hint=name)[0]
-    act = em.node("Mul", [em.node("Mul", [g, em.node("Sigmoid", [g], hint=name)[0]], hint=name)[0], u], hint=name)[0]
-    y = em.node("MatMul", [act, down], hint=name)[0]  # [E, N, H]
+    gate_bias, up_bias, down_bias = moe_inputs(node)[10:]
+
+    def biased(y, bias):  # + bias[e] on every token's row: [E, N, out] + [E, 1, out]
+        if bias is None:
+            return y
+        return em.node("Add", [y, em.weight(bias, compute=_per_expert_row)], hint=name)[0]
+    g = biased(em.node("MatMul", [flat, gate], hint=name)[0], gate_bias)  # [E, N, F]
+    u = biased(em.node("MatMul", [flat, up], hint=name)[0], up_bias)
+    y = biased(em.node("MatMul", [gated(em, node, g, u), down], hint=name)[0], down_bias)  # [E, N, H]
     w = em.node("Unsqueeze", [em.node("Transpose", [dense], hint=name, perm=[1, 0])[0],
                               em.const([2], "int64")], hint=name)[0]  # [E, N, 1]
     summed = em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([0], "int64")], hint=name,
                      keepdims=0)[0]
     moe_finish(em, node, flat, summed)
+
+
+def _per_expert_row(b: np.ndarray) -> np.ndarray:
+    """[experts, out] -> [experts, 1, out]: an expert's bias broadcast over its tokens."""
+    return np.ascontiguousarray(b[:, None, :])
+
+
+def gated(em: Emitter, node: Node, g: str, u: str) -> str:
+    """MoE's activation (ops.py): g * sigmoid(alpha * g) * (u + beta), g clamped to <= limit and u to +-limit
+    first where limit > 0 (gpt-oss); silu(g) * u at alpha 1, beta 0, limit 0."""
+    a, name = node.attrs, node.name
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(em.dtype_of(node.inputs[0]))
+    if a["limit"]:
+        g = em.node("Min", [g, em.const(a["limit"], np_dtype)], hint=name)[0]
+        u = em.node("Clip", [u, em.const(-a["limit"], np_dtype), em.const(a["limit"], np_dtype)], hint=name)[0]
+    scaled = g if a["alpha"] == 1 else em.node("Mul", [g, em.const(a["alpha"], np_dtype)], hint=name)[0]
+    if a["beta"]:
+        u = em.node("Add", [u, em.const(a["beta"], np_dtype)], hint=name)[0]
+    glu = em.node("Mul", [g, em.node("Sigmoid", [scaled], hint=name)[0]], hint=name)[0]
+    return em.node("Mul", [glu, u], hint=name)[0]
 
 
 def expert_weights(em: Emitter, node: Node, index: int, compute=None) -> str:

@@ -141,6 +141,8 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
         attrs["local_window_size"] = a["window"]
     if a["softcap"]:
         attrs["softcap"] = float(a["softcap"])
+    if len(node.inputs) > 7 and node.inputs[7] is not None:  # gpt-oss's sinks: GroupQueryAttention's head_sink
+        inputs = [*inputs, *[""] * (11 - len(inputs)), em.weight(node.inputs[7])]
     em.node("GroupQueryAttention", inputs, node.outputs, domain=MS, hint=node.name, num_heads=a["num_heads"],
             kv_num_heads=a["num_kv_heads"], scale=float(a["scale"]), **attrs)
 
@@ -157,8 +159,11 @@ def attention_llgraph(em: Emitter, node: Node, qkv: str, rotary: tuple[Node, Nod
     inputs = [qkv, past_k, past_v, pos,
               em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "cos_cache", np.cos)),
               em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "sin_cache", np.sin))]
-    if slots is not None:
-        inputs.append(slots)
+    sinks = node.inputs[7] if len(node.inputs) > 7 else None
+    if slots is not None or sinks is not None:
+        inputs.append(slots or "")
+    if sinks is not None:
+        inputs.append(em.weight(sinks))
     em.node("GroupedAttention", inputs, node.outputs, domain=cpu.DOMAIN, hint=node.name, num_heads=a["num_heads"],
             num_kv_heads=a["num_kv_heads"], scale=float(a["scale"]), window=a["window"],
             softcap=float(a["softcap"]), rotary_interleaved=int(rot.attrs["interleaved"]))

@@ -5,8 +5,9 @@ bits, else on ONNX Runtime's op with its experts dequantized.
 
 ONNX Runtime's CPU MoE takes the router's logits (it applies the softmax), fc1 as each expert's gate and up rows
 interleaved ([experts, 2 * ffn, hidden]: its `swiglu_fusion` 1) and fc2 as [experts, hidden, ffn]; its SwiGLU is
-gate * sigmoid(alpha * gate) * (up + beta), plain SwiGLU at alpha 1, beta 0 and no clamp. It computes in float32:
-a float16 export keeps the standard lowering."""
+gate * sigmoid(alpha * gate) * (up + beta), gate clamped to <= swiglu_limit and up to +-swiglu_limit first: MoE's
+alpha, beta and limit (gpt-oss's 1.702, 1, 7; plain SwiGLU at 1, 0 and no clamp), with fc1's and fc2's biases. It
+computes in float32: a float16 export keeps the standard lowering."""
 
 from __future__ import annotations
 
@@ -39,16 +40,23 @@ def moe(em: Emitter, node: Node) -> None:
         em.derived(f"{gate}.gate_up_interleaved", lambda g, u: _gate_up_interleaved(
             *(dequantize_experts(c, node.attrs["format"]) for c in (g, u))), gate, up)
     down = std.expert_weights(em, node, 4)
-    routed = em.node("MoE", [flat, logits, fc1, "", down, ""], domain=MS, hint=node.name,
-                     k=node.attrs["top_k"], activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
-                     activation_beta=0.0, swiglu_limit=float(np.finfo(np.float32).max),
-                     normalize_routing_weights=int(node.attrs["normalize"]))[0]
+    gate_bias, up_bias, down_bias = std.moe_inputs(node)[10:]
+    fc1_bias = "" if gate_bias is None else em.derived(
+        f"{gate_bias}.gate_up_interleaved", lambda g, u: np.ascontiguousarray(np.stack([g, u], axis=2).reshape(
+            g.shape[0], -1)), gate_bias, up_bias)
+    a = node.attrs
+    routed = em.node("MoE", [flat, logits, fc1, fc1_bias, down, em.weight(down_bias) if down_bias else ""], domain=MS,
+                     hint=node.name, k=a["top_k"], activation_type="swiglu", swiglu_fusion=1,
+                     activation_alpha=float(a["alpha"]), activation_beta=float(a["beta"]),
+                     swiglu_limit=float(a["limit"] or np.finfo(np.float32).max),
+                     normalize_routing_weights=int(a["normalize"]))[0]
     std.moe_finish(em, node, flat, routed)
 
 
 def qmoe(em: Emitter, node: Node) -> None:
     """llgraph::MoE on the experts as stored (plugins/cpu/moe.inc): gate and up in QLinear's swiglu layout, down
-    interleaved, each expert's bytes side by side; the router's logits from a MatMul before it."""
+    interleaved, each expert's bytes side by side; the router's logits from a MatMul before it (its bias added);
+    gpt-oss's expert biases and clamped activation as the kernel's optional inputs and attributes."""
     if em.options.get("kernels") != "llgraph" or em.graph.values[node.inputs[0]].dtype != "float32":
         return moe(em, node)
     a = node.attrs
@@ -63,9 +71,12 @@ def qmoe(em: Emitter, node: Node) -> None:
     def per_expert(d: np.ndarray) -> np.ndarray:
         return np.stack([rows_of(d[e]) for e in range(d.shape[0])])
     per_expert.__name__ = f"experts_{rows_of.__name__}"
+    biases = [em.weight(b) if b else "" for b in std.moe_inputs(node)[10:]]  # gpt-oss's gate, up, down
     routed = em.node("MoE", [flat, logits, em.derived(f"{gate}.experts_{glu.__name__}", gate_up, gate, up),
-                             em.weight(down, compute=per_expert)], domain=cpu.DOMAIN, hint=node.name,
+                             em.weight(down, compute=per_expert), *(biases if any(biases) else [])],
+                     domain=cpu.DOMAIN, hint=node.name,
                      k=a["top_k"], normalize=int(a["normalize"]), format=a["format"], down_format=a["down_format"],
-                     rows=em.graph.values[gate].shape[1],
-                     accuracy_level=accuracy_level_of(em.options.get("accuracy_level"), True))[0]
+                     rows=em.graph.values[gate].shape[1], alpha=float(a["alpha"]), beta=float(a["beta"]),
+                     limit=float(a["limit"]), accuracy_level=accuracy_level_of(em.options.get("accuracy_level"),
+                                                                                True))[0]
     std.moe_finish(em, node, flat, routed)

@@ -87,7 +87,22 @@ def _rotary(f: _Body) -> None:
     f.heads_last(f("Concat", rotated, rest, axis=3), "out")
 
 
-def _rows_attention(f: _Body) -> None:
+def _with_sinks(f: _Body, q: str, keys: str, values: str, mask: str) -> tuple[str, str, str]:
+    """gpt-oss's sinks (the `sinks` input, [num_heads]) as one more key: a zero key and value after every row's
+    [N, KV, L, D], its score made the head's sink logit by an additive mask (masked slots -inf) -> (keys, values,
+    float mask [N, H, S, L + 1]). export/onnx.py's with_sinks, in a function body."""
+    row = f("Concat", f("Shape", keys, start=0, end=2), f.ints(1), f("Shape", keys, start=3, end=4), axis=0)
+    zero_row = f("CastLike", f("ConstantOfShape", row), keys)
+    keys, values = (f("Concat", t, zero_row, axis=2) for t in (keys, values))
+    additive = f("Where", mask, f("CastLike", f("Constant", value_float=0.0), q),
+                 f("CastLike", f("Constant", value_float=float("-inf")), q))
+    sink = f("Reshape", f("CastLike", "sinks", q), f.ints(1, -1, 1, 1))
+    additive = f("Add", additive, f("Mul", sink, f("CastLike", f("Constant", value_float=0.0), q)))  # [N, H, S, L]
+    column = f("Expand", sink, f("Concat", f("Shape", additive, start=0, end=3), f.ints(1), axis=0))
+    return keys, values, f("Concat", additive, column, axis=3)
+
+
+def _rows_attention(f: _Body, sinks: bool = False) -> None:
     """Contiguous rows (token (b, s) in cache row b, no `slots`; what a native build runs, trt_build.parse): query
     (b, s) sees cache slots 0..positions[b, s], the last `window` of them with a window."""
     q = f.heads_first("q", f.attr("num_heads"))
@@ -102,11 +117,13 @@ def _rows_attention(f: _Body) -> None:
     window = f("Where", f("Equal", window, f.scalar(0)), f.scalar(1 << 62), window)
     mask = f("And", f("LessOrEqual", slots, limit), f("Greater", slots, f("Sub", limit, window)))
     keys, values = (f("Slice", c, f.ints(0), length, f.ints(2)) for c in ("present_key", "present_value"))
+    if sinks:
+        keys, values, mask = _with_sinks(f, q, keys, values, mask)
     f.heads_last(f("Attention", q, keys, values, mask, refs={"scale": ("scale", FLOAT), "softcap": ("softcap", FLOAT)}),
                  "out")
 
 
-def _grouped_attention(f: _Body) -> None:
+def _grouped_attention(f: _Body, sinks: bool = False) -> None:
     """Ragged rows by slot id: token i = b * S + s in cache row slots[i] (an empty `slots`: row b). Every token's
     k, v scattered into its row at its position first (ScatterND), then each token attends alone, as a batch of one
     query, to its own row's slots 0..positions[b, s] (the last `window` of them), gathered from the updated cache.
@@ -138,6 +155,8 @@ def _grouped_attention(f: _Body) -> None:
     heads = f("Unsqueeze", f.attr("num_heads"), f.ints(0))
     q = f("Reshape", "q", f("Concat", f.ints(0, 0), heads, f.ints(-1), axis=0))  # [B, S, H, D]: D known to a parser
     q = f("Reshape", q, f("Concat", tokens, heads, f.ints(1), f("Shape", q, start=3), axis=0))  # [T, H, 1, D]
+    if sinks:
+        keys, values, mask = _with_sinks(f, q, keys, values, mask)
     y = f("Attention", q, keys, values, mask, refs={"scale": ("scale", FLOAT), "softcap": ("softcap", FLOAT)})
     f("Reshape", y, f("Concat", batch_seq, f.ints(-1), axis=0), out="out")
 
@@ -145,15 +164,19 @@ def _grouped_attention(f: _Body) -> None:
 BODIES = {"RMSNorm": _rmsnorm, "SwiGLU": _swiglu, "Rotary": _rotary, "GroupedAttention": _grouped_attention}
 
 
-def function(op: str, rows: bool = False) -> FunctionProto:
+def function(op: str, rows: bool = False, sinks: bool = False) -> FunctionProto:
     """The model-local function for plugin op `op`: inputs, outputs and attributes are the plugin's. `rows`:
     GroupedAttention's on contiguous rows, without the `slots` input (what trt_build.parse puts in its place for a
-    build on TensorRT's native layers, whose attention and KV-cache update take no slot ids)."""
+    build on TensorRT's native layers, whose attention and KV-cache update take no slot ids). `sinks`: its body
+    reads the `sinks` input (a model's attention has them in every layer or in none; without, the input is an
+    empty tensor the body ignores)."""
     body = _Body()
     inputs = list(spec.inputs(op))
     if rows and op == "GroupedAttention":
-        _rows_attention(body)
+        _rows_attention(body, sinks)
         inputs.remove("slots")
+    elif op == "GroupedAttention":
+        _grouped_attention(body, sinks)
     else:
         BODIES[op](body)
     return helper.make_function(spec.NAMESPACE, op, inputs, list(spec.outputs(op)), body.nodes,
@@ -164,11 +187,13 @@ def function(op: str, rows: bool = False) -> FunctionProto:
 def plugin_node(em: Emitter, node: Node) -> None:
     if node.op == "GroupedAttention" and not node.attrs["causal"]:
         raise NotImplementedError("non-causal GroupedAttention has no plugin or ONNX lowering yet")
-    if node.op not in em.functions:
-        em.functions[node.op] = function(node.op)
     inputs = [em.weight(name) if name in em.graph.params else name for name in node.inputs]
     if node.op == "GroupedAttention":
         std.slots_input(em, node)
+        inputs = inputs if len(inputs) > 7 else [*inputs, std.no_sinks(em)]  # every plugin input, always
+    if node.op not in em.functions:
+        em.functions[node.op] = function(node.op, sinks=inputs[7] != std.NO_SINKS if node.op == "GroupedAttention"
+                                         else False)
     em.node(node.op, inputs, node.outputs, domain=spec.NAMESPACE, hint=node.name,
             **spec.onnx_attrs(node.op, node.attrs))
 

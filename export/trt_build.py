@@ -266,12 +266,16 @@ def _ragged_for(model, plugins: str) -> None:
     kept_inputs = [i for i in graph.input if i.name != SLOTS_INPUT]
     del graph.input[:]
     graph.input.extend(kept_inputs)
+    from llgraph.export.onnx import NO_SINKS
+
+    sinks = False
     for node in graph.node:
         if SLOTS_INPUT in node.input:
-            del node.input[list(node.input).index(SLOTS_INPUT):]
+            sinks |= len(node.input) > 7 and node.input[7] != NO_SINKS
+            node.input.remove(SLOTS_INPUT)
     for i, f in enumerate(model.functions):
         if f.name == "GroupedAttention":
-            model.functions[i].CopyFrom(function("GroupedAttention", rows=True))
+            model.functions[i].CopyFrom(function("GroupedAttention", rows=True, sinks=sinks))
 
 
 def build_engine(folder, engine: str | Path | None = None, *, max_batch: int = 8, max_seq_len: int | None = None,

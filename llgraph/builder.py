@@ -104,7 +104,8 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32", kv: str | None = None)
         cos, sin = tables[id(cfg.layer_rope(i))]
         (q,) = b.add("Rotary", (q, cos, sin), (f"{v}.q_rot",), num_heads=cfg.num_heads, interleaved=interleaved)
         (k,) = b.add("Rotary", (k, cos, sin), (f"{v}.k_rot",), num_heads=cfg.num_kv_heads, interleaved=interleaved)
-        attn, _, _ = b.add("GroupedAttention", (q, k, vv, pos, pk, pv), (f"{v}.attn", ok, ov),
+        sinks = (None, b.param(f"{p}.self_attn.sinks", "float32", (cfg.num_heads,))) if cfg.attention_sinks else ()
+        attn, _, _ = b.add("GroupedAttention", (q, k, vv, pos, pk, pv, *sinks), (f"{v}.attn", ok, ov),
                            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, scale=scale, causal=True,
                            window=cfg.layer_window(i), softcap=float(cfg.attention_softcap or 0.0))
         o = linear(attn, f"{p}.self_attn.o_proj", h, cfg.q_size, cfg.attention_out_bias, f"{v}.attn_out")
@@ -122,8 +123,15 @@ def build_graph(cfg: LlamaConfig, dtype: str = "float32", kv: str | None = None)
                 shared = [weight(f"{p}.mlp.shared_expert.{w}.weight", *shape)
                           for w, shape in (("gate_proj", (s, h)), ("up_proj", (s, h)), ("down_proj", (h, s)))]
                 shared.append(weight(f"{p}.mlp.shared_expert_gate.weight", 1, h))
-            (m,) = b.add("MoE", (n, weight(f"{p}.mlp.gate.weight", e, h), *experts, *shared), (f"{v}.mlp_out",),
-                         top_k=cfg.moe.top_k, normalize=cfg.moe.normalize)
+            biases = []
+            if cfg.moe.bias:  # gpt-oss: the router's and every expert's (optional inputs after the shared expert's)
+                biases = [None] * (4 - len(shared)) + [weight(f"{p}.mlp.gate.bias", e)] + [
+                    weight(f"{p}.mlp.experts.{w}.bias", e, size) for w, size in (("gate_proj", f), ("up_proj", f),
+                                                                                  ("down_proj", h))]
+            mc = cfg.moe
+            (m,) = b.add("MoE", (n, weight(f"{p}.mlp.gate.weight", e, h), *experts, *shared, *biases),
+                         (f"{v}.mlp_out",), top_k=mc.top_k, normalize=mc.normalize, alpha=float(mc.alpha),
+                         beta=float(mc.beta), limit=float(mc.limit))
         else:
             g = linear(n, f"{p}.mlp.gate_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.gate")
             u = linear(n, f"{p}.mlp.up_proj", cfg.intermediate_size, h, cfg.mlp_bias, f"{v}.up")

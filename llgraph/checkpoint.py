@@ -183,10 +183,12 @@ def open_model(config, checkpoint=None, weights: Weights = Weights(), seed: int 
 def _split_fused(source: WeightSource, cfg: LlamaConfig | None) -> WeightSource:
     """`source`, with fused projections (Phi-3's qkv_proj, gate_up_proj) seen under the Llama names and per-expert
     tensors seen stacked (a mixture of experts)."""
-    from llgraph.source_views import FusedSplitSource, StackedExperts
+    from llgraph.source_views import FusedSplitSource, PackedExperts, StackedExperts
 
     if StackedExperts.applies(source):
         source = StackedExperts(source)
+    elif PackedExperts.applies(source):
+        source = PackedExperts(source)
     if cfg is None or not any(FusedSplitSource.FUSED.fullmatch(n) for n in source.names()):
         return source
     return FusedSplitSource(source, cfg)

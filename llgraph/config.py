@@ -15,7 +15,7 @@ from typing import Any
 from llgraph.errors import LlgraphError
 
 FAMILIES = ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma2", "gemma3",  # the Llama block, its variants
-            "qwen3_moe", "mixtral", "olmoe", "qwen2_moe")  # ... with routed experts for its MLP (MoeConfig)
+            "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "gpt_oss")  # ... with routed experts for its MLP (MoeConfig)
 QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k before RoPE: per head (Qwen3), whole (OLMo 2)
 NORM_PLACEMENTS = ("pre", "post", "sandwich")  # before attention and MLP (Llama), on their outputs (OLMo 2),
 # or both (Gemma 2)
@@ -55,13 +55,19 @@ class MoeConfig:
     `intermediate_size` per token by softmax over all experts; `normalize` rescales the k weights to sum to 1
     (Qwen3-MoE's norm_topk_prob; Mixtral's softmax over the top k logits is the same), else they stay as the
     softmax gave them (OLMoE). `shared_intermediate_size`: a shared expert every token takes, weighted by a sigmoid
-    gate of its own (Qwen2-MoE; 0: none)."""
+    gate of its own (Qwen2-MoE; 0: none). gpt-oss: biases on the router and on every expert's gate, up and down
+    (`bias`), and its clamped SwiGLU, min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, +-limit) + beta)
+    (alpha 1.702, beta 1, limit 7; plain SwiGLU is alpha 1, beta 0, limit 0 meaning no clamp)."""
 
     num_experts: int
     top_k: int
     intermediate_size: int
     normalize: bool = True
     shared_intermediate_size: int = 0
+    bias: bool = False
+    alpha: float = 1.0
+    beta: float = 0.0
+    limit: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class LlamaConfig:
     rope_local: RopeConfig | None = None  # the sliding-window layers' own RoPE (Gemma 3: theta 10,000 there,
     # 1,000,000 and any scaling on the global layers); None: every layer uses `rope`
     moe: MoeConfig | None = None  # routed experts in every layer's MLP (None: the dense gated MLP)
+    attention_sinks: bool = False  # a learned logit per head joins each softmax's denominator (gpt-oss)
 
     def __post_init__(self):
         # Derive the optional fields, then validate; frozen, so derived values go through object.__setattr__.
@@ -178,7 +185,11 @@ class LlamaConfig:
             if self.moe.top_k > self.moe.num_experts:
                 raise ConfigError(f"moe.top_k ({self.moe.top_k}) exceeds moe.num_experts ({self.moe.num_experts})")
             if self.mlp_bias or self.mlp_activation != "silu":
-                raise ConfigError("moe experts are SwiGLU MLPs without biases; drop mlp_bias or mlp_activation")
+                raise ConfigError("moe experts are SwiGLU MLPs (their biases: moe.bias); drop mlp_bias or "
+                                  "mlp_activation")
+            if not (self.moe.alpha > 0 and self.moe.limit >= 0):
+                raise ConfigError(f"moe.alpha ({self.moe.alpha}) must be > 0 and moe.limit ({self.moe.limit}) >= 0 "
+                                  "(0: no clamp)")
         for t in (self.bos_token_id, *self.eos_token_ids):
             if t is not None and not 0 <= t < self.vocab_size:
                 raise ConfigError(f"special token id {t} is outside the vocabulary (0..{self.vocab_size - 1})")
@@ -226,10 +237,11 @@ class LlamaConfig:
         mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
         if self.moe is not None:  # the router and every expert
             mlp = self.moe.num_experts * (h + 3 * h * self.moe.intermediate_size)
+            mlp += self.moe.num_experts * (1 + 2 * self.moe.intermediate_size + h) if self.moe.bias else 0
             mlp += (h + 3 * h * self.moe.shared_intermediate_size) if self.moe.shared_intermediate_size else 0
         qk = {"none": 0, "head": 2 * self.head_dim, "projection": self.q_size + self.kv_size}[self.qk_norm]
         norms = 4 if self.norm_placement == "sandwich" else 1 if self.parallel_block else 2
-        per_layer = attn + mlp + norms * h + qk
+        per_layer = attn + mlp + norms * h + qk + self.num_heads * self.attention_sinks
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + h
 
     def to_dict(self) -> dict[str, Any]:

@@ -238,10 +238,10 @@ GATHERED_TOKENS = 64  # a ragged step of at most this many tokens gathers each t
 
 
 @torch_impl("GroupedAttention")
-def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value, slots=None):
+def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value, slots=None, sinks=None):
     # q: [B, S, Hq*D]; k, v: [B, S, Hkv*D]; positions: [B, S]; caches: [rows, Hkv, M, D], written in place; slots:
-    # [B*S] each token's cache row (absent or empty: row b)
-    a = node.attrs
+    # [B*S] each token's cache row (absent or empty: row b); sinks: [Hq] a logit per head in the denominator
+    a = dict(node.attrs, sinks=sinks)
     b, s, _ = q.shape
     hkv, d = a["num_kv_heads"], q.shape[-1] // a["num_heads"]
     ragged = slots is not None and slots.numel() > 0
@@ -280,12 +280,19 @@ def _attend(a, q, positions, past_key, past_value, length: int):
         mask &= slots[None, None, :] > positions[:, :, None] - a["window"]
     qh = q.view(b, s, hq, d).transpose(1, 2)
     keys, values = (_from_cache(t[:, :, :length], q.dtype) for t in (past_key, past_value))
-    if a["softcap"]:  # SDPA has no soft-capping: the scores spelled out, as transformers' eager Gemma 2
+    sinks = a.get("sinks")
+    if a["softcap"] or sinks is not None:  # SDPA has neither: the scores spelled out, as transformers' eager
         keys, values = (t.repeat_interleave(hq // hkv, dim=1) for t in (keys, values))
         scores = (qh @ keys.transpose(-1, -2)) * a["scale"]
-        scores = a["softcap"] * torch.tanh(scores / a["softcap"])
-        scores = scores.masked_fill(~mask[:, None], float("-inf"))
-        out = scores.float().softmax(-1).to(q.dtype) @ values
+        if a["softcap"]:  # Gemma 2
+            scores = a["softcap"] * torch.tanh(scores / a["softcap"])
+        scores = scores.masked_fill(~mask[:, None], float("-inf")).float()
+        if sinks is not None:  # gpt-oss: one more logit a head in the softmax, its probability dropped
+            column = sinks.float().view(1, hq, 1, 1).expand(b, hq, s, 1)
+            probs = torch.cat([scores, column], -1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
+        out = probs.to(q.dtype) @ values
     else:
         out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[:, None], scale=a["scale"],
                                              enable_gqa=hq != hkv)
@@ -325,26 +332,30 @@ def _swiglu(node: Node, gate, up):
 
 
 @torch_impl("MoE")
-def _moe(node: Node, x, router, gate, up, down, *shared):
+def _moe(node: Node, x, router, gate, up, down, *rest):
     """Each token through its top_k experts only (ops.py's MoE): tokens grouped by expert, as ggml's mul_mat_id."""
-    return (_routed(node, x, router, lambda e: (gate[e], up[e], down[e]), *shared),)
+    return (_routed(node, x, router, lambda e: (gate[e], up[e], down[e]), *rest),)
 
 
 @torch_impl("QMoE")
-def _qmoe(node: Node, x, router, gate, up, down, *shared):
+def _qmoe(node: Node, x, router, gate, up, down, *rest):
     """MoE's reference with each chosen expert's super-blocks dequantized (in float32) as it is needed."""
     a = node.attrs
 
     def expert(e):
         return tuple(dequantize_superblocks(c[e], kind, x.dtype)
                      for c, kind in ((gate, a["format"]), (up, a["format"]), (down, a["down_format"])))
-    return (_routed(node, x, router, expert, *shared),)
+    return (_routed(node, x, router, expert, *rest),)
 
 
-def _routed(node: Node, x, router, expert, shared_gate=None, shared_up=None, shared_down=None, shared_router=None):
-    """The routed experts' weighted sum, expert(e) giving expert e's (gate, up, down), plus a shared expert."""
+def _routed(node: Node, x, router, expert, shared_gate=None, shared_up=None, shared_down=None, shared_router=None,
+            router_bias=None, gate_bias=None, up_bias=None, down_bias=None):
+    """The routed experts' weighted sum, expert(e) giving expert e's (gate, up, down), plus a shared expert; the
+    biases where given (gpt-oss)."""
+    a = node.attrs
     flat = x.reshape(-1, x.shape[-1])  # [N, H]
-    probs = torch.softmax((flat @ router.T).float(), dim=-1)  # [N, E]
+    logits = flat @ router.T
+    probs = torch.softmax((logits if router_bias is None else logits + router_bias).float(), dim=-1)  # [N, E]
     weights, chosen = torch.topk(probs, node.attrs["top_k"], dim=-1)  # [N, k]: ties to the lower expert
     if node.attrs["normalize"]:
         weights = weights / weights.sum(-1, keepdim=True)
@@ -352,7 +363,14 @@ def _routed(node: Node, x, router, expert, shared_gate=None, shared_up=None, sha
     for e in torch.unique(chosen).tolist():
         token, slot = torch.nonzero(chosen == e, as_tuple=True)
         rows, (gate, up, down) = flat[token], expert(e)
-        y = (F.silu(rows @ gate.T) * (rows @ up.T)) @ down.T
+        g, u = rows @ gate.T, rows @ up.T
+        g = g if gate_bias is None else g + gate_bias[e]
+        u = u if up_bias is None else u + up_bias[e]
+        if a["limit"]:  # gpt-oss's clamp
+            g, u = g.clamp(max=a["limit"]), u.clamp(-a["limit"], a["limit"])
+        y = (g * torch.sigmoid(a["alpha"] * g) * (u + a["beta"])) @ down.T
+        if down_bias is not None:
+            y = y + down_bias[e]
         out.index_add_(0, token, (y * weights[token, slot, None].to(y.dtype)).to(out.dtype))
     if shared_gate is not None:  # Qwen2-MoE's shared expert, every token, weighted by its own sigmoid gate
         shared = (F.silu(flat @ shared_gate.T) * (flat @ shared_up.T)) @ shared_down.T

@@ -26,11 +26,14 @@ from llgraph.quant_grid import GRID_FORMATS, widen_grid
 from llgraph.weights import CARRIED, EXPERTS, WeightError, WeightSource
 
 # general.architecture values read (Mistral GGUFs are 'llama'), as llama.cpp's converter writes them
-GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3", "qwen3moe", "olmoe", "qwen2moe")
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3", "qwen3moe", "olmoe", "qwen2moe",
+              "gpt-oss")
 # a mixture of experts' family by architecture (Mixtral's GGUFs are 'llama' with experts) and whether llama.cpp
 # renormalises the top k weights (build_moe_ffn's norm_w in its src/models/<arch>.cpp)
 _MOE_ARCHS = {"llama": ("mixtral", True), "qwen3moe": ("qwen3_moe", True), "olmoe": ("olmoe", False),
-              "qwen2moe": ("qwen2_moe", False)}
+              "qwen2moe": ("qwen2_moe", False), "gpt-oss": ("gpt_oss", True)}
+# gpt-oss's experts: biased, through the clamped SwiGLU at the constants llama.cpp's build_moe_ffn hard-codes
+_GPT_OSS_EXPERTS = dict(bias=True, alpha=1.702, beta=1.0, limit=7.0)
 
 
 def stored_rope_layout(arch: str) -> str:
@@ -57,6 +60,7 @@ _ARCH_NAMES = {
               "post_ffw_norm": "post_feedforward_layernorm"},
     "olmo2": {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gpt-oss": {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
 }
 
 
@@ -65,6 +69,8 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
     if m:
         part = names.get(m[2])
+        if part == "self_attn.sinks":  # a parameter of its own in HF, no .weight
+            return f"model.layers.{m[1]}.{part}"
         return f"model.layers.{m[1]}.{part}.{m[3]}" if part else gguf_name
     stem, _, kind = gguf_name.rpartition(".")
     return f"{names[stem]}.{kind}" if stem in names else gguf_name
@@ -263,6 +269,8 @@ def gguf_config(path: str | Path) -> LlamaConfig:
     window, layers, rope_local = get("attention.sliding_window") or None, None, None  # 0: none (Phi-3's converter)
     if window and arch == "gemma2":  # llama.cpp: every other layer from the first
         layers = tuple(range(0, n_layers, 2))
+    elif window and arch == "gpt-oss":  # llama.cpp: every other layer from the first (its swa pattern 2)
+        layers = tuple(range(0, n_layers, 2))
     elif window and arch == "gemma3":  # llama.cpp: five local layers (RoPE base 10,000, unscaled), one global
         layers = tuple(i for i in range(n_layers) if (i + 1) % 6)
         rope_local = RopeConfig(theta=float(get("rope.freq_base_swa", 10000.0)))
@@ -277,7 +285,8 @@ def gguf_config(path: str | Path) -> LlamaConfig:
         family, normalize = _MOE_ARCHS[arch]
         moe = MoeConfig(num_experts=get("expert_count"), top_k=get("expert_used_count"), normalize=normalize,
                         intermediate_size=get("expert_feed_forward_length") or get("feed_forward_length"),
-                        shared_intermediate_size=get("expert_shared_feed_forward_length", 0))
+                        shared_intermediate_size=get("expert_shared_feed_forward_length", 0),
+                        **(_GPT_OSS_EXPERTS if arch == "gpt-oss" else {}))
     return LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
         num_layers=n_layers, num_heads=n_head, num_kv_heads=get("attention.head_count_kv", n_head),
@@ -288,7 +297,7 @@ def gguf_config(path: str | Path) -> LlamaConfig:
         bos_token_id=metadata(r, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=end_of_generation(r),  # eos, eot, eom and the end-of-turn tokens llama.cpp stops on
         name=metadata(r, "general.name") or "gguf",
-        family=family, moe=moe,
+        family=family, moe=moe, attention_sinks=any(n.endswith("attn_sinks.weight") for n in tensor_names),
         attention_bias=any(n.endswith("attn_q.bias") for n in tensor_names),
         attention_out_bias=any(n.endswith("attn_output.bias") for n in tensor_names),
         qk_norm=("projection" if arch in ("olmo2", "olmoe") else "head")

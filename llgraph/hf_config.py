@@ -29,7 +29,7 @@ _HF_READ = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers
             "mlp_bias", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping",
             "final_logit_softcapping", "layer_types", "num_experts", "num_local_experts", "num_experts_per_tok",
             "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "clip_qkv",
-            "shared_expert_intermediate_size", "qkv_bias"}
+            "shared_expert_intermediate_size", "qkv_bias", "swiglu_alpha", "swiglu_limit"}
 # keys transformers' PretrainedConfig documents (generation defaults, task heads, bookkeeping): no warning for them
 _HF_DOCUMENTED = {
     "is_decoder", "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder", "torchscript", "pruned_heads",
@@ -123,14 +123,19 @@ def from_hf_dict(d: dict) -> LlamaConfig:
         rope_local=_hf_local_rope(d, head_dim) if window and mt == "gemma3" else None,
         bos_token_id=d.get("bos_token_id"),
         eos_token_ids=() if eos is None else (tuple(eos) if isinstance(eos, list) else (eos,)),
-        name=d.get("_name_or_path") or mt, moe=_hf_moe(d, mt),
+        name=d.get("_name_or_path") or mt, moe=_hf_moe(d, mt), attention_sinks=mt == "gpt_oss",
     )
 
 
 def _hf_moe(d: dict, mt: str) -> MoeConfig | None:
-    """The routed experts of Qwen3-MoE, Mixtral, OLMoE and Qwen2-MoE (None for a dense family), as their
+    """The routed experts of Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE and gpt-oss (None for a dense family), as their
     transformers classes route: softmax over every expert, the top k, renormalised where norm_topk_prob (always for
-    Mixtral, whose softmax over the top k logits is the same); Qwen2-MoE's shared expert beside them."""
+    Mixtral and gpt-oss, whose softmax over the top k logits is the same); Qwen2-MoE's shared expert beside them;
+    gpt-oss's biases and clamped SwiGLU."""
+    if mt == "gpt_oss":
+        return MoeConfig(num_experts=d["num_local_experts"], top_k=d["num_experts_per_tok"],
+                         intermediate_size=d["intermediate_size"], normalize=True, bias=True,
+                         alpha=float(d.get("swiglu_alpha", 1.702)), beta=1.0, limit=float(d.get("swiglu_limit", 7.0)))
     if mt not in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"):
         return None
     if d.get("decoder_sparse_step", 1) != 1 or d.get("mlp_only_layers"):

@@ -178,7 +178,7 @@ def _rotary(ins, attrs):
 
 
 def _attention(ins, attrs):
-    q, k, v, pos, past_k, past_v, slots = ins
+    q, k, v, pos, past_k, past_v, slots, sinks = (list(ins) + [None])[:8]
     nq, nkv = attrs["num_heads"], attrs["num_kv_heads"]
     _require(nq % nkv == 0, f"num_heads ({nq}) must be divisible by num_kv_heads ({nkv})")
     _require(attrs["window"] >= 0, f"window ({attrs['window']}) must be >= 0 (0: no window)")
@@ -203,6 +203,10 @@ def _attention(ins, attrs):
         rows = past_k.shape[0]
     _same(past_k.shape, (rows, nkv, past_k.shape[2], row), "past_key shape [rows, kv_heads, max_seq, row]")
     _same(past_v.shape, past_k.shape, "past_value shape")
+    if sinks is not None:
+        _require(sinks.dtype == "float32" and sinks.shape == (nq,), f"sinks must be float32 [{nq}] (one logit a "
+                 f"query head), got {sinks.dtype}{list(sinks.shape)}")
+        _require(not attrs["softcap"], "sinks with softcap: no model has both; drop one")
     return [(q.dtype, q.shape), (past_k.dtype, past_k.shape), (past_v.dtype, past_v.shape)]
 
 
@@ -221,7 +225,8 @@ def _swiglu(ins, attrs):
 
 
 def _moe(ins, attrs):
-    x, router, gate, up, down, shared_gate, shared_up, shared_down, shared_router = (list(ins) + [None] * 4)[:9]
+    x, router, gate, up, down, shared_gate, shared_up, shared_down, shared_router, router_bias, gate_bias, up_bias, \
+        down_bias = (list(ins) + [None] * 8)[:13]
     _float(x, "x")
     _require(len(router.shape) == 2 and router.shape[1] == x.shape[-1], f"router must be [experts, {x.shape[-1]}], "
              f"got {router.shape}")
@@ -241,6 +246,13 @@ def _moe(ins, attrs):
         _same(shared_up.shape, shared_gate.shape, "shared_up vs shared_gate shape")
         _same(shared_down.shape, (x.shape[-1], shared_gate.shape[0]), "shared_down shape [hidden, shared_ffn]")
         _same(shared_router.shape, (1, x.shape[-1]), "shared_router shape [1, hidden]")
+    for name, b, shape in (("router_bias", router_bias, (experts,)), ("gate_bias", gate_bias, gate.shape[:2]),
+                           ("up_bias", up_bias, gate.shape[:2]), ("down_bias", down_bias, down.shape[:2])):
+        if b is not None:
+            _same(b.shape, shape, f"{name} shape")
+            _float(b, name)
+    _require(attrs["alpha"] > 0 and attrs["limit"] >= 0, f"alpha ({attrs['alpha']}) must be > 0 and limit "
+             f"({attrs['limit']}) >= 0 (0: no clamp)")
     return [(x.dtype, x.shape)]
 
 
@@ -283,10 +295,16 @@ QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbed
 )
 
 # a mixture's inputs and routing, which MoE and QMoE (its experts in GGUF super-blocks) share
-MOE_INPUTS = ("x", "router", "gate", "up", "down", "shared_gate?", "shared_up?", "shared_down?", "shared_router?")
+MOE_INPUTS = ("x", "router", "gate", "up", "down", "shared_gate?", "shared_up?", "shared_down?", "shared_router?",
+              "router_bias?", "gate_bias?", "up_bias?", "down_bias?")
 ROUTING = (
     Attr("top_k", int, "experts each token takes"),
-    Attr("normalize", bool, "the k weights rescaled to sum to 1 (Qwen3-MoE's norm_topk_prob, Mixtral)"),
+    Attr("normalize", bool, "the k weights rescaled to sum to 1 (Qwen3-MoE's norm_topk_prob, Mixtral; gpt-oss's "
+                            "softmax over the k chosen logits is the same)"),
+    # the experts' gated activation: SwiGLU at alpha 1, beta 0, limit 0; gpt-oss's clamped one at 1.702, 1, 7
+    Attr("alpha", float, "act = g * sigmoid(alpha * g) * (u + beta)"),
+    Attr("beta", float, "added to up before the product"),
+    Attr("limit", float, "g clamped to <= limit and u to [-limit, limit] first; 0: no clamp"),
 )
 
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
@@ -320,7 +338,7 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         Attr("num_heads", int),
         Attr("interleaved", bool, "pairs (2i, 2i+1) as Meta/GGUF; else (i, i + r/2) as HF"),
     ), _rotary, "rotate the first 2*cos.shape[-1] dims of each head; the rest pass through"),
-    OpSchema("GroupedAttention", ("q", "k", "v", "positions", "past_key", "past_value", "slots?"),
+    OpSchema("GroupedAttention", ("q", "k", "v", "positions", "past_key", "past_value", "slots?", "sinks?"),
              ("out", "present_key", "present_value"), (
         Attr("num_heads", int), Attr("num_kv_heads", int), Attr("scale", float), Attr("causal", bool),
         Attr("window", int, "sliding window: a query sees the slots of the last `window` positions (0: all)"),
@@ -330,12 +348,15 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         "tensor meaning b) at position positions[b, s] (in the cache's format, llgraph/kv_cache.py: q's dtype, "
         "float16, or int8 rows of D codes and a float32 scale), all of the step's before any query reads; attend "
         "query (b, s) to its row's positions 0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv "
-        "head j serves query heads j*g..(j+1)*g-1 with g = num_heads / num_kv_heads"),
+        "head j serves query heads j*g..(j+1)*g-1 with g = num_heads / num_kv_heads. With `sinks` [num_heads] "
+        "(gpt-oss), head h's softmax denominator also holds exp(sinks[h]): a logit no value stands behind"),
     OpSchema("SwiGLU", ("gate", "up"), ("out",), (), _swiglu, "silu(gate) * up"),
     OpSchema("MoE", MOE_INPUTS, ("out",), ROUTING, _moe,
-        "routed experts: p = softmax(x @ router^T) over all experts (float32), the top_k of p (ties: the lower "
-        "expert), w = those p (/ their sum if normalize); out = sum over the chosen e of w_e * (silu(x @ gate[e]^T) "
-        "* (x @ up[e]^T)) @ down[e]^T. gate, up: [experts, ffn, hidden]; down: [experts, hidden, ffn]. With a shared "
+        "routed experts: p = softmax(x @ router^T + router_bias) over all experts (float32), the top_k of p (ties: "
+        "the lower expert), w = those p (/ their sum if normalize); out = sum over the chosen e of w_e * (act(x @ "
+        "gate[e]^T + gate_bias[e], x @ up[e]^T + up_bias[e]) @ down[e]^T + down_bias[e]), act as alpha, beta and "
+        "limit say (silu(g) * u by default). gate, up: [experts, ffn, hidden]; down: [experts, hidden, ffn]; absent "
+        "biases 0. With a shared "
         "expert (Qwen2-MoE), out += sigmoid(x @ shared_router^T) * (silu(x @ shared_gate^T) * (x @ shared_up^T)) "
         "@ shared_down^T"),
     OpSchema("QMoE", MOE_INPUTS, ("out",), (

@@ -223,8 +223,8 @@ def ragged_slots(graph: Graph) -> Graph:
     if any(v.name == SLOTS_INPUT for v in graph.inputs):
         return graph
     slots = Value(SLOTS_INPUT, "int64", ("tokens",))
-    nodes = tuple(Node(n.op, (*n.inputs[:6], SLOTS_INPUT), n.outputs, n.attrs) if n.op == "GroupedAttention" else n
-                  for n in graph.nodes)
+    nodes = tuple(Node(n.op, (*n.inputs[:6], SLOTS_INPUT, *n.inputs[7:]), n.outputs, n.attrs)
+                  if n.op == "GroupedAttention" else n for n in graph.nodes)  # (sinks stay after the slots)
     caches = {name for n in nodes if n.op == "GroupedAttention" for name in n.inputs[4:6]}
     inputs = tuple(Value(v.name, v.dtype, ("cache_rows", *v.shape[1:])) if v.name in caches else v
                    for v in graph.inputs)  # the caches' row counts are no longer the batch's

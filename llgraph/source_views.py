@@ -5,6 +5,8 @@
 - `NormOffsetSource`: Gemma's RMSNorm weights stored as w - 1, seen as 1 + w.
 - `WidenedSource`: GGUF K-quant super-blocks seen in the blocked form, for runtimes without a super-block kernel.
 - `StackedExperts`: a mixture of experts' per-expert tensors seen stacked, as ops.py's MoE takes them.
+- `PackedExperts`: gpt-oss's experts (gate and up interleaved in one tensor, stored input-major) and router, seen as
+  ops.py's MoE takes them.
 """
 
 from __future__ import annotations
@@ -263,3 +265,66 @@ class StackedExperts(WeightSource):
 
     def tokenizer_files(self):
         return self.base.tokenizer_files()
+
+
+class PackedExperts(SourceView):
+    """gpt-oss's experts as transformers stores them: `mlp.experts.gate_up_proj` [experts, hidden, 2 * ffn] with gate
+    and up columns interleaved (gate 0, up 0, gate 1, ...), its bias [experts, 2 * ffn], `down_proj` [experts, ffn,
+    hidden], `mlp.router.weight/bias`: seen as `mlp.experts.{gate,up,down}_proj.weight/bias` [experts, out, in] and
+    `mlp.gate.weight/bias`. OpenAI's own release stores the experts in MXFP4 (`*_blocks`, `*_scales`): refused in
+    one line naming the converter that keeps those bits."""
+
+    PACKED = re.compile(r"(model\.layers\.\d+\.mlp\.)(experts\.gate_up_proj|experts\.down_proj|router)"
+                        r"(_bias|\.weight|\.bias|)")
+
+    def __init__(self, base: WeightSource):
+        super().__init__(base)
+        self._parts: dict[str, tuple[str, object]] = {}  # name here -> (base name, numpy view of its array)
+        self._names = []
+        for name in base.names():
+            m = self.PACKED.fullmatch(name)
+            if m is None:
+                if re.fullmatch(r"model\.layers\.\d+\.mlp\.experts\.\w+_(blocks|scales)", name):
+                    raise WeightError(f"{base.description}: {name} is MXFP4 as OpenAI ships gpt-oss; llgraph reads "
+                                      "those bits from a GGUF: convert with llama.cpp's convert_hf_to_gguf.py (it "
+                                      "keeps MXFP4) and pass the .gguf")
+                self._names.append(name)
+                continue
+            prefix, what, tail = m[1], m[2], m[3]
+            bias = tail in ("_bias", ".bias")
+            if what == "router":
+                self._add(f"{prefix}gate.{'bias' if bias else 'weight'}", name, lambda t: t)
+            elif what == "experts.down_proj":
+                self._add(f"{prefix}experts.down_proj.{'bias' if bias else 'weight'}", name,
+                          (lambda t: t) if bias else (lambda t: t.transpose(0, 2, 1)))
+            else:
+                for part, start in (("gate_proj", 0), ("up_proj", 1)):
+                    self._add(f"{prefix}experts.{part}.{'bias' if bias else 'weight'}", name,
+                              (lambda t, i=start: t[:, i::2]) if bias else
+                              (lambda t, i=start: t[:, :, i::2].transpose(0, 2, 1)))
+
+    def _add(self, name: str, base_name: str, view) -> None:
+        self._parts[name] = (base_name, view)
+        self._names.append(name)
+
+    @classmethod
+    def applies(cls, source: WeightSource) -> bool:
+        return any(n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj_blocks")) for n in source.names())
+
+    def names(self):
+        return list(self._names)
+
+    def shape(self, name):
+        if name not in self._parts:
+            return self.base.shape(name)
+        base_name, view = self._parts[name]
+        return view(np.broadcast_to(np.uint8(0), self.base.shape(base_name))).shape  # no data touched
+
+    def load(self, name, dtype=None):
+        if name not in self._parts:
+            return self.base.load(name, dtype)
+        base_name, view = self._parts[name]
+        return np.ascontiguousarray(view(self.base.load(base_name, dtype)))
+
+    def load_rows(self, name, start, stop, dtype=None):
+        return None if name in self._parts else self.base.load_rows(name, start, stop, dtype)

@@ -23,7 +23,12 @@ MADE = {"gemma2": {"query_pre_attn_scalar": 16}, "phi3": {}, "olmo2": {},
         "gemma3": {"num_hidden_layers": 7, "query_pre_attn_scalar": 16, "layer_types": None},
         # mixtures of experts (llama.cpp's qwen3moe, llama, olmoe); OLMoE with as many kv heads as heads, as the real
         # one: llama.cpp sizes its k-norm by the hidden size
-        "qwen3_moe": {}, "mixtral": {}, "olmoe": {"num_key_value_heads": 4}, "qwen2_moe": {}}
+        "qwen3_moe": {}, "mixtral": {}, "olmoe": {"num_key_value_heads": 4}, "qwen2_moe": {},
+        # llama.cpp's YaRN cuts its ramp at whole dimensions (ggml_rope_yarn_corr_dims' floor and ceil), which is
+        # transformers' truncate; the GGUF cannot say otherwise
+        "gpt_oss": {"rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                        "truncate": True, "original_max_position_embeddings": 4096,
+                                        "rope_theta": 150000.0}}}
 
 
 # shapes whose every expert row is whole 256-weight super-blocks, so llama.cpp's Q4_K_M quantizer writes the
@@ -31,7 +36,8 @@ MADE = {"gemma2": {"query_pre_attn_scalar": 16}, "phi3": {}, "olmo2": {},
 QUANTIZED = {"qwen3_moe": {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256,
                            "head_dim": 64, "num_experts": 8},
              "mixtral": {"hidden_size": 256, "intermediate_size": 256, "num_local_experts": 8},
-             "olmoe": {"hidden_size": 256, "intermediate_size": 256, "num_experts": 8}}
+             "olmoe": {"hidden_size": 256, "intermediate_size": 256, "num_experts": 8},
+             "gpt_oss": {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64, "num_local_experts": 8}}
 STD = float(os.environ.get("STD", 0.3))
 
 

@@ -25,7 +25,7 @@ from llgraph.plugins.tensorrt import triton_kernels as kernels
 
 POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
 # the same in every model dtype
-FIXED_POINTERS = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slots_ptr": "*i64"}
+FIXED_POINTERS = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slots_ptr": "*i64", "sinks_ptr": "*fp32"}
 
 
 # the PTX ISA each module declares: CUDA 12.0's (8.0, what TensorRT 10.15+'s CUDA 12 drivers all read; the kernels
@@ -44,7 +44,7 @@ class Compiled:
 
 def signature(kernel, dtype: str) -> dict[str, str]:
     """Triton's signature for `kernel` in model dtype `dtype`, read from its parameters: pointers by name (RoPE
-    tables fp32, positions and slots int64, the rest the model's dtype), scalars int32, constexprs as such."""
+    tables and sinks fp32, positions and slots int64, the rest the model's dtype), scalars int32, constexprs as such."""
     def kind(p):
         if p.is_constexpr:
             return "constexpr"

@@ -8,7 +8,7 @@ is generated from the op schema through spec.py, its kernels and launches come f
 - `impl` (JIT): runs the Triton kernel from Python on TensorRT's stream;
 - `aot_impl`: Triton-compiled PTX for this GPU + launch parameters + the int32 scalars as symbolic expressions, so
   the engine runs without Python;
-- `autotune`: fp32, fp16 and bf16 (RoPE tables stay fp32, positions and slots int64), linear formats.
+- `autotune`: fp32, fp16 and bf16 (RoPE tables and sinks stay fp32, positions and slots int64), linear formats.
 
 `register_plugins()` imports tensorrt lazily; `trtp` may be passed in (the tests pass TensorRT's own plugin module
 loaded over a stand-in `tensorrt`, to run its validators on these signatures without the TensorRT libraries).
@@ -23,7 +23,8 @@ from llgraph.errors import LlgraphError
 from llgraph.plugins.tensorrt import spec
 
 TYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
-FIXED_TYPES = {"cos": "FP32", "sin": "FP32", "positions": "INT64", "slots": "INT64"}  # the same in every model dtype
+# the same in every model dtype
+FIXED_TYPES = {"cos": "FP32", "sin": "FP32", "positions": "INT64", "slots": "INT64", "sinks": "FP32"}
 _registered: set[int] = set()
 
 

@@ -92,7 +92,8 @@ def _attend(q, k_ptrs, v_ptrs, mask, dmask, m, total, acc, SCALE: tl.constexpr, 
 
 
 @triton.jit
-def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, slots_ptr, seq, max_seq, n_slots, out_ptr,
+def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, slots_ptr, sinks_ptr, seq, max_seq, n_slots,
+                     n_sinks, out_ptr,
                      kc_out_ptr, vc_out_ptr, NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                      SCALE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_D: tl.constexpr):
@@ -143,6 +144,11 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, kc_ptr, vc_ptr, slots_ptr, se
         offs = cache + (n0 + n)[:, None] * HEAD_DIM + d[None, :]
         m, total, acc = _attend(q, kc_ptr + offs, vc_ptr + offs, n0 + n < first, dmask, m, total, acc, SCALE,
                                 SOFTCAP)
+    if n_sinks > 0:  # gpt-oss: the head's sink logit joins the denominator, no value behind it
+        sink = tl.load(sinks_ptr + h).to(tl.float32)
+        m_new = tl.maximum(m, sink)
+        acc = acc * tl.exp(m - m_new)
+        total = total * tl.exp(m - m_new) + tl.exp(sink - m_new)
     tl.store(out_ptr + (i * NUM_HEADS + h) * HEAD_DIM + d, (acc / total).to(out_ptr.dtype.element_ty), mask=dmask)
     if h % (NUM_HEADS // KV_HEADS) == 0:
         new = (i * KV_HEADS + kvh) * HEAD_DIM + d
@@ -195,7 +201,8 @@ def plan(op: str, shapes: dict, attrs: dict) -> Launch:
                       dict(INTERLEAVED=bool(attrs["interleaved"]), BLOCK=block))
     if op == "GroupedAttention":
         (b, s, _), (_, _, max_seq, head_dim), (n_slots,) = shapes["q"], shapes["past_key"], shapes["slots"]
-        return Launch(attention_kernel, (b, s, attrs["num_heads"]), (s, max_seq, n_slots), dict(
+        (n_sinks,) = shapes.get("sinks", (0,))
+        return Launch(attention_kernel, (b, s, attrs["num_heads"]), (s, max_seq, n_slots, n_sinks), dict(
             NUM_HEADS=attrs["num_heads"], KV_HEADS=attrs["num_kv_heads"], HEAD_DIM=static(head_dim),
             SCALE=float(attrs["scale"]), WINDOW=int(attrs.get("window", 0)),
             SOFTCAP=float(attrs.get("softcap", 0.0)), BLOCK_N=32, BLOCK_D=triton.next_power_of_2(static(head_dim))))
@@ -231,14 +238,17 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
 
 
 def grouped_attention(q, k, v, positions, past_key, past_value, num_heads: int, num_kv_heads: int, scale: float,
-                      window: int = 0, softcap: float = 0.0, slots: torch.Tensor | None = None):
+                      window: int = 0, softcap: float = 0.0, slots: torch.Tensor | None = None,
+                      sinks: torch.Tensor | None = None):
     """GroupedAttention: q [B, S, Hq*D]; k, v [B, S, Hkv*D]; positions [B, S]; caches [R, Hkv, M, D], written in
-    place at the positions; `slots` [B*S] int64 each token's cache row (None: row b; R == B). A row's positions
-    in one call are one contiguous range. Returns out [B, S, Hq*D]."""
+    place at the positions; `slots` [B*S] int64 each token's cache row (None: row b; R == B); `sinks` [Hq] float32
+    a logit per head in the denominator (None: none). A row's positions in one call are one contiguous range.
+    Returns out [B, S, Hq*D]."""
     q, out = q.contiguous(), torch.empty_like(q)
     slots = torch.zeros(0, dtype=torch.int64, device=q.device) if slots is None else slots.contiguous()
+    sinks = torch.zeros(0, dtype=torch.float32, device=q.device) if sinks is None else sinks.float().contiguous()
     inputs = {"q": q, "k": k.contiguous(), "v": v.contiguous(), "positions": positions.contiguous(),
-              "past_key": past_key, "past_value": past_value, "slots": slots}
+              "past_key": past_key, "past_value": past_value, "slots": slots, "sinks": sinks}
     launch("GroupedAttention", inputs, [out, past_key, past_value],
            {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "scale": scale, "causal": True, "window": window,
             "softcap": softcap})

@@ -53,7 +53,12 @@ FAMILIES = {
     # and a shared expert beside them, gated by its own sigmoid; q/k/v biases
     "qwen2_moe": ("Qwen2MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
                                      "shared_expert_intermediate_size": 80}),
+    # attention sinks, a window of 5 on the even layers, YaRN (untruncated), q/k/v/o biases, biased router and
+    # experts, the clamped SwiGLU (limit 7: the test's logits reach it)
+    "gpt_oss": ("GptOssConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16,
+                                 "sliding_window": 5, "intermediate_size": 48}),
 }
+MOE = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "gpt_oss")
 
 
 def hf_checkpoint(family: str, folder, std: float = 0.3, **overrides):
@@ -104,8 +109,9 @@ def test_family_equals_transformers(family, backend, tmp_path, report):
     name, folder, want, ids = family
     cfg = load_config(folder)
     assert cfg.family == name.split("-")[0]
-    assert bool(cfg.sliding_window) == (name.endswith("window") or name.startswith("gemma"))
-    assert (cfg.moe is not None) == (name in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"))
+    assert bool(cfg.sliding_window) == (name.endswith("window") or name.startswith(("gemma", "gpt_oss")))
+    assert (cfg.moe is not None) == (name in MOE)
+    assert cfg.attention_sinks == (name == "gpt_oss")
     assert (cfg.qk_norm, cfg.norm_placement) == {"qwen3": ("head", "pre"), "olmo2": ("projection", "post"),
                                                  "qwen3_moe": ("head", "pre"), "olmoe": ("projection", "pre"),
                                                  "gemma2": ("none", "sandwich"),
@@ -299,13 +305,14 @@ def test_gguf_of_the_family_equals_transformers(family, tmp_path, report):
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "phi3", "olmo2", "qwen3_moe", "mixtral", "olmoe",
-                                    "qwen2_moe"])
+                                    "qwen2_moe", "gpt_oss"])
 @pytest.mark.parametrize("backend", ["torch", "ort"])
 def test_llama_cpp_s_gguf_of_the_family_equals_transformers(family, backend, tmp_path, report):
     """A GGUF as llama.cpp's own converter writes the family (tests/gguf_families.py: Gemma's norms stored as
     1 + w, Phi-3's fused qkv and gate/up, OLMo 2's and Gemma's post-sublayer norms, Gemma 3's local RoPE base and
     window pattern; the experts stacked in ffn_{gate,up,down}_exps, the router ffn_gate_inp, Mixtral as a 'llama'
-    with experts) == transformers on the checkpoint it was converted from, prefill + 8 decode steps."""
+    with experts; gpt-oss's sinks, biases, even-layer windows and YaRN) == transformers on the checkpoint it was
+    converted from, prefill + 8 decode steps."""
     from gguf_families import DATA
     from transformers import AutoModelForCausalLM
 

@@ -41,12 +41,12 @@ def write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved, rows=None):
     return k, v
 
 
-def reference(qkv, past_k, past_v, pos, cos, sin, H, KV, scale, window, softcap, interleaved, rows=None):
+def reference(qkv, past_k, past_v, pos, cos, sin, H, KV, scale, window, softcap, interleaved, rows=None, sinks=None):
     k, v = write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved, rows)
-    return attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved, rows), k, v
+    return attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved, rows, sinks), k, v
 
 
-def attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved, rows=None):
+def attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved, rows=None, sinks=None):
     B, S, _ = qkv.shape
     D = k.shape[-1]
     q = qkv[..., :H * D].reshape(B, S, H, D).astype(np.float64)
@@ -61,14 +61,19 @@ def attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved,
                 scores = scale * (k[row, g, lo:at + 1] @ qr)
                 if softcap:
                     scores = softcap * np.tanh(scores / softcap)
-                w = np.exp(scores - scores.max())
-                out[b, s, h * D:(h + 1) * D] = (w / w.sum()) @ v[row, g, lo:at + 1]
+                top = scores.max() if sinks is None else max(scores.max(), sinks[h])
+                w = np.exp(scores - top)
+                total = w.sum() + (0.0 if sinks is None else np.exp(sinks[h] - top))  # gpt-oss's sink
+                out[b, s, h * D:(h + 1) * D] = (w / total) @ v[row, g, lo:at + 1]
     return out
 
 
-def node_model(H, KV, scale, window, softcap, interleaved, inputs, cos, sin):
-    """One GroupedAttention node; `inputs`: (name, onnx type, shape) of qkv, past_k, past_v, pos (and slots)."""
+def node_model(H, KV, scale, window, softcap, interleaved, inputs, cos, sin, sinks=None):
+    """One GroupedAttention node; `inputs`: (name, onnx type, shape) of qkv, past_k, past_v, pos (and slots);
+    `sinks` an initializer where given."""
     names = ["qkv", "past_k", "past_v", "pos", "cos", "sin"] + (["slots"] if len(inputs) > 4 else [])
+    if sinks is not None:
+        names += [""] * (7 - len(names)) + ["sinks"]
     node = helper.make_node("GroupedAttention", names, ["out", "k", "v"],
                             domain="llgraph", num_heads=H, num_kv_heads=KV, scale=float(scale), window=window,
                             softcap=softcap, rotary_interleaved=interleaved)
@@ -76,7 +81,8 @@ def node_model(H, KV, scale, window, softcap, interleaved, inputs, cos, sin):
         [node], "g", [helper.make_tensor_value_info(*i) for i in inputs],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, None),
          *(helper.make_tensor_value_info(n, inputs[1][1], None) for n in ("k", "v"))],
-        [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")])
+        [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin"),
+         *([] if sinks is None else [numpy_helper.from_array(sinks, "sinks")])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("llgraph", 1)])
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(lib)
@@ -96,11 +102,14 @@ isa = ctypes.CDLL(lib).llgraph_cpu_isa
 isa.restype = ctypes.c_char_p
 print(isa().decode())
 f = TensorProto.FLOAT
-# (H, KV, D, positions per row, window, softcap, interleaved): D 64 takes the vector loops, D 24 their fallback
-cases = [(6, 2, 64, [[5, 6, 7], [2, 3, 4]], 0, 0.0, 0), (6, 2, 64, [[9]], 3, 0.0, 1),
-         (4, 4, 24, [[0, 1], [6, 7]], 0, 0.5, 0), (6, 3, 64, [[40], [17]], 5, 0.7, 1),
-         (2, 1, 32, [[3, 4, 5, 6, 7]], 2, 0.0, 0), (4, 2, 64, [[150, 151]], 0, 0.0, 0)]  # > 64 rows: blocks
-for H, KV, D, positions, window, softcap, interleaved in cases:
+# (H, KV, D, positions per row, window, softcap, interleaved, sinks): D 64 takes the vector loops, D 24 their
+# fallback; gpt-oss's sinks (a logit per head in the denominator) last, scaled to matter
+cases = [(6, 2, 64, [[5, 6, 7], [2, 3, 4]], 0, 0.0, 0, 0), (6, 2, 64, [[9]], 3, 0.0, 1, 0),
+         (4, 4, 24, [[0, 1], [6, 7]], 0, 0.5, 0, 0), (6, 3, 64, [[40], [17]], 5, 0.7, 1, 0),
+         (2, 1, 32, [[3, 4, 5, 6, 7]], 2, 0.0, 0, 0), (4, 2, 64, [[150, 151]], 0, 0.0, 0, 0),  # > 64 rows: blocks
+         (6, 2, 64, [[0, 1, 2], [7, 8, 9]], 0, 0.0, 0, 1), (8, 2, 64, [[70], [3]], 4, 0.0, 1, 1)]
+for H, KV, D, positions, window, softcap, interleaved, with_sinks in cases:
+    sinks = (rng.standard_normal(H) * 2).astype(np.float32) if with_sinks else None
     pos = np.array(positions, np.int64)
     B, S = pos.shape
     T = max(48, int(pos.max()) + 1)
@@ -111,10 +120,10 @@ for H, KV, D, positions, window, softcap, interleaved in cases:
     scale = 1 / np.sqrt(D)
     session = node_model(H, KV, scale, window, softcap, interleaved,
                          [("qkv", f, qkv.shape), ("past_k", f, past_k.shape), ("past_v", f, past_v.shape),
-                          ("pos", TensorProto.INT64, pos.shape)], cos, sin)
+                          ("pos", TensorProto.INT64, pos.shape)], cos, sin, sinks)
     got = session.run(None, {"qkv": qkv, "past_k": past_k, "past_v": past_v, "pos": pos})
     want = reference(qkv, past_k, past_v, pos, cos.astype(np.float64), sin.astype(np.float64), H, KV, scale, window,
-                     softcap, interleaved)
+                     softcap, interleaved, sinks=sinks)
     print(max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got, want)))
 '''
 
@@ -122,15 +131,15 @@ for H, KV, D, positions, window, softcap, interleaved in cases:
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
 def test_grouped_attention_equals_float64_on_every_path(library, isa, report):  # noqa: F811
     """Rows of 1 to 5 queries at their own positions (a prefill, decode steps, a verify), 1 to 3 query heads per
-    kv head, windows that cut and softcaps that bite, half and interleaved rotary; the returned caches hold the
-    step's keys (rotated) and values at their positions and the noise everywhere else, as passed."""
+    kv head, windows that cut and softcaps that bite, half and interleaved rotary, sinks (gpt-oss); the returned
+    caches hold the step's keys (rotated) and values at their positions and the noise everywhere else, as passed."""
     r = subprocess.run([sys.executable, "-c", REFERENCE + PROBE, str(library)], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa}, check=True)
     ran, *worst = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
-    assert len(worst) == 6
-    report(f"llgraph GroupedAttention on {ran}, worst of 6 cases, vs float64, relative to max |reference|",
+    assert len(worst) == 8
+    report(f"llgraph GroupedAttention on {ran}, worst of 8 cases, vs float64, relative to max |reference|",
            max(map(float, worst)), 1e-5)
 
 

@@ -51,9 +51,11 @@ def project(x, w, offsets, level):
     return x4 @ w.T + (x - x4) @ offsets.T
 
 
-def moe(x, logits, gate_up, down, **attrs):
-    node = helper.make_node("MoE", ["x", "logits", "gate_up", "down"], ["y"], domain="llgraph", **attrs)
-    inits = [numpy_helper.from_array(gate_up, "gate_up"), numpy_helper.from_array(down, "down")]
+def moe(x, logits, gate_up, down, biases=None, **attrs):
+    names = ["x", "logits", "gate_up", "down"] + ([] if biases is None else ["gate_bias", "up_bias", "down_bias"])
+    node = helper.make_node("MoE", names, ["y"], domain="llgraph", **attrs)
+    inits = [numpy_helper.from_array(gate_up, "gate_up"), numpy_helper.from_array(down, "down"),
+             *([] if biases is None else [numpy_helper.from_array(b, n) for b, n in zip(biases, names[4:])])]
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape)),
                                             helper.make_tensor_value_info("logits", TensorProto.FLOAT,
                                                                           list(logits.shape))],
@@ -65,14 +67,20 @@ def moe(x, logits, gate_up, down, **attrs):
 
 
 worst, alone_differs = {}, 0
-for gate_kind, down_kind in (("Q4_K", "Q6_K"), ("Q5_K", "Q4_K"), ("Q6_K", "Q5_K"), ("IQ4_XS", "IQ4_XS"),
-                             ("Q2_K", "Q3_K")):
+# gpt-oss's variant last: biases on gate, up and down, its activation (alpha 1.702, beta 1), a clamp that bites
+for gate_kind, down_kind, oai in (("Q4_K", "Q6_K", 0), ("Q5_K", "Q4_K", 0), ("Q6_K", "Q5_K", 0),
+                                  ("IQ4_XS", "IQ4_XS", 0), ("Q2_K", "Q3_K", 0), ("Q4_K", "Q6_K", 1)):
     g, og, graw = experts(gate_kind, F, H, 1)
     u, ou, uraw = experts(gate_kind, F, H, 2)
     d, od, draw = experts(down_kind, H, F, 3)
     glu = glu_groups(interleaver(gate_kind))
     gate_up = np.stack([glu(np.concatenate([graw[e], uraw[e]])) for e in range(E)])
     down = np.stack([interleaver(down_kind)(draw[e]) for e in range(E)])
+    alpha, beta, limit, biases = 1.0, 0.0, 0.0, None
+    if oai:
+        scale = float(np.abs((rng.standard_normal(H) * 0.05) @ g[0].T).mean())  # a gate projection's size
+        biases = [(rng.standard_normal(shape) * scale).astype(np.float32) for shape in ((E, F), (E, F), (E, H))]
+        alpha, beta, limit = 1.702, 1.0, 1.5 * scale
     for level in (0, 4):
         for k, normalize in ((2, 1), (3, 0)):
             for T in (1, 5, 9):
@@ -87,28 +95,31 @@ for gate_kind, down_kind in (("Q4_K", "Q6_K"), ("Q5_K", "Q4_K"), ("Q6_K", "Q5_K"
                     xt = x[t].astype(np.float64)
                     for e, we in zip(top, w):
                         a, b = project(xt, g[e], og[e], level), project(xt, u[e], ou[e], level)
-                        act = a / (1 + np.exp(-a)) * b
-                        want[t] += we * project(act, d[e], od[e], level)
+                        if oai:
+                            a, b = a + biases[0][e], b + biases[1][e]
+                            a, b = np.minimum(a, limit), np.clip(b, -limit, limit)
+                        act = a / (1 + np.exp(-alpha * a)) * (b + beta)
+                        want[t] += we * (project(act, d[e], od[e], level) + (biases[2][e] if oai else 0))
                 attrs = dict(k=k, normalize=normalize, format=gate_kind, down_format=down_kind, rows=F,
-                             accuracy_level=level)
-                got = moe(x, logits, gate_up, down, **attrs)
-                key = f"{gate_kind}/{down_kind}-level{level}"
+                             accuracy_level=level, **(dict(alpha=alpha, beta=beta, limit=limit) if oai else {}))
+                got = moe(x, logits, gate_up, down, biases, **attrs)
+                key = f"{gate_kind}/{down_kind}{'-gpt-oss' if oai else ''}-level{level}"
                 worst[key] = max(worst.get(key, 0.0), float(np.abs(got - want).max() / np.abs(want).max()))
                 for t in range(T):  # each row alone: the same bits as among the others
                     alone_differs += int(not np.array_equal(moe(x[t:t + 1], logits[t:t + 1], gate_up, down,
-                                                                **attrs)[0], got[t]))
+                                                                biases, **attrs)[0], got[t]))
 print(isa().decode(), f"alone_differs={alone_differs}", " ".join(f"{k}={v}" for k, v in worst.items()))
 '''
 
 
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
 def test_moe_kernel_equals_float64_on_every_path(library, isa, report):  # noqa: F811
-    """Q4_K/Q6_K, Q5_K/Q4_K, Q6_K/Q5_K, IQ4_XS and Q2_K/Q3_K experts (gate-up/down), 6 experts, k 2 renormalised and 3
-    not, 1 to 9 tokens; exact mode against gguf's dequantization in float64 (the routing included), level 4 against
-    float64 of its int8 arithmetic: the kernel rounds its float32 activations where the reference rounds float64's,
-    so an activation on a rounding boundary can take the next code, one step dx = max|a|/127 of its block, about 2e-3
-    of max |y| at these shapes (seen on the avx512 path), hence 5e-3; every row alone equals itself in the batch, bit
-    for bit."""
+    """Q4_K/Q6_K, Q5_K/Q4_K, Q6_K/Q5_K, IQ4_XS and Q2_K/Q3_K experts (gate-up/down), and Q4_K/Q6_K as gpt-oss's (biased
+    experts, its clamped activation), 6 experts, k 2 renormalised and 3 not, 1 to 9 tokens; exact mode against
+    gguf's dequantization in float64 (the routing included), level 4 against float64 of its int8 arithmetic: the
+    kernel rounds its float32 activations where the reference rounds float64's, so an activation on a rounding
+    boundary can take the next code, one step dx = max|a|/127 of its block, about 2e-3 of max |y| at these shapes
+    (seen on the avx512 path), hence 5e-3; every row alone equals itself in the batch, bit for bit."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "-c", PROBE, str(library), tests], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa})

@@ -102,6 +102,35 @@ def test_grouped_attention(dtype, batch, seq, heads, kv_heads, head_dim, max_seq
 
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch, seq, start, window", [(2, 7, 0, 0), (2, 9, 40, 5), (2, 1, 90, 37), (1, 1, 3, 0)])
+def test_grouped_attention_with_sinks(dtype, batch, seq, start, window, report):
+    """gpt-oss's sinks (a logit per head in the denominator): prefill, windowed prefill onto a cache, windowed
+    decode past a block, and decode at position 3 where a few keys meet sinks of their size. Sinks drawn around the
+    scores' own scale (some heads' sink dominant, some negligible), so a kernel that dropped them would show."""
+    import math
+
+    torch.manual_seed(5)
+    heads, kv_heads, head_dim, max_seq = 8, 2, 64, 128
+    q = torch.randn(batch, seq, heads * head_dim).to(DEVICE, dtype)
+    k, v = (torch.randn(batch, seq, kv_heads * head_dim).to(DEVICE, dtype) for _ in range(2))
+    positions = (torch.arange(seq) + start + torch.arange(batch)[:, None]).to(DEVICE)
+    key, value = (torch.randn(batch, kv_heads, max_seq, head_dim).to(DEVICE, dtype) for _ in range(2))
+    ref_key, ref_value = key.clone(), value.clone()
+    sinks = (torch.randn(heads) * 3).to(DEVICE)
+    attrs = dict(num_heads=heads, num_kv_heads=kv_heads, scale=1 / math.sqrt(head_dim), window=window, softcap=0.0)
+    want, _, _ = reference("GroupedAttention", q, k, v, positions, ref_key, ref_value, None, sinks, causal=True,
+                           **attrs)
+    plain, _, _ = reference("GroupedAttention", q, k, v, positions, ref_key.clone(), ref_value.clone(), causal=True,
+                            **attrs)
+    assert max_diff(plain, want) > 10 * TOL[dtype]  # the sinks matter at these values
+    got = kernels.grouped_attention(q, k, v, positions, key, value, heads, kv_heads, attrs["scale"], window,
+                                    sinks=sinks)
+    report(f"attention with sinks {dtype} B{batch} S{seq} pos {positions.min()}..{positions.max()} window {window}",
+           max_diff(got, want), TOL[dtype])
+    assert torch.equal(key, ref_key) and torch.equal(value, ref_value)
+
+
 @pytest.mark.parametrize("dtype, window, softcap", [(torch.float32, 0, 0.0), (torch.float16, 0, 0.0),
                                                     (torch.float32, 6, 0.0), (torch.float32, 0, 1.5)])
 def test_grouped_attention_ragged_rows_by_slot(dtype, window, softcap, report):
