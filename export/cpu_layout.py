@@ -56,6 +56,7 @@ SUPERBLOCK_FIELDS = {
     "Q3_K": ((108, 2, 2), (96, 12, 4), *((off + 4 * k, 4, 4) for k in range(8) for off in (0, 32, 64))),
     "Q2_K": ((80, 2, 2), (82, 2, 2), (0, 16, 4), (16, 64, 4)),  # d, dmin, scales and mins, qs
     "IQ4_NL": ((0, 2, 2), (2, 16, 4)),  # d, the nibbles (a block of 32)
+    "MXFP4": ((0, 1, 1), (1, 16, 4)),  # its E8M0 exponent, the nibbles (a block of 32)
 }
 
 

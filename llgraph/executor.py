@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from llgraph.ir import Graph, Node
-from llgraph.quant import IQ4_VALUES
+from llgraph.quant import IQ4_VALUES, MXFP4_VALUES
 from llgraph.weights import DTYPES, WeightSource, iter_params
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in (*DTYPES, "int8")}  # int8: a KV cache format
@@ -137,10 +137,11 @@ def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = to
         sc = ((sb[..., i % 8] >> (4 * (i // 8))) & 15) | (((sb[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)
         w = (q.reshape(out, n * 16, 16).float() - 4) * (half(108)[..., None] * (sc - 32).float()).reshape(out, -1, 1)
         return w.reshape(out, -1).to(dtype)
-    if kind == "IQ4_NL":  # d qs[16]: element l low nibble, 16 + l high
-        qs = b[..., 2:18]
-        kv = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=raw.device)[torch.cat([qs & 15, qs >> 4], -1)]
-        return (kv * half(0)[..., None]).reshape(out, -1).to(dtype)
+    if kind in ("IQ4_NL", "MXFP4"):  # d qs[16]: element l low nibble, 16 + l high (MXFP4: e, d = 2^(e - 128))
+        qs, table = (b[..., 2:18], IQ4_VALUES) if kind == "IQ4_NL" else (b[..., 1:17], MXFP4_VALUES)
+        kv = torch.tensor(table, dtype=torch.float32, device=raw.device)[torch.cat([qs & 15, qs >> 4], -1)]
+        d = half(0) if kind == "IQ4_NL" else torch.ldexp(torch.ones((), device=raw.device), b[..., 0].float() - 128)
+        return (kv * d[..., None]).reshape(out, -1).to(dtype)
     if kind == "IQ4_XS":  # d scales_h(u16) scales_l[4] qs[128]: sub-block j's 16 bytes, element l low, 16 + l high
         ls = ((b[..., 4:8, None] >> torch.tensor([0, 4], device=raw.device)) & 15).reshape(out, n, 8)
         ls = ls | (((b[..., 2:3] | (b[..., 3:4] << 8)) >> (2 * torch.arange(8, device=raw.device)) & 3) << 4)

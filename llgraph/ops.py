@@ -103,13 +103,15 @@ def _linear(ins, attrs):
 
 
 # (quant.py's) GGUF bytes per 256 weights, by super-block format
-SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_XS": 136, "Q3_K": 110, "Q2_K": 84, "IQ4_NL": 18}
-SUPERBLOCK_WEIGHTS = {"IQ4_NL": 32}  # weights a block where not 256 (IQ4_NL: IQ4_XS's fallback, blocks of 32)
-EXPERT_FORMATS = tuple(f for f in SUPERBLOCK_BYTES if f not in SUPERBLOCK_WEIGHTS)  # QMoE's: super-blocks of 256
+SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_XS": 136, "Q3_K": 110, "Q2_K": 84, "IQ4_NL": 18,
+                    "MXFP4": 17}
+# weights a block where not 256: IQ4_NL (IQ4_XS's fallback) and MXFP4 (gpt-oss's experts), blocks of 32
+SUPERBLOCK_WEIGHTS = {"IQ4_NL": 32, "MXFP4": 32}
+EXPERT_FORMATS = tuple(SUPERBLOCK_BYTES)  # QMoE's: every one
 
 
 def superblock_weights(fmt: str) -> int:
-    """The weights in one block of a super-block format (256, or IQ4_NL's 32)."""
+    """The weights in one block of a super-block format (256, or IQ4_NL's and MXFP4's 32)."""
     return SUPERBLOCK_WEIGHTS.get(fmt, 256)
 
 
@@ -261,12 +263,13 @@ def _qmoe(ins, attrs):
     for name, codes, fmt in (("gate", gate, attrs["format"]), ("up", up, attrs["format"]),
                              ("down", down, attrs["down_format"])):
         _require(codes.dtype == "uint8" and len(codes.shape) == 4 and codes.shape[3] == SUPERBLOCK_BYTES[fmt],
-                 f"{name} must be uint8 [experts, out, in/256, {SUPERBLOCK_BYTES[fmt]}] ({fmt} super-blocks), got "
-                 f"{codes.dtype}{codes.shape}")
+                 f"{name} must be uint8 [experts, out, in/{superblock_weights(fmt)}, {SUPERBLOCK_BYTES[fmt]}] ({fmt} "
+                 f"super-blocks), got {codes.dtype}{codes.shape}")
 
-    def widened(c):  # the float experts these codes stand for
-        return SimpleNamespace(dtype=x.dtype, shape=(c.shape[0], c.shape[1], c.shape[2] * 256))
-    return _moe([x, router, widened(gate), widened(up), widened(down), *ins[5:]], attrs)
+    def widened(c, fmt):  # the float experts these codes stand for
+        return SimpleNamespace(dtype=x.dtype, shape=(c.shape[0], c.shape[1], c.shape[2] * superblock_weights(fmt)))
+    f, fd = attrs["format"], attrs["down_format"]
+    return _moe([x, router, widened(gate, f), widened(up, f), widened(down, fd), *ins[5:]], attrs)
 
 
 def _keep_last(ins, attrs):
@@ -284,7 +287,7 @@ def _add(ins, attrs):
 
 
 QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbedding's codes
-    Attr("format", str, "blocks: codes + scales (+ mins); Q2_K..Q6_K/IQ4_XS/IQ4_NL: GGUF blocks as stored",
+    Attr("format", str, "blocks: codes + scales (+ mins); Q2_K..Q6_K/IQ4_XS/IQ4_NL/MXFP4: GGUF blocks as stored",
          ("blocks", *SUPERBLOCK_BYTES)),
     Attr("bits", int, "code width (blocks: 4 or 8; super-blocks: 2 to 6)", (2, 3, 4, 5, 6, 8)),
     Attr("block_size", int, "codes per scale along the input features (super-blocks: 256)"),
@@ -364,8 +367,9 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         Attr("format", str, "gate's and up's GGUF super-blocks", EXPERT_FORMATS),
         Attr("down_format", str, "down's GGUF super-blocks", EXPERT_FORMATS),
     ), _qmoe,
-        "MoE with its routed experts as a GGUF stores them: gate, up [experts, ffn, hidden/256, bytes] and down "
-        "[experts, hidden, ffn/256, bytes], each expert's rows QLinear's super-blocks (format, down_format), w as "
+        "MoE with its routed experts as a GGUF stores them: gate, up [experts, ffn, hidden/P, bytes] and down "
+        "[experts, hidden, ffn/P, bytes], each expert's rows QLinear's super-blocks (format, down_format; P their "
+        "weights a block, 256 or 32), w as "
         "ggml dequantizes them; router and the shared expert float, as MoE's"),
     OpSchema("GeGLU", ("gate", "up"), ("out",), (), _swiglu, "gelu_tanh(gate) * up (Gemma's MLP)"),
     OpSchema("SoftCap", ("x",), ("out",), (Attr("cap", float),), _softcap,

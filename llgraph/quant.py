@@ -125,20 +125,21 @@ class QuantTensor:
 
 
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # ggml's kvalues_mxfp4 (E2M1, doubled)
 # the code a super-block format's zero sits at (as _from_k_blocks gives the codes: w = scale (q - centre) + min)
-CENTRE = {"Q4_K": 0, "Q5_K": 0, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 0, "IQ4_NL": 128}
+CENTRE = {"Q4_K": 0, "Q5_K": 0, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 0, "IQ4_NL": 128, "MXFP4": 128}
 
 
 def superblock_format(kind: str) -> QuantFormat:
     """A GGUF super-block format carried as stored: bits/code_bits are its codes' widths, zero_point its centre."""
-    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "IQ4_XS": 4, "Q3_K": 3, "Q2_K": 2, "IQ4_NL": 4}[kind]
+    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 6, "IQ4_XS": 4, "Q3_K": 3, "Q2_K": 2, "IQ4_NL": 4, "MXFP4": 4}[kind]
     return QuantFormat(bits, superblock_weights(kind), CENTRE[kind], False, bits, kind)
 
 
 WIDENED = {"Q4_K": QuantFormat(4, 32, 0, True), "Q5_K": QuantFormat(8, 32, 0, True, 5),
            "Q6_K": QuantFormat(8, 16, 32, False, 6), "IQ4_XS": QuantFormat(8, 32, 128, False),
            "Q3_K": QuantFormat(8, 16, 4, False, 3), "Q2_K": QuantFormat(4, 16, 0, True, 2),
-           "IQ4_NL": QuantFormat(8, 32, 128, False)}
+           "IQ4_NL": QuantFormat(8, 32, 128, False), "MXFP4": QuantFormat(8, 32, 128, False)}
 # Q5_0/Q5_1 (llama.cpp's fallback where a row is not whole super-blocks: Gemma 3's, Qwen2.5's, SmolLM2's hidden
 # sizes) hold their 5-bit codes one a byte here; the ort export on llgraph's kernels writes them back at 5 bits
 # (export/cpu_layout.py fifth_bits: 5.5/6.0 bits a weight, as the file), read at every accuracy level
@@ -205,6 +206,10 @@ def _from_k_blocks(blocks: np.ndarray, type_name: str):
     if type_name == "IQ4_NL":  # d, 16 bytes of nibbles (element j low, j + 16 high) indexing IQ4_VALUES
         q = _iq4_codes(np.concatenate((blocks[..., 2:18] & 15, blocks[..., 2:18] >> 4), -1))
         return q, _f16(blocks[..., 0:2]), None
+    if type_name == "MXFP4":  # e (E8M0), 16 bytes of nibbles as IQ4_NL's indexing MXFP4_VALUES; scale 2^(e - 128)
+        q = (np.array(MXFP4_VALUES, np.int16) + 128).astype(np.uint8)[
+            np.concatenate((blocks[..., 1:17] & 15, blocks[..., 1:17] >> 4), -1)]
+        return q, e8m0_half(blocks[..., 0]), None
     if type_name == "IQ4_XS":  # d scales_h (u16) scales_l[4] qs[128]: sub-block j: 16 bytes, element l low, 16+l high
         high = (blocks[..., 2].astype(np.uint16) | (blocks[..., 3].astype(np.uint16) << 8))[..., None]
         ls = np.stack((blocks[..., 4:8] & 15, blocks[..., 4:8] >> 4), -1).reshape(out, nsb, 8)
@@ -250,6 +255,11 @@ def _from_k_blocks(blocks: np.ndarray, type_name: str):
     scales = (d[..., None] * sc).reshape(out, nsb * 8)
     mins = -(dmin[..., None] * m).reshape(out, nsb * 8)
     return q.reshape(out, nsb * 8, 32), scales, mins
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """E8M0 exponent bytes as ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128) in float32 (subnormal below 2), exact."""
+    return np.ldexp(np.float32(1), e.astype(np.int32) - 128).astype(np.float32)
 
 
 def _iq4_codes(nibbles: np.ndarray) -> np.ndarray:

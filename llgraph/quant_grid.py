@@ -1,10 +1,11 @@
 """GGUF block types without a llgraph kernel, read exactly into the blocked 8-bit form (llgraph/quant.py): the grid
-i-quants IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, the ternary TQ1_0 and TQ2_0, MXFP4 and NVFP4.
+i-quants IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, the ternary TQ1_0 and TQ2_0, and NVFP4 (MXFP4, gpt-oss's,
+is carried at its own bits: a QLinear/QMoE format, plugins/cpu/superblocks.inc).
 
 Each of them is, per block of B weights, one scale times small integers: ggml's grids and signs give
 w = db * (±grid value), db = d (2 ls + 1) / 8 (IQ2), d (2 ls + 1) / 4 (IQ3_XXS), d (2 ls + 1) (IQ3_S); the IQ1 types
-w = dl (grid + delta), grid in {-1, 0, 1} and delta ±1/8, so 8 w / dl is an integer; TQ: d · {-1, 0, 1}; MXFP4:
-2^(e - 128) · {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12}; NVFP4: an E4M3 scale per 16 times those values. Every such
+w = dl (grid + delta), grid in {-1, 0, 1} and delta ±1/8, so 8 w / dl is an integer; TQ: d · {-1, 0, 1}; NVFP4: an
+E4M3 scale per 16 times MXFP4's values {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} (doubled E2M1). Every such
 product is exact in float32 (a half-float d times at most 10 more bits), so the values gguf's own dequantization
 gives are integer codes times a float32 scale, bit for bit: this module takes the scales from the blocks' bytes,
 divides, and checks that codes * scale gives back every weight exactly (a block that does not is refused). The codes
@@ -20,7 +21,7 @@ from llgraph.quant import QuantFormat, QuantTensor
 
 # type -> weights a scale (a GGUF block's weights and bytes: gguf's GGML_QUANT_SIZES)
 GRID_TYPES = {"IQ2_XXS": 32, "IQ2_XS": 16, "IQ2_S": 16, "IQ3_XXS": 32, "IQ3_S": 32, "IQ1_S": 32, "IQ1_M": 16,
-              "TQ1_0": 256, "TQ2_0": 256, "MXFP4": 32, "NVFP4": 16}
+              "TQ1_0": 256, "TQ2_0": 256, "NVFP4": 16}
 GRID_FORMATS = {t: QuantFormat(8, b, 128, False) for t, b in GRID_TYPES.items()}
 
 
@@ -65,8 +66,6 @@ def _scales(blocks: np.ndarray, kind: str) -> np.ndarray:
         from gguf.quants import NVFP4
 
         return NVFP4.ue4m3_to_fp32(np.ascontiguousarray(blocks[..., 0:4])).astype(f32)
-    if kind == "MXFP4":  # e8m0: 2^(e - 127), and ggml halves it (its values are doubled into integers)
-        return np.ldexp(f32(1), blocks[..., 0:1].astype(np.int32) - 128).astype(f32)
     raise KeyError(kind)
 
 

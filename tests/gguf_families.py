@@ -8,6 +8,9 @@ sdist (float32, the vocabulary step skipped), both kept in tests/data/gguf_famil
                                                         # llgraph on the same file, side by side
     python tests/gguf_families.py --greedy-quantized PATH/TO/llama.cpp FAMILY ...   # the same on a Q4_K_M file
                               # made by llama.cpp's own quantizer from the family at K-quant-sized shapes (QUANTIZED)
+                              # (FTYPE=38: MXFP4_MOE, gpt-oss's experts in MXFP4, as its published GGUFs)
+    python tests/gguf_families.py --mxfp4 PATH/TO/llama.cpp   # tests/data/gguf_families/gpt_oss/mxfp4.gguf: the
+                              # family (ffn 64, whole blocks of 32) through llama-quantize's MXFP4_MOE
 """
 
 import json
@@ -124,17 +127,32 @@ def quantized(family: str, source: Path, folder: Path, ftype: int = 15) -> Path:
     return out
 
 
-if __name__ == "__main__" and sys.argv[1] == "--greedy-quantized":
+def mxfp4_file(llama_cpp: Path) -> Path:
+    """DATA/gpt_oss/mxfp4.gguf: gpt-oss at the test dims with ffn 64 (MXFP4 needs rows of whole blocks of 32),
+    converted (float32) and quantized by llama.cpp's MXFP4_MOE (experts MXFP4, the rest as its ftype says)."""
+    import tempfile
+
+    global QUANTIZED
+    QUANTIZED = {**QUANTIZED, "gpt_oss": {"intermediate_size": 64}}
+    with tempfile.TemporaryDirectory() as tmp:
+        made = quantized("gpt_oss", llama_cpp, Path(tmp), ftype=38)
+        shutil.copy(made, DATA / "gpt_oss" / "mxfp4.gguf")
+    return DATA / "gpt_oss" / "mxfp4.gguf"
+
+
+if __name__ == "__main__" and sys.argv[1] == "--mxfp4":
+    print(f"wrote {mxfp4_file(Path(sys.argv[2]))}")
+elif __name__ == "__main__" and sys.argv[1] == "--greedy-quantized":
     import tempfile
 
     for family in sys.argv[3:]:
         with tempfile.TemporaryDirectory() as tmp:
-            path = quantized(family, Path(sys.argv[2]), Path(tmp))
+            path = quantized(family, Path(sys.argv[2]), Path(tmp), int(os.environ.get("FTYPE", 15)))
             import gguf  # the converter's own, which it put first on the path
             kinds = sorted({t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors if "_exps" in t.name})
             theirs, ours = greedy(path)
             verdict = "equal" if theirs == ours else "DIFFER"
-            print(f"{family} Q4_K_M (experts {'/'.join(kinds)}): llama.cpp {theirs}\n"
+            print(f"{family} {os.environ.get('FTYPE', 'Q4_K_M')} (experts {'/'.join(kinds)}): llama.cpp {theirs}\n"
                   f"{' ' * len(family)}                      llgraph   {ours}  {verdict}")
 elif __name__ == "__main__" and sys.argv[1] == "--greedy":
     for family in sys.argv[2:]:

@@ -115,9 +115,10 @@ struct BlockFormat {
       const std::string format = k.GetAttribute<std::string>("format");
       sb_ = SuperKind(format);
       if (sb_ == 0 && format != "blocks")
-        ORT_CXX_API_THROW("llgraph: format must be blocks, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS or IQ4_NL", ORT_INVALID_ARGUMENT);
+        ORT_CXX_API_THROW("llgraph: format must be blocks, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL or MXFP4",
+                          ORT_INVALID_ARGUMENT);
       if (sb_ != 0 && block_ != kLayouts[sb_].per)
-        ORT_CXX_API_THROW("llgraph: a super-block format's block_size is its weights a block (256; IQ4_NL 32)",
+        ORT_CXX_API_THROW("llgraph: a super-block format's block_size is its weights a block (256; IQ4_NL, MXFP4 32)",
                           ORT_INVALID_ARGUMENT);
     }
   }

@@ -11,6 +11,8 @@
     python -m llgraph.runtime.bench.gguf olmoe-1b-7b OUT.gguf          # mixtures of experts: OLMoE-1B-7B (64 experts
     python -m llgraph.runtime.bench.gguf qwen3-30b-a3b OUT.gguf --layers 12   # of 1,024, 8 a token), Qwen3-30B-A3B
                                                                        # (128 of 768, 8 a token; 48 layers, 17 GB)
+    python -m llgraph.runtime.bench.gguf gpt-oss-20b OUT.gguf --layers 8     # gpt-oss-20b as its GGUFs store it
+                                  # (MXFP4 experts, 32 of 2,880, 4 a token; Q8_0 elsewhere; 24 layers, 12 GB)
 
 The layout: Q4_K for every Linear and the embedding (a mixture's experts too: ffn_gate_exps, ffn_up_exps; its
 router ffn_gate_inp F32), Q6_K for `output` and for every other layer's `attn_v` and
@@ -66,21 +68,31 @@ SHAPES = {  # hidden, layers, heads, kv heads, ffn
     # mixtures of experts: ffn is each expert's (MOE: experts, experts a token)
     "olmoe-1b-7b": (2048, 16, 16, 16, 1024),
     "qwen3-30b-a3b": (2048, 48, 32, 4, 768),
+    "gpt-oss-20b": (2880, 24, 64, 8, 2880),
 }
-MOE = {"olmoe-1b-7b": (64, 8), "qwen3-30b-a3b": (128, 8)}
+MOE = {"olmoe-1b-7b": (64, 8), "qwen3-30b-a3b": (128, 8), "gpt-oss-20b": (32, 4)}
 # the architecture, head_dim and vocabulary of the shapes that are not Llama's
 FAMILY = {"gemma3-270m": ("gemma3", 256, 262144), "gemma3-1b": ("gemma3", 256, 262144),
           "qwen2.5-0.5b": ("qwen2", 64, 151936), "gemma2-small": ("gemma2", 128, None),
           "olmo2-small": ("olmo2", 128, None), "phi3-small": ("phi3", 128, None),
-          "olmoe-1b-7b": ("olmoe", 128, 50304), "qwen3-30b-a3b": ("qwen3moe", 128, 151936)}
+          "olmoe-1b-7b": ("olmoe", 128, 50304), "qwen3-30b-a3b": ("qwen3moe", 128, 151936),
+          "gpt-oss-20b": ("gpt-oss", 64, 201088)}
 Q8_0 = (34, {0: 2.7e-4})  # 32 int8 codes after a float16 d
 Q5_0 = (22, {0: 4.3e-3})  # a float16 d, 32 high bits, 16 bytes of low nibbles
 # (bytes per 256-weight super-block, {byte offset of a float16 field: its value}); Q4_K/Q5_K: d, dmin; Q6_K: d
 K_BLOCKS = {"Q4_K": (144, {0: 8e-5, 2: 6e-4}), "Q6_K": (210, {208: 1.6e-5})}
+MXFP4 = (17, 2 ** -8)  # an E8M0 exponent byte (2^(e - 128): e = 120, weights up to 12 times it), 16 of nibbles
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.merges", "tokenizer.chat_template",
                   "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
                   "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
                   "tokenizer.ggml.add_space_prefix")
+
+
+def random_mxfp4(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, cols / 32 * 17] uint8: MXFP4 blocks of random nibbles after their E8M0 exponent."""
+    raw = rng.integers(0, 256, size=(rows, cols // 32, MXFP4[0]), dtype=np.uint8)
+    raw[..., 0] = 128 + int(np.log2(MXFP4[1]))
+    return raw.reshape(rows, -1)
 
 
 def random_k_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
@@ -111,6 +123,9 @@ def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab
 
     def k_quant(kind, cols):  # llama.cpp's fallback for rows that are not whole super-blocks
         return kind if cols % 256 == 0 else "Q5_0" if kind == "Q4_K" else "Q8_0"
+    if arch == "gpt-oss":
+        yield from _gpt_oss_tensors(hidden, layers, heads, kv_heads, ffn, vocab, d, experts)
+        return
     tied = arch in ("qwen2", "gemma2", "gemma3")
     post = arch in ("gemma2", "gemma3", "olmo2")  # norms after each sublayer
     yield "token_embd.weight", (vocab, hidden), k_quant("Q6_K" if tied else "Q4_K", hidden)
@@ -157,9 +172,34 @@ def tensors(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab
         yield "output.weight", (vocab, hidden), "Q6_K"
 
 
+def _gpt_oss_tensors(hidden, layers, heads, kv_heads, ffn, vocab, d, experts):
+    """gpt-oss as llama.cpp's MXFP4_MOE writes it: experts MXFP4 with F32 biases, attention (q/k/v/o with biases,
+    sinks) and the embedding and head Q8_0, the router F32 with its bias, the pre-MLP norm `post_attention_norm`."""
+    q, kv = heads * d, kv_heads * d
+    yield "token_embd.weight", (vocab, hidden), "Q8_0"
+    for i in range(layers):
+        yield f"blk.{i}.attn_norm.weight", (hidden,), "F32"
+        for name, rows, cols in (("attn_q", q, hidden), ("attn_k", kv, hidden), ("attn_v", kv, hidden),
+                                 ("attn_output", hidden, q)):
+            yield f"blk.{i}.{name}.weight", (rows, cols), "Q8_0"
+            yield f"blk.{i}.{name}.bias", (rows,), "F32"
+        yield f"blk.{i}.attn_sinks.weight", (heads,), "F32"
+        yield f"blk.{i}.post_attention_norm.weight", (hidden,), "F32"
+        yield f"blk.{i}.ffn_gate_inp.weight", (experts, hidden), "F32"
+        yield f"blk.{i}.ffn_gate_inp.bias", (experts,), "F32"
+        for name, rows, cols in (("ffn_gate_exps", ffn, hidden), ("ffn_up_exps", ffn, hidden),
+                                 ("ffn_down_exps", hidden, ffn)):
+            yield f"blk.{i}.{name}.weight", (experts, rows, cols), "MXFP4"
+            yield f"blk.{i}.{name}.bias", (experts, rows), "F32"
+    yield "output_norm.weight", (hidden,), "F32"
+    yield "output.weight", (vocab, hidden), "Q8_0"
+
+
 def _bytes(shape, kind) -> int:
     if kind == "F32":
         return 4 * int(np.prod(shape))
+    if kind == "MXFP4":
+        return int(np.prod(shape)) // 32 * MXFP4[0]
     size, per = (Q8_0[0], 32) if kind == "Q8_0" else (Q5_0[0], 32) if kind == "Q5_0" else (K_BLOCKS[kind][0], 256)
     return int(np.prod(shape)) // per * size
 
@@ -199,7 +239,13 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0, layers:
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base({"gemma3": 1e6, "qwen2": 1e6, "gemma2": 1e4, "phi3": 1e4}.get(arch, 500000.0))
+    w.add_rope_freq_base({"gemma3": 1e6, "qwen2": 1e6, "gemma2": 1e4, "phi3": 1e4, "gpt-oss": 150000.0}.get(arch,
+                                                                                                     500000.0))
+    if arch == "gpt-oss":  # its window on every other layer, YaRN x32 from 4,096 positions
+        w.add_sliding_window(128)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
     if arch == "gemma3":
         w.add_sliding_window(512)
     if arch == "gemma2":  # Gemma 2's window, attention and final softcaps
@@ -212,7 +258,7 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0, layers:
         w.add_expert_feed_forward_length(ffn)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if arch == "gpt-oss" else gguf.LlamaFileType.MOSTLY_Q4_K_M)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_token_list(tokens)
     w.add_token_types(types)
@@ -240,8 +286,11 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0, layers:
             rows, cols = int(np.prod(shape[:-1])), shape[-1]
             if name.endswith("ffn_gate_inp.weight"):  # a router: logits of about 1
                 data = rng.standard_normal(shape, dtype=np.float32) * np.float32(hidden ** -0.5)
-            elif kind == "F32":  # norms about 1 (Gemma stores 1 + w), biases small
-                data = (0.0 if name.endswith("bias") else 1.0) + 0.02 * rng.standard_normal(shape[0], dtype=np.float32)
+            elif kind == "F32":  # norms about 1 (Gemma stores 1 + w), biases and sinks small
+                small = name.endswith(("bias", "sinks.weight"))
+                data = (0.0 if small else 1.0) + 0.02 * rng.standard_normal(shape, dtype=np.float32)
+            elif kind == "MXFP4":
+                data = random_mxfp4(rows, cols, rng)
             elif kind in ("Q8_0", "Q5_0"):
                 data = random_q8_0(rows, cols, rng, Q8_0 if kind == "Q8_0" else Q5_0)
             else:

@@ -105,3 +105,81 @@ def test_a_row_chooses_its_experts_alone(files):
     both = OrtStepper(folder, cfg, batch=2, max_seq=64).step(ids)["logits"]
     alone = OrtStepper(folder, cfg, batch=1, max_seq=64).step(ids[1:])["logits"]
     assert torch.equal(both[1], alone[0])
+
+
+# gpt-oss as its published GGUFs store it: experts MXFP4 (blocks of 32, an E8M0 scale), written by llama.cpp's own
+# converter and llama-quantize's MXFP4_MOE (tests/gguf_families.py --mxfp4), biases F32, the rest Q8_0
+def dequantized_twin(src, dst):
+    """`src` with every quantized tensor replaced by gguf's own dequantization of it (float32): the truth the file's
+    numbers define, computed by code that is not llgraph's."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            kind = f.types[0]
+            w.add_array(key, f.contents()) if kind == gguf.GGUFValueType.ARRAY else \
+                w.add_key_value(key, f.contents(), kind)
+    for t in r.tensors:
+        quantized = t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        data = dequantize(t.data, t.tensor_type).astype(np.float32) if quantized else np.array(t.data)
+        w.add_tensor(t.name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.fixture(scope="module")
+def mxfp4(tmp_path_factory):
+    from gguf_families import DATA
+
+    q = DATA / "gpt_oss" / "mxfp4.gguf"
+    return q, dequantized_twin(q, tmp_path_factory.mktemp("mxfp4") / "f.gguf")
+
+
+def test_gpt_oss_mxfp4_experts_are_carried_at_their_bits(mxfp4, tmp_path):
+    """Every layer a QMoE in MXFP4 with gpt-oss's biases and activation; the export on llgraph's kernels holds the
+    experts' bytes as many as the file's, and says nothing of widening."""
+    q, _ = mxfp4
+    model = open_model(q, q)
+    moe = [n for n in model.graph.nodes if n.op == "QMoE"]
+    assert len(moe) == model.config.num_layers and all(
+        (n.attrs["format"], n.attrs["down_format"], n.attrs["limit"]) == ("MXFP4", "MXFP4", 7.0) for n in moe)
+    out = subprocess.run([sys.executable, "-m", "llgraph", "export", "--checkpoint", str(q), "-o",
+                          str(tmp_path / "ort"), "--kernels", "llgraph", "--max-seq-len", "64"],
+                         capture_output=True, text=True, env={**os.environ, "LLGRAPH_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0 and "widened" not in out.stderr, out.stderr
+    graph = onnx.load(str(tmp_path / "ort" / "model.onnx"), load_external_data=False).graph
+    nodes = [n for n in graph.node if n.op_type == "MoE" and n.domain == "llgraph"]
+    sizes = {i.name: int(next(e.value for e in i.external_data if e.key == "length")) for i in graph.initializer
+             if i.data_location == onnx.TensorProto.EXTERNAL}
+    carried = sum(sizes[name] for n in nodes for name in n.input[2:4])
+    src = GGUFSource(q)
+    stored = sum(src.stored_bytes(n) for n in src.names() if ".experts." in n and n.endswith(".weight"))
+    print(f"MXFP4 expert initializers {carried} B; the GGUF's {stored} B")
+    assert len(nodes) == model.config.num_layers and carried == stored
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort-llgraph-0", "ort-llgraph-4", "ort-standard", "onnx"])
+def test_gpt_oss_mxfp4_runs_as_gguf_dequantizes_it(mxfp4, backend, tmp_path, report):
+    """Prefill + 8 decode steps of the MXFP4 file against float64 of its gguf-dequantized twin: the executor, llgraph's
+    kernels exact (level 0) and at int8 activations (level 4, bounded by its own rounding), ONNX Runtime's MoE op on
+    the experts widened, and standard ONNX."""
+    q, f = mxfp4
+    cfg = load_config(q)
+    truth_steps = Stepper(cfg, GGUFSource(f), batch=2, max_seq=64, dtype="float64")
+    target, _, rest = backend.partition("-")
+    kernels, _, level = rest.partition("-")
+    if backend == "torch":
+        ours = Stepper(cfg, GGUFSource(q), batch=2, max_seq=64, graph=open_model(q, q).graph)
+    else:
+        folder = export_model(q, checkpoint=q, out=tmp_path / backend, target=target, max_seq_len=64,
+                              weights=Weights(kernels=kernels or "auto", accuracy_level=int(level) if level else None))
+        ours = OrtStepper(folder, cfg, batch=2, max_seq=64)
+    compare_steps(cfg, truth_steps, ours, report, f"gpt-oss MXFP4 on {backend} vs float64 of gguf's dequantization",
+                  tol=0.1 if level == "4" else TOL)

@@ -21,19 +21,20 @@ sys.path.insert(0, sys.argv[2])
 from reference import random_k_blocks
 
 E, H, F = 6, 512, 256
-CENTRE = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 2}
+CENTRE = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 2, "MXFP4": 128}
 
 
 def experts(kind, rows, cols, seed):
     """([E, rows, cols] float64 weights, [E, rows, cols] offsets O of w = S (q - c) + O, [E, rows, nsb, bytes])"""
     qtype = gguf.GGMLQuantizationType[kind]
-    raw = random_k_blocks((E * rows, cols), qtype, seed).reshape(E * rows, cols // 256, -1)
+    per = 32 if kind == "MXFP4" else 256
+    raw = random_k_blocks((E * rows, cols), qtype, seed).reshape(E * rows, cols // per, -1)
     w = dequantize(raw.reshape(E * rows, -1), qtype).astype(np.float64).reshape(E, rows, cols)
     _, S, mins = _from_k_blocks(raw, kind)
     sub = 16 if kind in ("Q6_K", "Q3_K", "Q2_K") else 32
     offsets = np.zeros((E * rows, cols)) if mins is None else \
         np.repeat(S.astype(np.float64) * CENTRE[kind] + mins, sub, axis=1)
-    return w, offsets.reshape(E, rows, cols), raw.reshape(E, rows, cols // 256, -1)
+    return w, offsets.reshape(E, rows, cols), raw.reshape(E, rows, cols // per, -1)
 
 
 def rounded(x):
@@ -67,9 +68,11 @@ def moe(x, logits, gate_up, down, biases=None, **attrs):
 
 
 worst, alone_differs = {}, 0
-# gpt-oss's variant last: biases on gate, up and down, its activation (alpha 1.702, beta 1), a clamp that bites
+# gpt-oss's variant last: biases on gate, up and down, its activation (alpha 1.702, beta 1), a clamp that bites; on
+# K-quant experts (llama-quantize's Q4_K_M of it) and on MXFP4, as gpt-oss's GGUFs store them (blocks of 32)
 for gate_kind, down_kind, oai in (("Q4_K", "Q6_K", 0), ("Q5_K", "Q4_K", 0), ("Q6_K", "Q5_K", 0),
-                                  ("IQ4_XS", "IQ4_XS", 0), ("Q2_K", "Q3_K", 0), ("Q4_K", "Q6_K", 1)):
+                                  ("IQ4_XS", "IQ4_XS", 0), ("Q2_K", "Q3_K", 0), ("MXFP4", "MXFP4", 0),
+                                  ("Q4_K", "Q6_K", 1), ("MXFP4", "MXFP4", 1)):
     g, og, graw = experts(gate_kind, F, H, 1)
     u, ou, uraw = experts(gate_kind, F, H, 2)
     d, od, draw = experts(down_kind, H, F, 3)

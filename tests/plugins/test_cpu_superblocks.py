@@ -34,13 +34,13 @@ from reference import random_k_blocks
 
 worst = {}
 N, K = 37, 512
-for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K", "IQ4_NL"):
+for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K", "IQ4_NL", "MXFP4"):
     raw = random_k_blocks((N, K), gguf.GGMLQuantizationType[kind], seed=3)
     w = dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(N, K).astype(np.float64)
-    per = superblock_format(kind).block_size  # weights a block: 256 (IQ4_NL: 32)
+    per = superblock_format(kind).block_size  # weights a block: 256 (IQ4_NL, MXFP4: 32)
     codes = interleaver(kind)(raw.reshape(N, K // per, -1))
     _, S, mins = _from_k_blocks(raw.reshape(N, K // per, -1), kind)  # w = S (q - c) + O per sub-block
-    centre = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "IQ4_XS": 128, "Q3_K": 4, "Q2_K": 2, "IQ4_NL": 128}[kind]
+    centre = {"Q4_K": 8, "Q5_K": 16, "Q6_K": 32, "Q3_K": 4, "Q2_K": 2}.get(kind, 128)  # (IQ4, MXFP4: kv + 128)
     offsets = np.zeros((N, K)) if mins is None else \
         np.repeat(S.astype(np.float64) * centre + mins, K // S.shape[1], axis=1)
     bias = rng.standard_normal(N).astype(np.float32)
@@ -75,14 +75,33 @@ for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K", "IQ4_NL"):
     opts.register_custom_ops_library(lib)
     rows = ort.InferenceSession(model.SerializeToString(), opts).run(None, {"ids": ids})[0]
     worst[f"{kind}-embedding"] = float(np.abs(rows[0] - w[ids[0]]).max() / np.abs(w).max())
+# MXFP4's E8M0 scales over their range: row r's blocks all at exponent E[r % 7] (2^-108 .. 2^72), each row held to
+# its own float64 (relative to its own max), so a wrong power of two anywhere shows (not lower: there level 4's
+# d * dx, or a dot's share, falls below float32's normal range and rounds as a subnormal)
+E = (20, 40, 100, 127, 128, 160, 200)
+raw = random_k_blocks((N, K), gguf.GGMLQuantizationType.MXFP4, seed=4).reshape(N, K // 32, 17)
+raw[..., 0] = np.array(E, np.uint8)[np.arange(N) % 7][:, None]
+w = dequantize(raw.reshape(N, -1), gguf.GGMLQuantizationType.MXFP4).reshape(N, K).astype(np.float64)
+for level in (0, 4):
+    x = rng.standard_normal((1, 3, K)).astype(np.float32)
+    got = qlinear({"codes": interleaver("MXFP4")(raw), "scales": None, "mins": None, "bias": None}, x,
+                  format="MXFP4", bits=4, block_size=32, zero_point=128, interleave=16, rows=N,
+                  accuracy_level=level).reshape(3, N).astype(np.float64)
+    xs = x.reshape(3, K).astype(np.float64)
+    if level == 4:  # x as level 4 sees it
+        xb = xs.reshape(3, K // 32, 32)
+        amax = np.abs(xb).max(-1, keepdims=True)
+        xs = (np.rint(np.clip(xb * 127 / amax, -127, 127)) * (amax / 127)).reshape(3, K)
+    want = xs @ w.T
+    worst[f"MXFP4-exponents-level{level}"] = float((np.abs(got - want).max(0) / np.abs(want).max(0)).max())
 print(isa().decode(), " ".join(f"{k}={v}" for k, v in worst.items()))
 '''
 
 
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
 def test_every_superblock_path_equals_float64(library, isa, report):  # noqa: F811
-    """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL at the exact level (fp32) and at level 4 (int8 x), 1 to 8 input
-    rows, with a bias."""
+    """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL, MXFP4 at the exact level (fp32) and at level 4 (int8 x), 1 to 8
+    input rows, with a bias."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where reference.py is
     r = subprocess.run([sys.executable, "-c", PROBE, str(library), tests], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa})
