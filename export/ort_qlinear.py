@@ -63,9 +63,10 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
     the RMSNorm its x passes first (all computed in the node: plan_qlinear_fusions)."""
     x, codes, scales, mins, bias, bits, block, zp = std.qlinear_inputs(node)
     superblocks = em.shared.get("superblocks")
-    if superblocks is None:  # the model's level (weight_request.py): a K-quant file's blocked tensors take it too
-        superblocks = em.shared["superblocks"] = any(n.op == "QLinear" and n.attrs["format"] != "blocks"
-                                                     for n in em.graph.nodes)
+    if superblocks is None:  # the model's level (weight_request.py): a K-quant file's blocked tensors take it too,
+        # and a mixture's whose experts alone are super-blocks (gpt-oss's MXFP4 GGUFs: Q8_0 elsewhere)
+        superblocks = em.shared["superblocks"] = any(
+            n.op == "QMoE" or (n.op == "QLinear" and n.attrs["format"] != "blocks") for n in em.graph.nodes)
     level = accuracy_level_of(em.options.get("accuracy_level"), superblocks)
     interleave, bits = _codes_layout(node)
     if swiglu:

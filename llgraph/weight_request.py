@@ -40,7 +40,7 @@ SUPERBLOCK_ACCURACY_LEVEL = 4
 
 def accuracy_level_of(requested: int | None, superblocks: bool) -> int:
     """A quantized Linear's accuracy level: the one requested, else its model's default (`superblocks`: the model
-    holds GGUF K-quant super-blocks)."""
+    holds GGUF super-blocks, in a QLinear or in a QMoE's experts)."""
     if requested is not None:
         return requested
     return SUPERBLOCK_ACCURACY_LEVEL if superblocks else DEFAULT_ACCURACY_LEVEL
