@@ -369,6 +369,9 @@ def end_of_generation(reader) -> tuple[int, ...]:
     tokens, types = metadata(reader, "tokenizer.ggml.tokens") or [], metadata(reader, "tokenizer.ggml.token_type")
     ids = {metadata(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")} - {None}
     ids |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS and (types is None or types[i] in SPECIAL_TYPES)}
+    texts = {tokens[i]: i for i in ids if i < len(tokens)}
+    if "<|end|>" in texts and {"<|return|>", "<|call|>"} <= set(texts):  # gpt-oss's harmony (as llama.cpp): <|end|>
+        ids.discard(texts["<|end|>"])  # closes a message (its analysis) and the turn goes on; <|return|> ends it
     return tuple(sorted(int(i) for i in ids))
 
 

@@ -120,6 +120,9 @@ _LLAMA3_GROUP = {n for n, s in PRE_NAMES.items() if s == "llama3"} - {"dbrx", "s
 IGNORE_MERGES = {*_LLAMA3_GROUP, "tekken", "glm4", "glm5", "minicpm5"}
 ADD_BOS = {*_LLAMA3_GROUP, "tekken", "chameleon"}  # llama.cpp adds a BOS for these unless the file says otherwise
 USER_DEFINED, BYTE = 4, 6  # token types: a piece rendered as written; a byte-fallback piece <0xNN>
+# gpt-oss's harmony marks, control tokens that llama.cpp always renders (its "quick hack for gpt-oss"): an answer's
+# text holds its channels, which the server splits into reasoning and content (runtime/engine/harmony.py)
+HARMONY_TEXT = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
 class TokenizerError(LlgraphError):
@@ -166,7 +169,8 @@ def build(reader):
     # piece (type 4: Gemma's newlines and runs of spaces, Qwen's <think>) is text on decode, the others are not, nor
     # is a user-defined one that looks like an end of turn or a fill-in-the-middle mark (llama.cpp makes it control)
     control = set(EOG_TEXTS) | set(FIM_TEXTS)
-    tk.add_tokens([AddedToken(t, special=kind != USER_DEFINED or t in control, normalized=False,
+    tk.add_tokens([AddedToken(t, special=(kind != USER_DEFINED or t in control) and t not in HARMONY_TEXT,
+                              normalized=False,
                               rstrip=rstrip and t not in ("<unk>", "<s>", "<|endoftext|>"))
                    for t, kind in zip(tokens, types) if kind in SPECIAL_TYPES])
     bos, eos = metadata(reader, "tokenizer.ggml.bos_token_id"), metadata(reader, "tokenizer.ggml.eos_token_id")

@@ -80,6 +80,40 @@ def relabelled(path: Path, pre: str) -> Path:
     return _write(path, fill)
 
 
+# gpt-oss's harmony: its marks as control tokens after SmolLM2's pieces, and a template in its shape (an assistant's
+# earlier answers in the final channel; the answer opens after <|start|>assistant)
+HARMONY_MARKS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
+HARMONY_TEMPLATE = (
+    "{%- for m in messages -%}{%- if m.role == 'assistant' -%}<|start|>assistant<|channel|>final<|message|>"
+    "{{ m.content }}<|end|>{%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}")
+
+
+def harmony(path: Path) -> Path:
+    """SmolLM2's vocabulary as gpt-4o's pre-type with gpt-oss's harmony marks (control tokens; <|return|> the eos,
+    <|end|> among the end-of-turn texts) and a harmony chat template."""
+    from llgraph.bundled import bundled_model
+
+    r = gguf.GGUFReader(str(bundled_model("smollm2")))
+
+    def fill(w):
+        tokens = [*r.fields["tokenizer.ggml.tokens"].contents(), *HARMONY_MARKS]
+        types = [*r.fields["tokenizer.ggml.token_type"].contents(), *[gguf.TokenType.CONTROL] * len(HARMONY_MARKS)]
+        _hparams(w, len(tokens))
+        w.add_name("smollm2 vocabulary with harmony")
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-4o")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(r.fields["tokenizer.ggml.merges"].contents())
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(tokens.index("<|return|>"))
+        w.add_eot_token_id(tokens.index("<|end|>"))
+        w.add_add_bos_token(False)
+        w.add_chat_template(HARMONY_TEMPLATE)
+    return _write(path, fill)
+
+
 def with_weights(path: Path, vocab: Path, sampling: dict | None = None) -> Path:
     """A tiny random-weight llama GGUF (Q8_0) carrying `vocab`'s tokenizer fields: a model `llgraph generate` runs.
     `sampling`: general.sampling.* fields to write, by gguf's writer's names ({"temp": 0.7, "top_k": 20})."""

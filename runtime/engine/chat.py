@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from llgraph.errors import RequestError
+from llgraph.runtime.engine import harmony
 from llgraph.runtime.engine.runner import Runner
 
 
@@ -41,8 +42,18 @@ class Conversation:
                                    f"with {self.max_new_tokens} new ones); shorten it or raise --max-seq-len")
             del self.turns[:2]
             self.dropped += 1
-        reply = []
+        reply, shown = [], ""
+        channels = harmony.speaks(self.runner.tokenizer.chat_template)  # gpt-oss: the final channel is the reply
         for piece in self.runner.stream(self.messages(), self.max_new_tokens, **self.sampling):
             reply.append(piece)
-            yield piece
-        self.turns.append({"role": "assistant", "content": "".join(reply)})
+            if not channels:
+                yield piece
+                continue
+            content = harmony.visible("".join(reply))[1]
+            if content.startswith(shown) and len(content) > len(shown):
+                yield content[len(shown):]
+                shown = content
+        text = "".join(reply)
+        if channels and (rest := harmony.parse(text).content)[len(shown):]:
+            yield rest[len(shown):]
+        self.turns.append({"role": "assistant", "content": harmony.parse(text).content if channels else text})

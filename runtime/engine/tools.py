@@ -40,6 +40,11 @@ PYTHON_TAG = "<|python_tag|>"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule for a function's name
 
 
+def call_id() -> str:
+    """A new call's id, as OpenAI writes them."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 @dataclass(frozen=True)
 class Call:
     """One function call the model made: `arguments` is its JSON text (OpenAI's `function.arguments`)."""
@@ -154,7 +159,7 @@ class ToolSpec:
             text_args = json.dumps(args, ensure_ascii=False)
             if (name, text_args) not in seen:
                 seen.add((name, text_args))
-                calls.append(Call(name, text_args, f"call_{uuid.uuid4().hex[:24]}"))
+                calls.append(Call(name, text_args, call_id()))
         if not self.many:
             calls = calls[:1]
         rest = "".join(piece for _, _, piece in found)
@@ -179,7 +184,7 @@ class ToolSpec:
         partial = body[args.end():] if args else ""
         partial = partial[:len(partial) - next((k for k in range(len(CLOSE), 0, -1) if partial.endswith(CLOSE[:k])),
                                                0)].rstrip()
-        return (content if calls else None), [*calls, Call(name, partial, f"call_{uuid.uuid4().hex[:24]}")]
+        return (content if calls else None), [*calls, Call(name, partial, call_id())]
 
     def held(self, text: str, template: str) -> int:
         """How much of a streamed answer's start (`text` so far) may go out as content now: the characters before

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llgraph.errors import RequestError
+from llgraph.runtime.engine import harmony
 from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.scheduler import MAX_LOGPROBS
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_served_mode
@@ -106,6 +107,9 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
     grammar = grammar_of(body)
     template = runner.tokenizer.chat_template if chat and runner.tokenizer else ""
     if tools is not NO_TOOLS and tools.forced:
+        if harmony.speaks(template):
+            raise ApiError(400, "a required or named 'tool_choice' is not built for gpt-oss's harmony format yet; "
+                                "use \"auto\" (its calls are parsed from the answer)", param="tool_choice")
         if grammar is not None:
             raise ApiError(400, "a 'response_format' cannot go with a required or named 'tool_choice': the answer "
                                 "is the tool call", param="response_format")

@@ -22,6 +22,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from llgraph.errors import RequestError
+from llgraph.runtime.engine import harmony
+from llgraph.runtime.engine.tools import Call, call_id
 from llgraph.runtime.serve.ask import NO_TOOLS, Ask
 from llgraph.runtime.serve.request import ApiError, prompt_ids, submitting, unless_gone
 
@@ -84,6 +86,8 @@ class Choice:
         self.started = False
         self.sent = 0  # with tools, streaming: the characters sent as content (what follows may be a call)
         self.offsets = None if ask.chat or ask.logprobs is None else Offsets()
+        self.harmony = ask.chat and harmony.speaks(ask.template)  # gpt-oss: reasoning, content and calls by channel
+        self.shown = ("", "")  # harmony, streaming: the reasoning and content sent so far
 
     def prompt_text(self) -> str:
         prompt = self.ask.prompts[self.index // self.ask.n]
@@ -130,6 +134,11 @@ class Choice:
     def calls(self) -> tuple[str | None, list]:
         """The answer's content (unstripped) and its tool calls (runtime/engine/tools.py), once it is done."""
         text = "".join(self.pieces)
+        if self.harmony:
+            answer = harmony.parse(text)
+            calls = [Call(name, args, call_id()) for name, args in answer.calls] if self.ask.tools is not NO_TOOLS \
+                else []
+            return answer.content, calls
         if self.ask.tools is NO_TOOLS:
             return text, []
         if self.ask.tools.forced and self.handle.decoding.finish_reason in ("length", "timeout"):  # a call cut short
@@ -149,6 +158,18 @@ class Choice:
         text, self.sent = safe[self.sent:], max(self.sent, len(safe))
         return text, calls
 
+    def unshown(self, done: bool) -> tuple[str, str]:
+        """Harmony, streaming: the reasoning and content not sent yet (whole once `done`)."""
+        text = "".join(self.pieces)
+        if done:
+            answer = harmony.parse(text)
+            now = (answer.reasoning, answer.content)
+        else:
+            now = harmony.visible(text)
+        new = tuple(n[len(s):] if n.startswith(s) else "" for n, s in zip(now, self.shown))
+        self.shown = now
+        return new[0], new[1]
+
     def reason(self, calls: list) -> str:
         reason = FINISH[self.handle.decoding.finish_reason]
         return "tool_calls" if calls and reason == "stop" else reason
@@ -161,6 +182,8 @@ class Choice:
             message: dict[str, object] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = [c.openai() for c in calls]
+            if self.harmony and (reasoning := harmony.parse("".join(self.pieces)).reasoning):
+                message["reasoning_content"] = reasoning  # llama-server's and vLLM's field
             return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": self.reason(calls),
                     "stop_reason": self.handle.decoding.stop_string()}
         reason = FINISH[self.handle.decoding.finish_reason]
@@ -247,10 +270,12 @@ async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: A
     kind = "chat.completion.chunk" if ask.chat else "text_completion"
 
     def chunk(k: int, text: str | None, reason: str | None, entries=None, opening: bool = False,
-              stop: str | None = None) -> str:
+              stop: str | None = None, reasoning: str | None = None) -> str:
         logprobs = choices[k].logprobs(entries) if entries else None
         if ask.chat:
             delta = ({"role": "assistant", "content": ""} if opening else {} if text is None else {"content": text})
+            if reasoning:
+                delta = {"reasoning_content": reasoning}
             choice = {"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         else:
             choice = {"index": k, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
@@ -276,7 +301,13 @@ async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: A
             k, event = pending
             text, entries = choices[k].take(event)
             calls = []
-            if ask.tools is not NO_TOOLS:  # what is, or may grow into, a tool call is held back until the end
+            if choices[k].harmony:  # gpt-oss: reasoning and content by channel as they grow, calls at the end
+                reasoning, text = choices[k].unshown(event.kind == "done")
+                if reasoning:
+                    yield chunk(k, None, None, reasoning=reasoning)
+                if event.kind == "done":
+                    calls = choices[k].calls()[1]
+            elif ask.tools is not NO_TOOLS:  # what is, or may grow into, a tool call is held back until the end
                 text, calls = choices[k].release(event.kind == "done")
             if text or entries:
                 yield chunk(k, text, None, entries)

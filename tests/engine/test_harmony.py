@@ -1,0 +1,159 @@
+"""gpt-oss's harmony answers (runtime/engine/harmony.py): split by channel into reasoning, content and tool calls,
+as llama-server and vLLM return them; a stream's pieces only grow; the marks are text on decode (as llama.cpp
+renders them) and the turn ends at <|return|>/<|call|>, not at the <|end|> that closes the analysis."""
+
+import pytest
+from gguf_vocab import HARMONY_MARKS, harmony
+
+from llgraph.gguf_source import end_of_generation, gguf_reader
+from llgraph.runtime.engine import harmony as hm
+from llgraph.tokenizer import Tokenizer
+
+ANSWER = ("<|channel|>analysis<|message|>The user asks 2+2. Simple.<|end|><|start|>assistant<|channel|>final"
+          "<|message|>2 + 2 = 4.")
+CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}")
+
+
+def test_channels_split_into_reasoning_content_and_calls():
+    a = hm.parse(ANSWER)
+    assert (a.reasoning, a.content, a.calls) == ("The user asks 2+2. Simple.", "2 + 2 = 4.", [])
+    c = hm.parse(CALL)
+    assert (c.reasoning, c.content, c.calls) == ("Need the weather.", "", [("get_weather", '{"city": "Paris"}')])
+    # the recipient in the header before the channel, as gpt-oss also writes it; a preamble to the user is content
+    before = hm.parse("<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant to=functions.f"
+                      "<|channel|>commentary json<|message|>{}")
+    assert (before.content, before.calls) == ("Checking.", [("f", "{}")])
+    assert hm.parse("plain words").content == "plain words"  # no marks: all content
+
+
+@pytest.mark.parametrize("text", [ANSWER, CALL])
+def test_a_stream_only_grows(text):
+    """Every prefix (a half-written mark included) gives reasoning and content that extend the previous ones, and
+    the last equals the whole answer's."""
+    shown = ("", "")
+    for end in range(len(text) + 1):
+        now = hm.visible(text[:end])
+        assert all(n.startswith(s) for n, s in zip(now, shown)), (text[:end], shown, now)
+        assert "<|" not in now[0] + now[1], now
+        shown = now
+    whole = hm.parse(text)
+    assert shown == (whole.reasoning, whole.content)
+
+
+def test_harmony_marks_are_text_and_the_turn_ends_at_return(tmp_path):
+    path = harmony(tmp_path / "h.gguf")
+    tok = Tokenizer.load(path)
+    ids = tok.encode(ANSWER, add_special_tokens=False)
+    assert all(tok.token_id(m) in ids for m in ("<|channel|>", "<|message|>", "<|start|>", "<|end|>"))
+    text = tok.decode(ids + [tok.token_id("<|return|>")])  # marks rendered but <|end|> (control, as llama.cpp's)
+    assert text == ANSWER.replace("<|end|>", "")
+    assert (hm.parse(text).reasoning, hm.parse(text).content) == (hm.parse(ANSWER).reasoning, hm.parse(ANSWER).content)
+    stops = set(end_of_generation(gguf_reader(path)))
+    assert {tok.token_id("<|return|>"), tok.token_id("<|call|>")} <= stops
+    assert tok.token_id("<|end|>") not in stops, "the turn would end after its analysis"
+    assert hm.speaks(tok.chat_template) and set(HARMONY_MARKS) >= {"<|channel|>"}
+
+
+def _choices(tools=None, pieces=8):
+    """The chat completion's Choice over the events of an answer arriving `pieces` characters at a time, and those
+    events: what the serving side takes from the engine (runtime/serve/completions.py)."""
+    from types import SimpleNamespace
+
+    from gguf_vocab import HARMONY_TEMPLATE
+
+    from llgraph.runtime.serve.completions import Choice
+
+    def events(text):
+        done = SimpleNamespace(finish_reason="eos", steps=1, stop_string=lambda: None)
+        out = [SimpleNamespace(kind="token", text=text[i:i + pieces], token=1, logprob=None, decoding=done)
+               for i in range(0, len(text), pieces)]
+        return out + [SimpleNamespace(kind="done", text="", token=None, logprob=None, decoding=done)], done
+
+    def choice(text):
+        evs, done = events(text)
+        ask = SimpleNamespace(chat=True, logprobs=None, echo=False, tools=tools, template=HARMONY_TEMPLATE, n=1,
+                              usage=False, prompts=["x"])
+        handle = SimpleNamespace(decoding=done, prompt_tokens=1, cached=0, cancel=lambda: None)
+        return Choice(0, handle, ask, None), evs, handle, ask
+    return choice
+
+
+def test_a_chat_answer_comes_back_by_channel():
+    """Whole: reasoning_content and content; with tools, the commentary call as tool_calls (finish tool_calls)."""
+    from llgraph.runtime.engine.tools import ToolSpec
+
+    c, evs, _, _ = _choices()(ANSWER.replace("<|end|>", ""))
+    for e in evs:
+        c.take(e)
+    message = c.whole()["message"]
+    assert (message["reasoning_content"], message["content"]) == ("The user asks 2+2. Simple.", "2 + 2 = 4.")
+    spec = ToolSpec.of([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
+    c, evs, _, _ = _choices(spec)(CALL.replace("<|end|>", ""))
+    for e in evs:
+        c.take(e)
+    whole = c.whole()
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
+    assert [(t["function"]["name"], t["function"]["arguments"]) for t in whole["message"]["tool_calls"]] == [
+        ("get_weather", '{"city": "Paris"}')]
+
+
+@pytest.mark.parametrize("pieces", [1, 5, 64])
+def test_a_streamed_chat_answer_sends_each_channel_s_deltas(pieces):
+    """The SSE stream, pieces of any size: reasoning_content deltas then content deltas, each channel's whole text
+    once, no mark in either."""
+    import asyncio
+    import json
+
+    from llgraph.runtime.serve.completions import _sse
+
+    c, evs, handle, ask = _choices(pieces=pieces)(ANSWER.replace("<|end|>", ""))
+    ask.stream = True
+
+    async def rest():
+        for e in evs[1:]:
+            yield 0, e
+
+    async def run():
+        return [chunk async for chunk in _sse((0, evs[0]), rest(), [c], [handle], {"id": "x"}, ask)]
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for chunk in asyncio.run(run())
+              for line in chunk.splitlines() if line.startswith("data: {")]
+    reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
+    assert (reasoning, content) == ("The user asks 2+2. Simple.", "2 + 2 = 4.")
+
+
+def test_a_required_tool_choice_is_refused_in_one_line(tmp_path):
+    """Constrained calls are not built for harmony yet: a 400 naming tool_choice, not a grammar of another format."""
+    from gguf_vocab import with_weights
+
+    from llgraph.runtime import open_runner
+    from llgraph.runtime.serve.ask import parse
+    from llgraph.runtime.serve.request import ApiError
+
+    runner = open_runner(str(with_weights(tmp_path / "m.gguf", harmony(tmp_path / "v.gguf"))), "torch",
+                         max_seq_len=64)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": "required"}
+    with pytest.raises(ApiError, match="harmony") as e:
+        parse(body, True, runner, 4, 16)
+    assert e.value.param == "tool_choice"
+    assert parse({**body, "tool_choice": "auto"}, True, runner, 4, 16).tools.choice == "auto"
+
+
+def test_llgraph_chat_shows_and_keeps_the_final_channel():
+    """The CLI's conversation on a harmony model: the reply streamed is the final channel's text, and the turn kept
+    for the next prompt is that answer (as the template expects an assistant's earlier turn)."""
+    from types import SimpleNamespace
+
+    from gguf_vocab import HARMONY_TEMPLATE
+
+    from llgraph.runtime.engine.chat import Conversation
+
+    text = ANSWER.replace("<|end|>", "")
+    runner = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=HARMONY_TEMPLATE),
+                             backend=SimpleNamespace(max_seq_len=4096), encode=lambda messages: [0],
+                             stream=lambda messages, n, **kw: iter(text[i:i + 3] for i in range(0, len(text), 3)))
+    chat = Conversation(runner)
+    assert "".join(chat.say("2+2?")) == "2 + 2 = 4."
+    assert chat.turns[-1] == {"role": "assistant", "content": "2 + 2 = 4."}
