@@ -16,6 +16,7 @@ import math
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gemma3", "q
 _MOE_ARCHS = {"llama": ("mixtral", True), "qwen3moe": ("qwen3_moe", True), "olmoe": ("olmoe", False),
               "qwen2moe": ("qwen2_moe", False), "gpt-oss": ("gpt_oss", True)}
 # gpt-oss's experts: biased, through the clamped SwiGLU at the constants llama.cpp's build_moe_ffn hard-codes
-_GPT_OSS_EXPERTS = dict(bias=True, alpha=1.702, beta=1.0, limit=7.0)
+_GPT_OSS_EXPERTS: dict[str, Any] = dict(bias=True, alpha=1.702, beta=1.0, limit=7.0)
 
 
 def stored_rope_layout(arch: str) -> str:

@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+from typing import Callable
 
 import numpy as np
 
@@ -267,6 +269,24 @@ class StackedExperts(WeightSource):
         return self.base.tokenizer_files()
 
 
+def _as_is(t: np.ndarray) -> np.ndarray:
+    return t
+
+
+def _out_in(t: np.ndarray) -> np.ndarray:
+    """[experts, in, out] -> [experts, out, in]"""
+    return t.transpose(0, 2, 1)
+
+
+def _every_other(t: np.ndarray, start: int) -> np.ndarray:
+    """gate_up [experts, hidden, 2 ffn] -> gate (start 0) or up (1) as [experts, ffn, hidden]"""
+    return t[:, :, start::2].transpose(0, 2, 1)
+
+
+def _every_other_bias(t: np.ndarray, start: int) -> np.ndarray:
+    return t[:, start::2]
+
+
 class PackedExperts(SourceView):
     """gpt-oss's experts as transformers stores them: `mlp.experts.gate_up_proj` [experts, hidden, 2 * ffn] with gate
     and up columns interleaved (gate 0, up 0, gate 1, ...), its bias [experts, 2 * ffn], `down_proj` [experts, ffn,
@@ -279,7 +299,7 @@ class PackedExperts(SourceView):
 
     def __init__(self, base: WeightSource):
         super().__init__(base)
-        self._parts: dict[str, tuple[str, object]] = {}  # name here -> (base name, numpy view of its array)
+        self._parts: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {}  # name -> (base name, its view)
         self._names = []
         for name in base.names():
             m = self.PACKED.fullmatch(name)
@@ -292,18 +312,17 @@ class PackedExperts(SourceView):
                 continue
             prefix, what, tail = m[1], m[2], m[3]
             bias = tail in ("_bias", ".bias")
+            kind = "bias" if bias else "weight"
             if what == "router":
-                self._add(f"{prefix}gate.{'bias' if bias else 'weight'}", name, lambda t: t)
+                self._add(f"{prefix}gate.{kind}", name, _as_is)
             elif what == "experts.down_proj":
-                self._add(f"{prefix}experts.down_proj.{'bias' if bias else 'weight'}", name,
-                          (lambda t: t) if bias else (lambda t: t.transpose(0, 2, 1)))
-            else:
+                self._add(f"{prefix}experts.down_proj.{kind}", name, _as_is if bias else _out_in)
+            else:  # gate: the even columns of gate_up, up: the odd ones
                 for part, start in (("gate_proj", 0), ("up_proj", 1)):
-                    self._add(f"{prefix}experts.{part}.{'bias' if bias else 'weight'}", name,
-                              (lambda t, i=start: t[:, i::2]) if bias else
-                              (lambda t, i=start: t[:, :, i::2].transpose(0, 2, 1)))
+                    self._add(f"{prefix}experts.{part}.{kind}", name,
+                              functools.partial(_every_other_bias if bias else _every_other, start=start))
 
-    def _add(self, name: str, base_name: str, view) -> None:
+    def _add(self, name: str, base_name: str, view: Callable[[np.ndarray], np.ndarray]) -> None:
         self._parts[name] = (base_name, view)
         self._names.append(name)
 
