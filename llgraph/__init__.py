@@ -1,6 +1,6 @@
 """llgraph: a declarative graph compiler for Llama-family decoders."""
 
-__version__ = "0.15.0"
+__version__ = "0.16.0"
 
 
 def _source_tree_subpackages() -> None:

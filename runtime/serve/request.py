@@ -147,8 +147,9 @@ def tools_of(body: dict):
 
 
 def grammar_of(body: dict):
-    """The output's constraint -> a runtime.grammar.Grammar (None: plain text): OpenAI's `response_format`, or
-    llama.cpp's `grammar` (GBNF) or top-level `json_schema`; one of them at most. A bad one is a 400 naming it."""
+    """The output's constraint -> a Grammar (runtime/engine/grammar.py; None: plain text): OpenAI's
+    `response_format`, or llama.cpp's `grammar` (GBNF) or top-level `json_schema`; one of them at most. A bad one is a
+    400 naming it."""
     from llgraph.errors import LlgraphError
     from llgraph.runtime.engine.grammar import Grammar
 
