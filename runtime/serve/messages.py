@@ -194,6 +194,8 @@ def message_of(chat: dict, message_id: str, model: str) -> dict:
     """A whole chat completion (one choice) as a Messages-API message."""
     choice = chat["choices"][0]
     content = []
+    if choice["message"].get("reasoning_content"):  # gpt-oss's analysis channel (runtime/engine/harmony.py)
+        content.append({"type": "thinking", "thinking": choice["message"]["reasoning_content"], "signature": ""})
     if choice["message"].get("content"):
         content.append({"type": "text", "text": choice["message"]["content"]})
     content += [_tool_use(call) for call in choice["message"].get("tool_calls") or []]
@@ -233,7 +235,7 @@ async def events(chunks, message_id: str, model: str):
     start = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
              "stop_reason": None, "stop_sequence": None, "usage": _usage(None)}
     yield event("message_start", message=start)
-    index, text_open, finished, usage = 0, False, None, None
+    index, text_open, thinking_open, finished, usage = 0, False, False, None, None
     calls: list[dict] = []
     async for chunk in parsed_chunks(chunks):
         if "error" in chunk:
@@ -242,7 +244,18 @@ async def events(chunks, message_id: str, model: str):
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices", []):
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):  # a thinking block first (harmony's analysis), as Claude's
+                if not thinking_open:
+                    thinking_open = True
+                    yield event("content_block_start", index=index,
+                                content_block={"type": "thinking", "thinking": "", "signature": ""})
+                yield event("content_block_delta", index=index,
+                            delta={"type": "thinking_delta", "thinking": delta["reasoning_content"]})
             if delta.get("content"):
+                if thinking_open:
+                    thinking_open = False
+                    yield event("content_block_stop", index=index)
+                    index += 1
                 if not text_open:
                     text_open = True
                     yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
@@ -251,7 +264,7 @@ async def events(chunks, message_id: str, model: str):
             calls += delta.get("tool_calls") or []
             if choice.get("finish_reason") is not None:
                 finished = choice
-    if text_open:
+    if text_open or thinking_open:
         yield event("content_block_stop", index=index)
         index += 1
     for call in calls:

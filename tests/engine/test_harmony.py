@@ -157,3 +157,51 @@ def test_llgraph_chat_shows_and_keeps_the_final_channel():
     chat = Conversation(runner)
     assert "".join(chat.say("2+2?")) == "2 + 2 = 4."
     assert chat.turns[-1] == {"role": "assistant", "content": "2 + 2 = 4."}
+
+
+def test_anthropic_s_api_gets_the_reasoning_as_a_thinking_block():
+    """The Messages API (runtime/serve/messages.py) over a harmony answer: a thinking block before the text, whole
+    (valid as the anthropic SDK's Message) and streamed (thinking_delta, then text_delta, each block opened and
+    closed once, every event valid as the SDK's RawMessageStreamEvent)."""
+    import asyncio
+    import json
+
+    import anthropic
+    from pydantic import TypeAdapter
+
+    from llgraph.runtime.serve.messages import events, message_of
+
+    chat = {"choices": [{"index": 0, "finish_reason": "stop", "stop_reason": None,
+                         "message": {"role": "assistant", "content": "2 + 2 = 4.",
+                                     "reasoning_content": "The user asks 2+2. Simple."}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 9}}
+    whole = anthropic.types.Message.model_validate(message_of(chat, "msg_1", "m"))
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in whole.content] == [
+        ("thinking", "The user asks 2+2. Simple."), ("text", "2 + 2 = 4.")]
+
+    deltas = [{"reasoning_content": "The user asks "}, {"reasoning_content": "2+2. Simple."}, {"content": "2 + 2"},
+              {"content": " = 4."}]
+
+    async def chunks():
+        for d in deltas:
+            yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]})}\n\n"
+        done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": None}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 9}}
+        yield f"data: {json.dumps(done)}\n\n"
+
+    async def run():
+        return [e async for e in events(chunks(), "msg_1", "m")]
+    adapter = TypeAdapter(anthropic.types.RawMessageStreamEvent)
+    blocks, open_ = [], set()
+    for sse in asyncio.run(run()):
+        event = adapter.validate_python(json.loads(sse.split("data: ", 1)[1]))
+        if event.type == "content_block_start":
+            assert event.index == len(blocks) and not open_
+            blocks.append([event.content_block.type, ""])
+            open_.add(event.index)
+        elif event.type == "content_block_delta":
+            assert event.index in open_
+            blocks[event.index][1] += getattr(event.delta, "thinking", None) or getattr(event.delta, "text", "")
+        elif event.type == "content_block_stop":
+            open_.remove(event.index)
+    assert blocks == [["thinking", "The user asks 2+2. Simple."], ["text", "2 + 2 = 4."]] and not open_
