@@ -204,6 +204,8 @@ def response_of(chat: dict, body: dict, response_id: str, model: str) -> dict:
     choice = chat["choices"][0]
     message = choice["message"]
     output = []
+    if message.get("reasoning_content"):  # gpt-oss's analysis channel (runtime/engine/harmony.py)
+        output.append(_reasoning_item(message["reasoning_content"]))
     if message.get("content"):
         output.append(_text_item(message["content"], logprobs=_logprobs(choice)))
     for call in message.get("tool_calls") or []:
@@ -217,7 +219,8 @@ def _usage(usage: dict | None) -> dict | None:
     return None if usage is None else {
         "input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
         "total_tokens": usage["total_tokens"],
-        "input_tokens_details": {"cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
+        "input_tokens_details": {"cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0),
+                                 "cache_write_tokens": 0},  # (the openai SDK's Response requires it)
         "output_tokens_details": {"reasoning_tokens": 0}}
 
 
@@ -244,6 +247,11 @@ def _text_item(text: str, status: str = "completed", item_id: str | None = None,
         part["logprobs"] = logprobs
     return {"type": "message", "id": item_id or f"msg_{uuid.uuid4().hex}", "role": "assistant", "status": status,
             "content": [part]}
+
+
+def _reasoning_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+    return {"type": "reasoning", "id": item_id or f"rs_{uuid.uuid4().hex}", "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}]}
 
 
 def _logprobs(choice: dict) -> list | None:
@@ -275,6 +283,14 @@ async def events(chunks, body: dict, response_id: str, model: str, done=None):
     yield event("response.in_progress", response=started)
     calls: list[dict] = []
     item_id, text, usage, opened, logprobs, finish = f"msg_{uuid.uuid4().hex}", "", None, False, None, None
+    output: list[dict] = []
+    reasoning_id, reasoning = f"rs_{uuid.uuid4().hex}", None  # gpt-oss's analysis, an item before the message
+
+    def close_reasoning():
+        yield event("response.reasoning_text.done", item_id=reasoning_id, output_index=0, content_index=0,
+                    text=reasoning)
+        output.append(_reasoning_item(reasoning, item_id=reasoning_id))
+        yield event("response.output_item.done", output_index=0, item=output[-1])
     async for chunk in parsed_chunks(chunks):
         if "error" in chunk:
             yield event("error", message=chunk["error"]["message"], code=chunk["error"].get("code"))
@@ -282,29 +298,43 @@ async def events(chunks, body: dict, response_id: str, model: str, done=None):
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices", []):
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content") and not opened:
+                if reasoning is None:
+                    reasoning = ""
+                    yield event("response.output_item.added", output_index=0,
+                                item=_reasoning_item("", "in_progress", reasoning_id) | {"content": []})
+                reasoning += delta["reasoning_content"]
+                yield event("response.reasoning_text.delta", item_id=reasoning_id, output_index=0, content_index=0,
+                            delta=delta["reasoning_content"])
             if delta.get("content"):
                 if not opened:
                     opened = True
-                    yield event("response.output_item.added", output_index=0,
+                    if reasoning is not None:
+                        for e in close_reasoning():
+                            yield e
+                    yield event("response.output_item.added", output_index=len(output),
                                 item=_text_item("", "in_progress", item_id) | {"content": []})
-                    yield event("response.content_part.added", item_id=item_id, output_index=0,
+                    yield event("response.content_part.added", item_id=item_id, output_index=len(output),
                                 content_index=0, part={"type": "output_text", "text": "", "annotations": []})
                 text += delta["content"]
                 entries = _logprobs(choice)
                 if entries is not None:
                     logprobs = (logprobs or []) + entries
-                yield event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
-                            delta=delta["content"], logprobs=entries or [])
+                yield event("response.output_text.delta", item_id=item_id, output_index=len(output),
+                            content_index=0, delta=delta["content"], logprobs=entries or [])
             calls += delta.get("tool_calls") or []
             finish = choice.get("finish_reason") or finish
-    output = []
+    if reasoning is not None and not opened:  # an answer that never left its analysis
+        for e in close_reasoning():
+            yield e
     if opened:
-        yield event("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text,
+        at = len(output)
+        yield event("response.output_text.done", item_id=item_id, output_index=at, content_index=0, text=text,
                     logprobs=logprobs or [])
         output.append(_text_item(text, item_id=item_id, logprobs=logprobs))
-        yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
+        yield event("response.content_part.done", item_id=item_id, output_index=at, content_index=0,
                     part=output[-1]["content"][0])
-        yield event("response.output_item.done", output_index=0, item=output[-1])
+        yield event("response.output_item.done", output_index=at, item=output[-1])
     for call in calls:
         item = _call_item(call)
         yield event("response.output_item.added", output_index=len(output),

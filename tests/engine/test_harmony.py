@@ -205,3 +205,46 @@ def test_anthropic_s_api_gets_the_reasoning_as_a_thinking_block():
         elif event.type == "content_block_stop":
             open_.remove(event.index)
     assert blocks == [["thinking", "The user asks 2+2. Simple."], ["text", "2 + 2 = 4."]] and not open_
+
+
+def test_the_responses_api_gets_the_reasoning_as_a_reasoning_item():
+    """The Responses API (runtime/serve/responses.py) over a harmony answer: a reasoning item (reasoning_text) before
+    the message, whole (valid as the openai SDK's Response) and streamed (reasoning_text deltas at output 0, the
+    text's at output 1, every event valid as the SDK's ResponseStreamEvent, the completed response the same)."""
+    import asyncio
+    import json
+
+    import openai.types.responses as R
+    from pydantic import TypeAdapter
+
+    from llgraph.runtime.serve.responses import events, response_of
+
+    usage = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}
+    chat = {"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "2 + 2 = 4.", "reasoning_content": "The user asks 2+2. Simple."}}],
+        "usage": usage}
+    whole = R.Response.model_validate(response_of(chat, {}, "resp_1", "m"))
+    assert [i.type for i in whole.output] == ["reasoning", "message"]
+    assert whole.output[0].content[0].text == "The user asks 2+2. Simple." and whole.output_text == "2 + 2 = 4."
+
+    deltas = [{"reasoning_content": "The user asks "}, {"reasoning_content": "2+2. Simple."}, {"content": "2 + 2"},
+              {"content": " = 4."}]
+
+    async def chunks():
+        for d in deltas:
+            yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]})}\n\n"
+        done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage}
+        yield f"data: {json.dumps(done)}\n\n"
+
+    async def run():
+        return [e async for e in events(chunks(), {}, "resp_1", "m")]
+    adapter = TypeAdapter(R.ResponseStreamEvent)
+    got: dict[int, str] = {}
+    for sse in asyncio.run(run()):
+        event = adapter.validate_python(json.loads(sse.split("data: ", 1)[1]))
+        if event.type in ("response.reasoning_text.delta", "response.output_text.delta"):
+            got[event.output_index] = got.get(event.output_index, "") + event.delta
+        if event.type == "response.completed":
+            done = event.response
+    assert got == {0: "The user asks 2+2. Simple.", 1: "2 + 2 = 4."}
+    assert [i.type for i in done.output] == ["reasoning", "message"] and done.output_text == "2 + 2 = 4."
