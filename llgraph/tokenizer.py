@@ -106,9 +106,10 @@ class Tokenizer:
         return self.tk.decode([token], skip_special_tokens=False).encode()
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, **variables) -> str:
         """The template's text for `messages` (and `tools`, OpenAI's function objects, as transformers passes them:
-        a template that does not read `tools` ignores them)."""
+        a template that does not read `tools` ignores them); `variables`: more names the template may read
+        (gpt-oss's `reasoning_effort`)."""
         if not self.chat_template:
             raise TokenizerError("this model has no chat template; drop --chat or give a model that has one")
         import jinja2
@@ -127,7 +128,7 @@ class Tokenizer:
         try:
             return env.from_string(self.chat_template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
-                eos_token=self.eos_token, tools=tools)
+                eos_token=self.eos_token, tools=tools, **variables)
         except jinja2.TemplateError as e:
             raise TokenizerError(f"chat template failed: {e}") from None
 

@@ -91,14 +91,22 @@ class Runner:
         return self.generate(messages, max_new_tokens, **kwargs)
 
     def render_chat(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
-                    continue_final_message: bool = False) -> str:
+                    continue_final_message: bool = False, reasoning_effort: str | None = None) -> str:
         """A conversation as the model's chat template writes it, ready for the assistant's turn (the one place a
         conversation is checked and rendered: generate, stream, chat and the server's chat completions). `tools`: a
         tools.ToolSpec, the functions the model may call (rendered by the template, or in runtime/engine/tools.py's
         fallback format); an assistant turn may carry OpenAI's `tool_calls` (its content then may be None), and a
         "tool" turn a call's result. `add_generation_prompt` False leaves the assistant's header out;
         `continue_final_message` (vLLM's) ends the text inside the last (assistant) message, for the model to
-        continue it."""
+        continue it. `reasoning_effort` ("low", "medium", "high"): for a template that reads it (gpt-oss's system
+        line "Reasoning: ..."), else a RequestError (it would change nothing)."""
+        if reasoning_effort is not None:
+            template = self.tokenizer.chat_template if self.tokenizer else None
+            if reasoning_effort not in ("low", "medium", "high"):
+                raise RequestError(f"reasoning_effort must be low, medium or high, not {str(reasoning_effort)[:20]!r}")
+            if not template or "reasoning_effort" not in template:
+                raise RequestError("reasoning_effort is read by a chat template that has it (gpt-oss's); this "
+                                   "model's does not: drop it")
         if continue_final_message and add_generation_prompt:
             raise RequestError("continue_final_message continues the last message: set add_generation_prompt false")
         if continue_final_message and not (messages and isinstance(messages[-1], dict)
@@ -116,7 +124,8 @@ class Runner:
         template = self.tokenizer.chat_template
         messages, tool_list = chat_inputs(template, list(messages), tools)
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                  tools=tool_list)
+                                                  tools=tool_list, **({} if reasoning_effort is None else
+                                                                      {"reasoning_effort": reasoning_effort}))
         if continue_final_message:  # cut what the template closes the last message with
             last = messages[-1].get("content") or ""
             at = text.rfind(last) if last else -1

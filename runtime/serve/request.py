@@ -124,8 +124,8 @@ def logit_bias(body: dict, vocab: int) -> tuple[tuple[int, float], ...]:
 
 def refuse_unsupported(body: dict, n: int, chat: bool = False) -> None:
     for key, neutral in _NEUTRAL.items():
-        if chat and key in ("tools", "tool_choice"):
-            continue  # chat completions call tools (tools_of)
+        if chat and key in ("tools", "tool_choice", "reasoning_effort"):
+            continue  # chat completions call tools (tools_of) and give gpt-oss's template its effort (chat_prompt)
         if key in body and body[key] not in neutral:
             raise ApiError(400, f"'{key}' ({str(body[key])[:60]}) is not supported by this server; drop it",
                            param=key)
@@ -202,9 +202,10 @@ def chat_prompt(body: dict, runner, tools=None) -> str:
              if isinstance(m, dict) else m for m in messages]
     generation, cont = flag(body, "add_generation_prompt", True), flag(body, "continue_final_message", False)
     try:
-        return runner.render_chat(clean, tools=tools, add_generation_prompt=generation, continue_final_message=cont)
+        return runner.render_chat(clean, tools=tools, add_generation_prompt=generation, continue_final_message=cont,
+                                  reasoning_effort=body.get("reasoning_effort"))
     except RequestError as e:
-        raise ApiError(400, str(e), param="messages") from None
+        raise ApiError(400, str(e), param="reasoning_effort" if "reasoning_effort" in str(e) else "messages") from None
     except Exception as e:
         raise ApiError(400, f"the chat template failed on these messages: {e}", param="messages") from None
 

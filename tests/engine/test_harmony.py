@@ -248,3 +248,25 @@ def test_the_responses_api_gets_the_reasoning_as_a_reasoning_item():
             done = event.response
     assert got == {0: "The user asks 2+2. Simple.", 1: "2 + 2 = 4."}
     assert [i.type for i in done.output] == ["reasoning", "message"] and done.output_text == "2 + 2 = 4."
+
+
+def test_reasoning_effort_reaches_a_template_that_reads_it(tmp_path):
+    """OpenAI's `reasoning_effort` is gpt-oss's system line (its template's `reasoning_effort`): rendered where the
+    template reads it, a 400 naming the field where it does not (it would change nothing) or for a bad value."""
+    from gguf_vocab import HARMONY_TEMPLATE, with_weights
+
+    from llgraph.runtime import open_runner
+    from llgraph.runtime.serve.request import ApiError, chat_prompt
+
+    runner = open_runner(str(with_weights(tmp_path / "m.gguf", harmony(tmp_path / "v.gguf"))), "torch",
+                         max_seq_len=64)
+    body = {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "high"}
+    with pytest.raises(ApiError, match="reasoning_effort") as e:
+        chat_prompt(body, runner)
+    assert e.value.param == "reasoning_effort"
+    runner.tokenizer.chat_template = ("<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}"
+                                      "<|end|>" + HARMONY_TEMPLATE)
+    assert "Reasoning: high<|end|>" in chat_prompt(body, runner)
+    assert "Reasoning: medium<|end|>" in chat_prompt({**body, "reasoning_effort": None}, runner)
+    with pytest.raises(ApiError, match="low, medium or high"):
+        chat_prompt({**body, "reasoning_effort": "max"}, runner)
