@@ -12,9 +12,8 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from llgraph.export.lower import Emitter, Target
+from llgraph.export.onnx_moe import moe
 from llgraph.ir import Node
-from llgraph.quant import dequantize_experts
-from llgraph.weights import DTYPES
 
 OPSET = 24
 
@@ -297,118 +296,6 @@ def swiglu(em: Emitter, node: Node) -> None:
     gate, up = node.inputs
     silu = em.node("Mul", [gate, em.node("Sigmoid", [gate], hint=node.name)[0]], hint=node.name)[0]
     em.node("Mul", [silu, up], node.outputs, hint=node.name)
-
-
-def _experts_t(w: np.ndarray) -> np.ndarray:
-    """[experts, out, in] -> [experts, in, out]: each expert's matrix as MatMul takes it."""
-    return np.ascontiguousarray(w.transpose(0, 2, 1))
-
-
-def moe_inputs(node: Node) -> list:
-    """x, router, gate, up, down, shared_gate, shared_up, shared_down, shared_router, router_bias, gate_bias, up_bias,
-    down_bias (absent ones None)."""
-    return (list(node.inputs) + [None] * 8)[:13]
-
-
-def moe_tokens(em: Emitter, node: Node) -> tuple[str, str]:
-    """(x as [tokens, hidden], the router's logits [tokens, experts] in float32, its bias added)."""
-    x, router = node.inputs[:2]
-    flat = em.node("Reshape", [x, em.const([-1, em.graph.values[x].shape[-1]], "int64")], hint=node.name)[0]
-    logits = em.node("MatMul", [flat, em.weight(router, transpose=True)], hint=node.name)[0]
-    router_bias = moe_inputs(node)[9]
-    if router_bias is not None:
-        logits = em.node("Add", [logits, em.weight(router_bias)], hint=node.name)[0]
-    if em.dtype_of(x) != TensorProto.FLOAT:
-        logits = em.node("Cast", [logits], hint=node.name, to=TensorProto.FLOAT)[0]
-    return flat, logits
-
-
-def moe_finish(em: Emitter, node: Node, flat: str, routed: str) -> None:
-    """The routed experts' sum [tokens, hidden], plus Qwen2-MoE's shared expert (every token, times
-    sigmoid(x @ shared_router^T)) where the node has one, in x's shape."""
-    x, _, _, _, _, shared_gate, shared_up, shared_down, shared_router = moe_inputs(node)[:9]
-    name = node.name
-    if shared_gate is not None:
-        def mm(a, w):
-            return em.node("MatMul", [a, em.weight(w, transpose=True)], hint=name)[0]
-        sg = mm(flat, shared_gate)
-        act = em.node("Mul", [em.node("Mul", [sg, em.node("Sigmoid", [sg], hint=name)[0]], hint=name)[0],
-                              mm(flat, shared_up)], hint=name)[0]
-        gated = em.node("Mul", [em.node("Sigmoid", [mm(flat, shared_router)], hint=name)[0], mm(act, shared_down)],
-                        hint=name)[0]
-        routed = em.node("Add", [routed, gated], hint=name)[0]
-    em.node("Reshape", [routed, em.node("Shape", [x], hint=name)[0]], node.outputs, hint=name)
-
-
-def moe(em: Emitter, node: Node) -> None:
-    """Standard ONNX: the router's softmax (float32) and TopK, the k weights scattered into a dense [tokens,
-    experts] matrix, then every expert's SwiGLU on every token as batched MatMuls ([experts, tokens, ffn]) and the
-    weighted sum over experts. Exact, and a reference: it reads every expert, where a token needs k of them (the
-    ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py)."""
-    x = node.inputs[0]
-    name, dtype = node.name, em.dtype_of(x)
-    flat, logits = moe_tokens(em, node)
-    probs = em.node("Softmax", [logits], hint=name, axis=-1)[0]
-    k = em.const([node.attrs["top_k"]], "int64")
-    top, chosen = em.node("TopK", [probs, k], 2, hint=name, axis=-1, largest=1, sorted=1)
-    if node.attrs["normalize"]:
-        top = em.node("Div", [top, em.node("ReduceSum", [top, em.const([-1], "int64")], hint=name,
-                                            keepdims=1)[0]], hint=name)[0]
-    zeros = em.node("ConstantOfShape", [em.node("Shape", [probs], hint=name)[0]], hint=name)[0]  # float32 0s
-    dense = em.node("ScatterElements", [zeros, chosen, top], hint=name, axis=1)[0]  # [N, E]: 0 but the chosen
-    if dtype != TensorProto.FLOAT:
-        dense = em.node("Cast", [dense], hint=name, to=dtype)[0]
-    gate, up, down = (expert_weights(em, node, i, _experts_t) for i in (2, 3, 4))
-    gate_bias, up_bias, down_bias = moe_inputs(node)[10:]
-
-    def biased(y, bias):  # + bias[e] on every token's row: [E, N, out] + [E, 1, out]
-        if bias is None:
-            return y
-        return em.node("Add", [y, em.weight(bias, compute=_per_expert_row)], hint=name)[0]
-    g = biased(em.node("MatMul", [flat, gate], hint=name)[0], gate_bias)  # [E, N, F]
-    u = biased(em.node("MatMul", [flat, up], hint=name)[0], up_bias)
-    y = biased(em.node("MatMul", [gated(em, node, g, u), down], hint=name)[0], down_bias)  # [E, N, H]
-    w = em.node("Unsqueeze", [em.node("Transpose", [dense], hint=name, perm=[1, 0])[0],
-                              em.const([2], "int64")], hint=name)[0]  # [E, N, 1]
-    summed = em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([0], "int64")], hint=name,
-                     keepdims=0)[0]
-    moe_finish(em, node, flat, summed)
-
-
-def _per_expert_row(b: np.ndarray) -> np.ndarray:
-    """[experts, out] -> [experts, 1, out]: an expert's bias broadcast over its tokens."""
-    return np.ascontiguousarray(b[:, None, :])
-
-
-def gated(em: Emitter, node: Node, g: str, u: str) -> str:
-    """MoE's activation (ops.py): g * sigmoid(alpha * g) * (u + beta), g clamped to <= limit and u to +-limit
-    first where limit > 0 (gpt-oss); silu(g) * u at alpha 1, beta 0, limit 0."""
-    a, name = node.attrs, node.name
-    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(em.dtype_of(node.inputs[0]))
-    if a["limit"]:
-        g = em.node("Min", [g, em.const(a["limit"], np_dtype)], hint=name)[0]
-        u = em.node("Clip", [u, em.const(-a["limit"], np_dtype), em.const(a["limit"], np_dtype)], hint=name)[0]
-    scaled = g if a["alpha"] == 1 else em.node("Mul", [g, em.const(a["alpha"], np_dtype)], hint=name)[0]
-    if a["beta"]:
-        u = em.node("Add", [u, em.const(a["beta"], np_dtype)], hint=name)[0]
-    glu = em.node("Mul", [g, em.node("Sigmoid", [scaled], hint=name)[0]], hint=name)[0]
-    return em.node("Mul", [glu, u], hint=name)[0]
-
-
-def expert_weights(em: Emitter, node: Node, index: int, compute=None) -> str:
-    """A MoE's float experts (input `index`: gate, up or down), or a QMoE's dequantized in x's float type as ggml
-    defines its super-blocks, through `compute` ([experts, out, in] -> the layout a lowering reads; None: as they
-    are)."""
-    param = node.inputs[index]
-    if node.op == "MoE":
-        return em.weight(param, compute=compute)
-    kind = node.attrs["down_format" if index == 4 else "format"]
-    dtype = DTYPES[em.graph.values[node.inputs[0]].dtype]
-
-    def dequantized(codes):
-        w = dequantize_experts(codes, kind, dtype)
-        return w if compute is None else compute(w)
-    return em.derived(f"{param}.dequantized{'.' + compute.__name__ if compute else ''}", dequantized, param)
 
 
 def add(em: Emitter, node: Node) -> None:

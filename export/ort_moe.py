@@ -1,5 +1,5 @@
 """The ort target's MoE: ONNX Runtime's own `com.microsoft::MoE` (its CPU kernel routes each token to its k experts
-and reads only theirs), where the standard lowering (export/onnx.py's moe) computes every expert on every token; a
+and reads only theirs), where the standard lowering (export/onnx_moe.py) computes every expert on every token; a
 QMoE (experts in GGUF super-blocks) on llgraph's own kernels (--kernels llgraph: plugins/cpu/moe.inc) at the file's
 bits, else on ONNX Runtime's op with its experts dequantized.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import llgraph.export.onnx as std
+import llgraph.export.onnx_moe as std
 from llgraph.export.cpu_layout import glu_groups, interleaver
 from llgraph.export.lower import Emitter
 from llgraph.ir import Node

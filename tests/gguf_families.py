@@ -58,14 +58,10 @@ def with_vocabulary(src: Path, dst: Path, n: int = 97) -> Path:
     """`src` with a placeholder vocabulary of n pieces: llama.cpp loads no GGUF without one."""
     import gguf
     import numpy as np
+    from reference import copying_fields
 
     r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            kind = f.types[0]
-            w.add_array(key, f.contents()) if kind == gguf.GGUFValueType.ARRAY else \
-                w.add_key_value(key, f.contents(), kind)
+    w = copying_fields(r, dst)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<t{i}>" for i in range(n)])
     w.add_token_scores([0.0] * n)

@@ -134,6 +134,19 @@ def gguf_writer(path, arch: str, cfg: LlamaConfig):
     return w
 
 
+def copying_fields(src, dst):
+    """A gguf writer at `dst` with every metadata field of the GGUFReader `src` (its architecture's too)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(dst), src.fields["general.architecture"].contents())
+    for key, f in src.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            kind = f.types[0]
+            w.add_array(key, f.contents()) if kind == gguf.GGUFValueType.ARRAY else \
+                w.add_key_value(key, f.contents(), kind)
+    return w
+
+
 def finish_gguf(w) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -376,16 +376,11 @@ def test_a_moe_gguf_with_blocked_experts_runs_them_widened_and_says_so(tmp_path,
     import gguf
     import gguf.quants as gq
     from gguf_families import DATA
-    from reference import Stepper
+    from reference import Stepper, copying_fields
 
     src = gguf.GGUFReader(str(DATA / "qwen3_moe" / "model.gguf"))
     path = tmp_path / "q8-experts.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    for key, f in src.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            kind = f.types[0]
-            w.add_array(key, f.contents()) if kind == gguf.GGUFValueType.ARRAY else \
-                w.add_key_value(key, f.contents(), kind)
+    w = copying_fields(src, path)
     for t in src.tensors:
         data = np.array(t.data)
         if "_exps" in t.name and data.shape[-1] % 32 == 0:  # gate and up (down's 48 inputs are no whole blocks)

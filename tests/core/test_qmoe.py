@@ -11,7 +11,7 @@ import onnx
 import pytest
 import torch
 from kquant_moe import FORMATS, write
-from reference import OrtStepper, Stepper
+from reference import OrtStepper, Stepper, finish_gguf
 from test_export import compare_steps
 
 from llgraph.checkpoint import load_config, open_model
@@ -115,22 +115,15 @@ def dequantized_twin(src, dst):
     import gguf
     import numpy as np
     from gguf.quants import dequantize
+    from reference import copying_fields
 
     r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            kind = f.types[0]
-            w.add_array(key, f.contents()) if kind == gguf.GGUFValueType.ARRAY else \
-                w.add_key_value(key, f.contents(), kind)
+    w = copying_fields(r, dst)
     for t in r.tensors:
         quantized = t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
         data = dequantize(t.data, t.tensor_type).astype(np.float32) if quantized else np.array(t.data)
         w.add_tensor(t.name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
     return dst
 
 
