@@ -371,9 +371,16 @@ def end_of_generation(reader) -> tuple[int, ...]:
     ids = {metadata(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")} - {None}
     ids |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS and (types is None or types[i] in SPECIAL_TYPES)}
     texts = {tokens[i]: i for i in ids if i < len(tokens)}
-    if "<|end|>" in texts and {"<|return|>", "<|call|>"} <= set(texts):  # gpt-oss's harmony (as llama.cpp): <|end|>
-        ids.discard(texts["<|end|>"])  # closes a message (its analysis) and the turn goes on; <|return|> ends it
+    if end_is_text(set(texts)):
+        ids.discard(texts["<|end|>"])
     return tuple(sorted(int(i) for i in ids))
+
+
+def end_is_text(stops: set[str]) -> bool:
+    """Whether `<|end|>` closes a message and the turn goes on (gpt-oss's harmony: <|return|> or <|call|> ends it;
+    solar-open's <|calls|>/<|flush|>): llama.cpp then takes it out of the end-of-turn tokens and renders it as text."""
+    return "<|end|>" in stops and ({"<|return|>", "<|call|>"} <= stops or
+                                   bool({"<|call|>", "<|calls|>"} & stops) and "<|flush|>" in stops)
 
 
 

@@ -19,7 +19,7 @@ renders them. `add_bos_token`/`add_eos_token` are honoured by the post-processor
 from __future__ import annotations
 
 from llgraph.errors import LlgraphError
-from llgraph.gguf_source import EOG_TEXTS, FIM_TEXTS, SPECIAL_TYPES, metadata
+from llgraph.gguf_source import EOG_TEXTS, FIM_TEXTS, SPECIAL_TYPES, end_is_text, metadata
 
 # the regexes of each pre-tokenizer (byte-level BPE), in the order they split
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -120,8 +120,9 @@ _LLAMA3_GROUP = {n for n, s in PRE_NAMES.items() if s == "llama3"} - {"dbrx", "s
 IGNORE_MERGES = {*_LLAMA3_GROUP, "tekken", "glm4", "glm5", "minicpm5"}
 ADD_BOS = {*_LLAMA3_GROUP, "tekken", "chameleon"}  # llama.cpp adds a BOS for these unless the file says otherwise
 USER_DEFINED, BYTE = 4, 6  # token types: a piece rendered as written; a byte-fallback piece <0xNN>
-# gpt-oss's harmony marks, control tokens that llama.cpp always renders (its "quick hack for gpt-oss"): an answer's
-# text holds its channels, which the server splits into reasoning and content (runtime/engine/harmony.py)
+# gpt-oss's harmony marks, control tokens that llama.cpp always renders (its "quick hack for gpt-oss"), and <|end|>
+# where it is no end of turn (gguf_source.end_is_text): an answer's text holds its channels, which the server splits
+# into reasoning and content (runtime/engine/harmony.py)
 HARMONY_TEXT = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
@@ -169,7 +170,9 @@ def build(reader):
     # piece (type 4: Gemma's newlines and runs of spaces, Qwen's <think>) is text on decode, the others are not, nor
     # is a user-defined one that looks like an end of turn or a fill-in-the-middle mark (llama.cpp makes it control)
     control = set(EOG_TEXTS) | set(FIM_TEXTS)
-    tk.add_tokens([AddedToken(t, special=(kind != USER_DEFINED or t in control) and t not in HARMONY_TEXT,
+    rendered = set(HARMONY_TEXT) | ({"<|end|>"} if end_is_text({t for t, k in zip(tokens, types)
+                                                                if t in EOG_TEXTS and k in SPECIAL_TYPES}) else set())
+    tk.add_tokens([AddedToken(t, special=(kind != USER_DEFINED or t in control) and t not in rendered,
                               normalized=False,
                               rstrip=rstrip and t not in ("<unk>", "<s>", "<|endoftext|>"))
                    for t, kind in zip(tokens, types) if kind in SPECIAL_TYPES])

@@ -6,8 +6,8 @@ the reasoning (`reasoning_content`), the `final` channel (and a `commentary` mes
     <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}
 
 The answer's text holds these marks because the tokenizer renders them (llgraph/gguf_tokenizer.py's HARMONY_TEXT,
-as llama.cpp does) but <|end|>, a control token the text leaves out (a message then runs to the next <|start|>);
-the turn ends at <|return|> or <|call|>, which are end-of-generation tokens and not in the text either.
+as llama.cpp does, <|end|> too; a text without <|end|> parses the same, a message running to the next <|start|>);
+the turn ends at <|return|> or <|call|>, which are end-of-generation tokens and not in the text.
 A template speaks harmony when it writes <|channel|> (`speaks`).
 
     answer = parse(text)                     # Answer(reasoning, content, calls)
