@@ -53,6 +53,7 @@ def share_threads(threads: int | None = None) -> None:
 
 class OrtBackend(Backend):
     multi_token_rows = False  # GroupQueryAttention: "batch_size must be 1 when sequence_length > 1 and past ..."
+    scratch: object = None  # a diff side's temporary export folder, removed with its backend
 
     def __init__(self, folder: str | Path, max_seq_len: int | None = None, threads: int | None = None,
                  model_file: str | None = None, kv_cache: str | None = None):
@@ -289,20 +290,8 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
             model.graph.output.append(onnx.helper.make_tensor_value_info(name, ONNX_DTYPES[v.dtype], None))
     onnx.save(model, str(folder / TAPPED))
     backend = OrtBackend(folder, max_seq, model_file=TAPPED, kv_cache=dtype)  # the float cache torch's side keeps
-    backend.record = True
-
-    def stepper():
-        fresh = [True]
-
-        def step(s: dict) -> dict:
-            _ = scratch  # the export lives as long as a stepper can run
-            if fresh[0]:
-                backend.allocate(s["input_ids"].shape[0], zeroed=True)
-                fresh[0] = False
-            backend.forward(s["input_ids"], s["position_ids"])
-            return backend.recorded
-        return step
-    return stepper
+    backend.scratch = scratch  # the export lives as long as its backend
+    return backend.recorder()
 
 
 def _open(path: Path, options: RunOptions) -> ORTRunner:

@@ -130,20 +130,7 @@ class TorchRunner(Runner):
 def torch_side(cfg: LlamaConfig, source: WeightSource, dtype: str = "float32", max_seq: int = 256,
                graph: Graph | None = None):
     """A diff side (runtime/eval/diff.py): a TorchBackend recording every value, each stepper from a zeroed cache."""
-    backend = TorchBackend(cfg, source, max_seq, dtype, graph=graph, limit=max_seq)
-    backend.record = True
-
-    def stepper():
-        fresh = [True]
-
-        def step(s: dict) -> dict:
-            if fresh[0]:
-                backend.allocate(s["input_ids"].shape[0], zeroed=True)
-                fresh[0] = False
-            backend.forward(s["input_ids"], s["position_ids"])
-            return backend.recorded
-        return step
-    return stepper
+    return TorchBackend(cfg, source, max_seq, dtype, graph=graph, limit=max_seq).recorder()
 
 
 def _open(path: Path, options: RunOptions) -> TorchRunner:

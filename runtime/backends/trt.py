@@ -132,7 +132,7 @@ class TRTBackend(Backend):
         if not ok:
             raise EngineError(f"TensorRT refused {what} (see its log above)")
 
-    def allocate(self, batch: int) -> None:
+    def allocate(self, batch: int, zeroed: bool = False) -> None:  # zeroed anew each time
         if batch > self.max_batch:
             raise RequestError(f"batch of {batch} prompts exceeds the engine's max batch ({self.max_batch}); "
                                "rebuild with `llgraph build --max-batch`")
@@ -236,20 +236,7 @@ def check_runs(slots: np.ndarray, positions: np.ndarray) -> None:
 def engine_side(folder: str | Path, tensorrt: str = "auto"):
     """A diff side (runtime/eval/diff.py): a TensorRT engine built from a `trt` export folder (needs tensorrt and a
     GPU, or `tensorrt="twin"`). It exposes the final outputs: logits and the present caches."""
-    backend = TRTBackend(folder, tensorrt)
-    backend.record = True
-
-    def stepper():
-        fresh = [True]
-
-        def step(s: dict) -> dict:
-            if fresh[0]:
-                backend.allocate(s["input_ids"].shape[0])
-                fresh[0] = False
-            backend.forward(s["input_ids"], s["position_ids"])
-            return backend.recorded
-        return step
-    return stepper
+    return TRTBackend(folder, tensorrt).recorder()
 
 
 class TRTRunner(Runner):

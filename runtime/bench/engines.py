@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llgraph.runtime.engine.score import log_softmax
+from llgraph.runtime.engine.logprobs import log_softmax
 from llgraph.weight_request import Weights
 
 PROMPT = ("Write a short story about a lighthouse keeper who discovers a message in a bottle. "
@@ -260,10 +260,11 @@ def quality(args, hf_dir: Path) -> None:
 def teacher_forced(folder: Path, ids: list[int], threads: int):
     """Next-token log-probabilities [len(ids), vocab] of an export folder over `ids`, in one ORT prefill."""
     from llgraph.runtime.backends.ort import OrtBackend
+    from llgraph.runtime.engine.packed import step_logits
 
     backend = OrtBackend(folder, len(ids), threads)
     backend.allocate(1)
-    return log_softmax(backend.forward(np.array([ids]), np.arange(len(ids))[None]))[0]
+    return log_softmax(step_logits(backend, ids, kept=len(ids)))
 
 
 def kl_table(ref, logp: dict, what: str) -> None:

@@ -1,7 +1,7 @@
 """What a free slot below a busy one costs a decode step: one active row alone (slot 0), the same row in the last
 slot with every slot below it free, and two active rows — on a ragged backend (the step runs the busy rows only,
-passes.ragged_slots) and, on the same export in the same run, as a backend without slot ids runs it (the slots up to
-the highest busy one, a free one attending its whole row).
+passes.ragged_slots) and, on the same export in the same run, as a backend without slot ids runs it (the slots from
+the lowest busy one to the highest, a free one between them attending its whole row: runtime/engine/contiguous.py).
 
     python -m llgraph.runtime.bench.holes [--model smollm2] [--slots 8] [--max-seq-len 8192] [--position 512]
                                           [--steps 40] [--threads 2] [--repeats 3]
@@ -30,10 +30,10 @@ def step_ms(runner, slots: list[int], position: int, steps: int, ragged: bool) -
             for s in slots]
     engine = Engine(backend)
     for r in rows:
-        engine.prefill([r])
+        engine.advance([r])
     start = time.perf_counter()
     for _ in range(steps):
-        engine.step(rows)
+        engine.advance(rows)
     elapsed = time.perf_counter() - start
     if any(r.error for r in rows):
         raise SystemExit(f"a row failed: {[r.error for r in rows if r.error][0]}")

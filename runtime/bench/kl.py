@@ -54,6 +54,7 @@ def reference(gguf: Path, tokens: np.ndarray, threads: int) -> np.ndarray:
 
     from llgraph.checkpoint import load_config, open_checkpoint
     from llgraph.runtime.backends.pytorch import TorchBackend
+    from llgraph.runtime.engine.packed import step_logits
 
     torch.set_num_threads(threads)
     config = load_config(gguf)  # the GGUF as a checkpoint opens (Phi-3's fused projections seen split)
@@ -61,7 +62,7 @@ def reference(gguf: Path, tokens: np.ndarray, threads: int) -> np.ndarray:
     out = []
     for row in tokens:
         backend.allocate(1, zeroed=True)
-        out.append(log_softmax(backend.forward(row[None], np.arange(len(row))[None])[0]))
+        out.append(log_softmax(step_logits(backend, row, kept=len(row))))
     return np.stack(out)
 
 
@@ -69,6 +70,7 @@ def llgraph_logp(gguf: Path, tokens: np.ndarray, threads: int, level, work: Path
     """The same from an ort export of the GGUF at accuracy level `level` (None: the default, by format)."""
     from llgraph.export import export_model
     from llgraph.runtime.backends.ort import OrtBackend
+    from llgraph.runtime.engine.packed import step_logits
     from llgraph.weight_request import Weights
 
     folder = export_model(gguf, checkpoint=gguf, out=work / f"l{level}", max_seq_len=tokens.shape[1], force=True,
@@ -77,7 +79,7 @@ def llgraph_logp(gguf: Path, tokens: np.ndarray, threads: int, level, work: Path
     out = []
     for row in tokens:
         backend.allocate(1)
-        out.append(log_softmax(backend.forward(row[None], np.arange(len(row))[None])[0]))
+        out.append(log_softmax(step_logits(backend, row, kept=len(row))))
     return np.stack(out)
 
 

@@ -36,16 +36,17 @@ def sequence(runner, prompt: str, tokens: int) -> np.ndarray:
 def against_exact(exact, engines: dict, seq: np.ndarray, chunk: int = 256) -> tuple[dict, dict]:
     """Each backend of `engines` (name -> Backend) against `exact` along token ids `seq`, read `chunk` at a time:
     ({name: KL(exact || it) at each position}, {name: whether its top token is exact's, at each position})."""
+    from llgraph.runtime.engine.packed import step_logits
+
     kls = {name: [] for name in engines}
     same = {name: [] for name in engines}
     for b in (exact, *engines.values()):
         b.allocate(1, zeroed=True)
     for start in range(0, len(seq), chunk):
         ids = seq[None, start:start + chunk]
-        pos = np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
-        ref = log_softmax(exact.forward(ids, pos, keep=ids.shape[1])[0].astype(np.float64))
+        ref = log_softmax(step_logits(exact, ids, start, kept=ids.shape[1]).astype(np.float64))
         for name, b in engines.items():
-            logp = log_softmax(b.forward(ids, pos, keep=ids.shape[1])[0].astype(np.float64))
+            logp = log_softmax(step_logits(b, ids, start, kept=ids.shape[1]).astype(np.float64))
             kls[name].extend((np.exp(ref) * (ref - logp)).sum(-1))
             same[name].extend(ref.argmax(-1) == logp.argmax(-1))
     return {k: np.array(v) for k, v in kls.items()}, {k: np.array(v) for k, v in same.items()}

@@ -47,6 +47,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     from llgraph.runtime.backends import open_runner
     from llgraph.runtime.bench.speed import onnx_bytes_per_token
+    from llgraph.runtime.engine.packed import step_logits
 
     t0 = time.perf_counter()
     runner = open_runner(args.model, "ort", max_seq_len=args.context, threads=args.threads, kv_cache=args.kv_cache)
@@ -67,13 +68,13 @@ def main(argv=None) -> None:
         fill_ids = range(0, fill, args.chunk)
     for start in fill_ids:
         end = min(fill, start + args.chunk)
-        b.forward(ids[:, start:end], np.arange(start, end, dtype=np.int64)[None], keep=1)
+        step_logits(b, ids[:, start:end], start)
         print(f"  {end} / {fill} positions written ({end / (time.perf_counter() - t0):.1f} tok/s)", flush=True)
     prefill = time.perf_counter() - t0
     written = "written directly" if args.synthetic else f"prefilled at {fill / prefill:.1f} tok/s ({prefill:.0f} s)"
     t0 = time.perf_counter()
     for t in range(fill, args.context):
-        b.forward(ids[:, t:t + 1], np.array([[t]], np.int64), keep=1)
+        step_logits(b, ids[:, t:t + 1], t)
     decode = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     weights = onnx_bytes_per_token(b.folder) if hasattr(b, "folder") else 0

@@ -68,16 +68,18 @@ def step_costs(backend, sizes=(1, 2, 3, 5, 9), prefix: int = 300) -> dict[int, f
 
     import numpy as np
 
+    from llgraph.runtime.engine.packed import step_logits
+
     backend.allocate(1)
-    backend.forward(np.arange(prefix)[None] % 1000 + 5, np.arange(prefix)[None], keep=1)
+    step_logits(backend, np.arange(prefix) % 1000 + 5)
     costs = {}
     for n in sizes:
-        ids, pos = np.arange(n)[None] + 7, (prefix + np.arange(n))[None]
+        ids = np.arange(n) + 7
         for _ in range(3):
-            backend.forward(ids, pos, keep=n)
+            step_logits(backend, ids, prefix, kept=n)
         start = time.perf_counter()
         for _ in range(20):
-            backend.forward(ids, pos, keep=n)
+            step_logits(backend, ids, prefix, kept=n)
         costs[n] = (time.perf_counter() - start) / 20
     return costs
 

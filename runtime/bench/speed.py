@@ -117,6 +117,7 @@ def llgraph_engine(args, kv_cache: str | None = None, level: int | None = None) 
     --backend, its KV cache in format `kv_cache` (None: the backend's default), its quantized weights at accuracy
     level `level` (None: the model's default)."""
     from llgraph.runtime.backends import open_runner
+    from llgraph.runtime.engine.packed import step_logits
     from llgraph.weight_request import Weights
 
     start = time.perf_counter()
@@ -133,7 +134,7 @@ def llgraph_engine(args, kv_cache: str | None = None, level: int | None = None) 
         weight_bytes = onnx_bytes_per_token(Path(b.folder)) if hasattr(b, "folder") else None
         allocate = lambda: b.allocate(1)  # noqa: E731
     opened = time.perf_counter() - start
-    timed = Timed(lambda ids, pos: b.forward(ids, pos, keep=1), allocate, b.vocab_size, args.p, args.n, sync,
+    timed = Timed(lambda ids, pos: step_logits(b, ids, int(pos[0, 0])), allocate, b.vocab_size, args.p, args.n, sync,
                   args.depth)
     device = f" on {args.device}" if args.backend == "torch" else ""
     kv = f", KV {b.kv_format().name}" if kv_cache or args.depth else ""

@@ -13,7 +13,7 @@ slot p >= len(b), and row b's decode token at position p overwrites slot p befor
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import ContextManager, Sequence, Union
+from typing import Callable, ContextManager, Sequence, Union
 
 import numpy as np
 
@@ -83,7 +83,9 @@ class Backend:
         """Returns once the backend may answer; raises (one line) when it must not: an OrtBackend's weights found
         damaged by the check that runs while it loads (export_folder.Checked). allocate() calls it."""
 
-    def allocate(self, batch: int) -> None:
+    def allocate(self, batch: int, zeroed: bool = False) -> None:
+        """The static KV cache for `batch` rows; kept as it is for the same batch (stale positions are masked)
+        unless `zeroed`."""
         raise NotImplementedError
 
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
@@ -141,3 +143,20 @@ class Backend:
             for t in caches:
                 t[dst, :, :length] = t[src, :, :length]
         return bool(caches)
+
+    def recorder(self) -> Callable[[], Callable[[dict], dict]]:
+        """A diff side (runtime/eval/diff.py): each call a fresh stepper, whose first step allocates a zeroed cache
+        for its batch; a step runs forward on {"input_ids", "position_ids"} and returns every value it recorded."""
+        self.record = True
+
+        def stepper() -> Callable[[dict], dict]:
+            fresh = [True]
+
+            def step(s: dict) -> dict:
+                if fresh[0]:
+                    self.allocate(s["input_ids"].shape[0], zeroed=True)
+                    fresh[0] = False
+                self.forward(s["input_ids"], s["position_ids"])
+                return self.recorded
+            return step
+        return stepper

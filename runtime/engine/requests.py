@@ -8,7 +8,7 @@ from typing import Callable
 
 from llgraph.errors import RequestError
 from llgraph.runtime.engine.decoding import Decoding
-from llgraph.runtime.engine.score import TokenLogprob
+from llgraph.runtime.engine.logprobs import TokenLogprob
 from llgraph.runtime.engine.step import Row
 
 

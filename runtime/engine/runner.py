@@ -23,6 +23,7 @@ from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_dra
 from llgraph.runtime.engine.step import Engine, Metrics, Row
 from llgraph.runtime.engine.tools import chat_inputs
 
+EMBED_ROWS = 8  # texts Runner.embed writes in one step (each in a cache row of its own)
 ROLES = ("system", "developer", "user", "assistant", "tool")  # a conversation's roles (OpenAI's)
 
 
@@ -169,14 +170,15 @@ class Runner:
         """[(context, continuation), ...] -> [score.Score, ...], one forward pass per batch. Texts are encoded
         as lm-evaluation-harness does: the whole string once, the continuation being what follows the context's
         own encoding (so a token spanning the boundary belongs to the continuation)."""
-        from llgraph.runtime.engine.scoring import score
+        from llgraph.runtime.engine.score import score
 
         return score(self.backend, [self._split_pair(c, x) for c, x in pairs], batch_size)
 
     def embed(self, texts, pooling: str = "last", normalize: bool = True) -> np.ndarray:
         """Embeddings of a text, token ids, or a list of either -> float32 [N, hidden] (one text: [hidden]): the
         last hidden states pooled ("last" token or "mean"), unit length unless `normalize` is False
-        (runtime/engine/embed.py). Each text is prefilled on its own cache row; nothing is sampled."""
+        (runtime/engine/embed.py). Up to EMBED_ROWS texts a step, each on a cache row of its own; nothing is
+        sampled."""
         from llgraph.runtime.engine.embed import check_pooling
 
         check_pooling(pooling)
@@ -188,14 +190,16 @@ class Runner:
             if len(p) > self.backend.max_seq_len:
                 raise RequestError(f"a text of {len(p)} tokens exceeds the cache ({self.backend.max_seq_len} "
                                    "tokens); shorten it or raise --max-seq-len")
-        rows = [Row(p, Decoding(self.text_of, 0, (), set()), slot=0, pooling=pooling, normalize=normalize)
-                for p in ids]
+        rows = [Row(p, Decoding(self.text_of, 0, (), set()), slot=i % EMBED_ROWS, pooling=pooling,
+                    normalize=normalize) for i, p in enumerate(ids)]
         engine = Engine(self.backend)
-        self.backend.allocate(1)
-        for r in rows:
-            engine.prefill([r])
-            if r.error:
-                raise RequestError(r.error)
+        self.backend.allocate(min(len(rows), EMBED_ROWS))
+        for first in range(0, len(rows), EMBED_ROWS):  # a batch of texts a step, each in its own cache row
+            batch = rows[first:first + EMBED_ROWS]
+            engine.advance(batch)
+            for r in batch:
+                if r.error:
+                    raise RequestError(r.error)
         out = np.stack([r.embedding for r in rows])
         return out[0] if single else out
 
@@ -205,10 +209,9 @@ class Runner:
         import math
 
         from llgraph.runtime.engine.score import rolling_logprob
-        from llgraph.runtime.engine.scoring import score
 
         ids = self.encode(text)
-        logprob, n = rolling_logprob(self.backend, ids, window, stride, score)
+        logprob, n = rolling_logprob(self.backend, ids, window, stride)
         return Perplexity(math.exp(-logprob / n), -logprob, n)
 
     def _split_pair(self, context, continuation) -> tuple[list[int], list[int]]:
@@ -260,10 +263,12 @@ class Runner:
         b.allocate(len(ids))
         if draft is not None:
             draft.allocate(len(ids))
-        engine.prefill([r for r in rows if not r.finished], share=self.reuse_prefixes)
+        if self.reuse_prefixes:
+            engine.share_prefix([r for r in rows if not r.finished])
+        engine.advance(rows)  # every prompt whole, each row's first token
         yield rows
         while not all(r.finished for r in rows):
-            engine.step(rows)
+            engine.advance(rows)
             yield rows
 
     def check_room(self, prompt_tokens: int, max_new_tokens) -> None:

@@ -10,12 +10,13 @@ because the client left, or their timeout).
     scheduler.stop(grace=10)                             # no new requests; the running ones get `grace` seconds
 
 Why it is exact: the static cache is indexed by position, so each slot's row holds that request's keys and values
-whatever the others do. On a ragged backend (its attention reads each token's cache row: an export on llgraph's CPU
-kernels, the torch executor) a step is one packed forward (Engine.advance): every running request's next token and
-draft, and as many prompt tokens of the admitted requests as `prefill_chunk` (the step's prompt-token budget)
-allows; a free slot costs nothing. Elsewhere a request is prefilled alone on its own row, a long prompt a chunk
-between two decode steps, and each decode step runs every row up to the highest busy slot, a free row taking a
-dummy token at the last position of its own row. Each request samples with its own parameters and generator.
+whatever the others do. A step is one engine step (Engine.advance, runtime/engine/packed.py): every running
+request's next token and draft, and as many prompt tokens of the admitted requests as `prefill_chunk` (the step's
+prompt-token budget) allows, on every backend — one packed forward where the backend's attention reads each token's
+cache row (an export on llgraph's CPU kernels, the torch executor), where a free slot costs nothing; elsewhere the
+same batch as padded forwards over contiguous rows (runtime/engine/contiguous.py), a free row between busy ones
+taking a dummy token at the last position of its own row. Each request samples with its own parameters and
+generator.
 
 Prefix reuse: a row keeps the keys and values of the tokens its request wrote (prompt, then each step's input)
 after the request leaves. A new request takes the free slot whose row holds the longest prefix of its prompt, or
@@ -46,11 +47,11 @@ from typing import Callable
 from llgraph.errors import RequestError, described
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import check_pooling
+from llgraph.runtime.engine.logprobs import TokenLogprob
 from llgraph.runtime.engine.prefix import CachedRows
 from llgraph.runtime.engine.requests import Event, Handle, QueueFull, ShuttingDown, _Request
 from llgraph.runtime.engine.runner import Runner
 from llgraph.runtime.engine.sampling import Sampling
-from llgraph.runtime.engine.score import TokenLogprob
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_served_mode
 from llgraph.runtime.engine.step import Engine, Metrics
 
@@ -65,15 +66,13 @@ class Scheduler:
                  prefill_chunk: int = 0):
         """`draft`: a runner over a smaller model sharing the tokenizer, for requests that speculate with "draft";
         it gets a cache row per slot. `prefill_chunk`: the prompt tokens a step writes, beside the running requests'
-        decode tokens (ragged backends: shared by the admitted prompts, oldest first; others: a chunk of one prompt
-        between two decode steps); 0: every prompt whole."""
+        decode tokens, shared by the admitted prompts, oldest first; 0: every prompt whole."""
         if slots < 1 or max_queue < 0 or prefill_chunk < 0:
             raise RequestError(f"slots ({slots}) must be >= 1, max_queue ({max_queue}) and prefill_chunk "
                                f"({prefill_chunk}) >= 0")
         self.prefill_chunk = prefill_chunk
         self._pace: float | None = None  # seconds a token of a prompt-writing step took (a moving average)
         self._clock: Callable[[], float] = time.monotonic
-        self._chunking: deque[_Request] = deque()  # admitted, their prompts written a chunk a step (oldest first)
         self.runner, self.backend, self.slots, self.max_queue = runner, runner.backend, slots, max_queue
         self.timeout = timeout
         self._queue: deque[_Request] = deque()
@@ -116,7 +115,7 @@ class Scheduler:
                normalize: bool = True) -> Handle:
         """Queues a request (a text or token ids). Raises RequestError for a bad one, QueueFull when the queue is
         at its bound, ShuttingDown once stop() was called. With `loop`, events go to an asyncio.Queue on it.
-        `logprobs`: each token event carries its log-probability and that many alternatives (score.TokenLogprob);
+        `logprobs`: each token event carries its log-probability and that many alternatives (logprobs.TokenLogprob);
         `prompt_logprobs`: the prompt is scored too, and max_new_tokens may be 0 (score only). `grammar`: a
         runtime.engine.grammar.Grammar its output must follow. `speculative`: "ngram" drafts by prompt lookup and
         verifies the drafts in its decode steps (runtime/engine/speculative.py), "draft" drafts with the scheduler's
@@ -235,20 +234,11 @@ class Scheduler:
                     free.remove(r.slot)
                     self._active[r.slot] = r
                     admit.append(r)
-            try:
-                if self.backend.ragged:  # one packed forward a step: decode tokens, drafts and prompt pieces
-                    for r in admit:
-                        self._admit(r)
-                    self._advance()
-                    self._retire()
-                    continue
+            try:  # one engine step: decode tokens, drafts and prompt pieces (runtime/engine/packed.py)
                 for r in admit:
-                    self._prefill(r)
-                self._next_chunk()
+                    self._admit(r)
+                self._advance()
                 self._retire()
-                if self._active:
-                    self._step()
-                    self._retire()
             except Exception as e:  # the batch's forward failed: no row can tell whose fault it was
                 with self._cond:
                     for r in list(self._active.values()):
@@ -258,7 +248,7 @@ class Scheduler:
                     self._active.clear()
 
     def _admit(self, r: _Request) -> None:
-        """(A ragged backend) its slot's longest cached prefix of its prompt: the rest is written by the steps, as
+        """Its slot's longest cached prefix of its prompt: the rest is written by the steps, as
         much of it a step as the token budget (`prefill_chunk`) leaves."""
         r.start = self._rows.reuse(r.slot, r.ids[:r.written], allowed=not (r.prompt_logprobs or r.pooling == "mean"))
         self._rows.held[r.slot] = r.ids[:r.start]
@@ -296,56 +286,6 @@ class Scheduler:
                     self._finish(r, "length")
             elif r.taken:  # the inputs this step wrote: its last token and the drafts kept
                 self._rows.held[slot] += [token, *r.taken[:-1]]
-        self._record_step()
-
-    def _prefill(self, r: _Request) -> None:
-        """Its prompt into its slot's row, after the longest prefix the cache holds, then its first token (the
-        engine's). Every prompt is written alike: a long one a chunk between two decode steps (_next_chunk) — a
-        scored prompt collecting each chunk's log-probabilities, an embedding each chunk's hidden states. Only
-        those that need every position's output (a scored prompt, a mean embedding) reuse no prefix."""
-        written = r.ids[:r.written]
-        r.start = self._rows.reuse(r.slot, written, allowed=not (r.prompt_logprobs or r.pooling == "mean"))
-        if self.prefill_chunk and r.written - r.start > self.prefill_chunk:
-            self._rows.held[r.slot] = r.ids[:r.start]  # what its row holds: the prompt grows into it a chunk a step
-            self._chunking.append(r)
-            return
-        self._last_chunk(r)
-
-    def _next_chunk(self) -> None:
-        """One chunk of the oldest long prompt being written (its last chunk also takes its first token): a long
-        prompt delays the running rows' next tokens by one chunk's time a step, not by its whole prefill."""
-        while self._chunking and self._active.get(self._chunking[0].slot) is not self._chunking[0]:
-            self._chunking.popleft()  # cancelled, timed out or failed: its slot is no longer its own
-        if not self._chunking:
-            return
-        r = self._chunking[0]
-        if r.cancelled or (r.deadline is not None and time.monotonic() > r.deadline):
-            return  # _retire frees its slot before anything more is written
-        if r.written - r.start > self.prefill_chunk:
-            begun, budget = self._clock(), self._budget()
-            self.engine.write(r, r.start + budget)
-            self._paced(budget, budget, self._clock() - begun)
-            self._rows.held[r.slot] = r.ids[:r.start]
-            if not r.finished:
-                return
-        else:
-            self._last_chunk(r)
-        self._chunking.popleft()
-
-    def _last_chunk(self, r: _Request) -> None:
-        """The rest of its prompt and what follows it (its first token; a scored prompt or an embedding is done)."""
-        self.engine.prefill([r])
-        if r.error is None:
-            self._rows.held[r.slot] = r.ids[:r.written]
-        if r.decoding.finish_reason == "length" and r.decoding.steps == 0:  # scored or embedded, nothing generated
-            self._finish(r, "length")
-
-    def _step(self) -> None:
-        before = {slot: r.token for slot, r in self._active.items()}
-        self.engine.step(list(self._active.values()))
-        for slot, r in self._active.items():
-            if r.error is None and r.taken:  # the inputs this step wrote: its last token and the drafts kept
-                self._rows.held[slot] += [before[slot], *r.taken[:-1]]
         self._record_step()
 
     def _record_step(self) -> None:

@@ -178,27 +178,9 @@ class ModelDrafter:
         self.length = DraftLength(draft_max)
         self.next: int | None = None
 
-    def _step(self, tokens: list[int], start: int) -> int:
-        logits = self.backend.forward(np.array([tokens], np.int64), np.arange(start, start + len(tokens))[None],
-                                      rows=slice(self.row, self.row + 1), keep=1)
-        return int(logits[0, -1].argmax())
-
-    def _catch_up(self) -> int:
-        """Writes the tokens its row lacks -> its greedy token after all of them."""
-        token = self._step(self.tokens[self.valid:], self.valid)
-        self.valid = len(self.tokens)
-        return token
-
     def draft(self, room: int) -> list[int]:
-        if self.next is None:
-            self.next = self._catch_up()
-        k = min(self.length.next(), room)
-        if k <= 0:
-            return []
-        draft = [self.next]
-        for i in range(1, k):  # each drafted token but the last is written at its position
-            draft.append(self._step(draft[-1:], len(self.tokens) + i - 1))
-        return draft
+        """Up to `room` tokens: draft_together of this row alone."""
+        return draft_together([self], [room])[0]
 
     def took(self, draft: list[int], emitted: list[int]) -> None:
         self.length.update(len(draft), len(emitted) - 1)
@@ -211,61 +193,25 @@ class ModelDrafter:
 
 def draft_together(drafters: list[ModelDrafter], rooms: list[int]) -> list[list[int]]:
     """Each row's draft (up to its room) from one draft model, its forwards batched across the rows: one packed
-    forward writes what every row's cache row lacks, then one forward per drafted position runs every row still
-    drafting (a ragged draft backend; any other drafts row by row). The same tokens as each row's draft()."""
+    step writes what every row's cache row lacks, then one step per drafted position runs every row still drafting
+    (runtime/engine/packed.py, on any backend). A row's draft does not depend on the others'."""
     backend = drafters[0].backend
-    if not backend.ragged:
-        return [d.draft(room) for d, room in zip(drafters, rooms)]
     stale = [d for d in drafters if d.next is None]
     if stale:
         batch = Packed()
         for d in stale:
             batch.add(d.row, d.tokens[d.valid:], d.valid, kept=1)
         for d, logits in zip(stale, batch.run(backend)):
-            d.next, d.valid = int(logits.argmax()), len(d.tokens)
+            d.next, d.valid = int(logits[-1].argmax()), len(d.tokens)
     ks = [min(d.length.next(), room) for d, room in zip(drafters, rooms)]
     drafts = [[d.next] if k > 0 else [] for d, k in zip(drafters, ks)]
     for i in range(1, max(ks, default=0)):  # drafted token i - 1 of each row still drafting, at its position
+        batch = Packed()
         active = [j for j, k in enumerate(ks) if k > i]
-        logits = backend.forward(np.array([[drafts[j][-1]] for j in active], np.int64),
-                                 np.array([[len(drafters[j].tokens) + i - 1] for j in active], np.int64),
-                                 rows=[drafters[j].row for j in active], keep=1)
-        for n, j in enumerate(active):
-            drafts[j].append(int(logits[n, -1].argmax()))
+        for j in active:
+            batch.add(drafters[j].row, [drafts[j][-1]], len(drafters[j].tokens) + i - 1, kept=1)
+        for j, logits in zip(active, batch.run(backend)):
+            drafts[j].append(int(logits[-1].argmax()))
     return drafts
 
 
-def verify_logits(backend: Backend, last: list[int], pos: list[int], drafts: list[list[int]],
-                  rows: list[int] | None = None) -> list[np.ndarray]:
-    """Each row's logits for its last token and its draft, [len(draft) + 1, V]; `rows`: their cache rows (None:
-    every allocated row, in order), row r's last token at position pos[r]. One forward padded to the longest draft,
-    or, where the backend cannot run several rows of more than one token after a cached prefix (ONNX Runtime's
-    GroupQueryAttention), one plain step of every row and one more forward per drafting row."""
-    width = 1 + max(map(len, drafts))
-    clamp = backend.max_seq_len - 1  # finished or free rows may sit at the cache's end
-    if width == 1:  # no draft anywhere: a plain step
-        logits = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=rows, keep=1)
-        return list(logits[:, -1:])
-    if len(last) > 1 and not backend.multi_token_rows:
-        first = backend.forward(_column(last), np.minimum(_column(pos), clamp), rows=rows, keep=1)[:, -1:]
-        out = []
-        for r, d in enumerate(drafts):
-            if d:
-                row = r if rows is None else rows[r]
-                more = backend.forward(np.array([d], np.int64), (pos[r] + 1 + np.arange(len(d)))[None],
-                                       rows=[row], keep=len(d))[0, -len(d):]
-            out.append(np.concatenate([first[r], more]) if d else first[r])
-        return out
-    ids = np.zeros((len(last), width), np.int64)
-    for r, d in enumerate(drafts):
-        ids[r, 0] = last[r]
-        ids[r, 1:1 + len(d)] = d
-    # a row's pad positions past its draft are overwritten before any query sees them
-    positions = np.minimum(_column(pos) + np.arange(width), clamp)
-    logits = backend.forward(ids, positions, rows=rows, keep=width)[:, -width:]
-    return [logits[r, :len(d) + 1] for r, d in enumerate(drafts)]
-
-
-def _column(values: list[int]) -> np.ndarray:
-    """[B] ints -> [B, 1] int64."""
-    return np.array(values, np.int64)[:, None]

@@ -1,12 +1,11 @@
 """The one engine step. A `Row` is one sequence in its cache row (its slot): its prompt, how it samples, what it has
-emitted, its drafter. `Engine.prefill(rows)` writes prompts into their rows and samples each row's first token;
-`Engine.step(rows)` runs one forward over the busy rows — each row's last token and its draft, if it speculates —
-and samples each row's next tokens, keeping the drafts the sampler agrees with (runtime/engine/speculative.py).
-`Engine.advance(rows, budget)` is both in one forward on a ragged backend (runtime/engine/packed.py): the decoding
-rows' tokens and drafts with pieces of the prompts being written. Runner.generate/stream/chat (a batch of rows,
-slots 0..B-1) use prefill and step; the Scheduler (rows joining and leaving the server's slots) advance on a ragged
-backend, else prefill, write and step. Speculation is data in the step, not a loop: a row without a drafter drafts
-nothing, and a step of rows without drafts is a plain decode step.
+emitted, its drafter. `Engine.advance(rows, budget)` is the step, on every backend and for every entry point
+(Runner's generate/stream/chat/embed/score, the Scheduler): one packed batch (runtime/engine/packed.py) of the
+decoding rows' last tokens with their drafts and pieces of the prompts being written, then each row takes what its
+logits give it — its next tokens, keeping the drafts the sampler agrees with (runtime/engine/speculative.py), a
+prompt's first token, a scored prompt's log-probabilities, an embedding's pooled hidden states. A backend without
+ragged rows runs the same batch as padded forwards (runtime/engine/contiguous.py). Speculation is data in the step,
+not a loop: a row without a drafter drafts nothing, and a step of rows without drafts is a plain decode step.
 
 Errors: a row's own work — its prefill, drafting, sampling, grammar, the events it emits — runs under one guard; if it
 raises, that row alone ends (finish_reason "error", `row.error` the message, the engine's `on_error(row)` called) and
@@ -28,11 +27,11 @@ from llgraph.runtime.engine import speculative
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import pool
+from llgraph.runtime.engine.logprobs import TokenLogprob, token_logprobs
 from llgraph.runtime.engine.packed import Packed
 from llgraph.runtime.engine.prefix import MIN_REUSE, shared_prefix
 from llgraph.runtime.engine.sampling import Sampling
-from llgraph.runtime.engine.score import TokenLogprob, token_logprobs
-from llgraph.runtime.engine.speculative import MAX_DRAFT, Drafter, ModelDrafter, verify_logits
+from llgraph.runtime.engine.speculative import MAX_DRAFT, Drafter, ModelDrafter
 
 
 class Metrics:
@@ -105,100 +104,27 @@ class Engine:
         self.backend, self.metrics, self.draft_backend = backend, metrics or Metrics(), draft_backend
         self.on_error = on_error
 
-    # -- prefill ------------------------------------------------------------------------------------------------
-    def prefill(self, rows: list[Row], share: bool = True) -> None:
-        """Writes each row's prompt (after the `start` positions its cache row holds) and takes its first token.
-        On a ragged backend every row, whatever its slot, start and purpose, is written by one packed forward
-        (advance). Elsewhere rows that sample (not a scored prompt or an embedding) in slots 0..B-1 from an empty
-        cache share one right-padded forward, and any other rows are prefilled one by one. A prefix every sampling
-        prompt shares is computed once (in the first row, then copied; `share`)."""
-        plain = [r for r in rows if not (r.prompt_logprobs or r.pooling)]
-        if self.backend.ragged:
-            if len(plain) > 1 and share:
-                self._share_prefix(plain)
-            self.advance(rows)
-            return
-        together = plain if (
-            [r.slot for r in plain] == list(range(len(plain))) and not any(r.start for r in plain)) else []
-        if len(together) > 1:
-            logits = self._batch_prefill(together, share)
-            for r, row in zip(together, logits):
-                self._own(r, self._begin, r, row[None])
-        for r in rows:
-            if len(together) < 2 or r not in together:
-                self._own(r, self._prefill_one, r)
-
-    def _prefill_one(self, r: Row) -> None:
-        """The rest of its prompt (after `start`), then what the row is for: an embedding pooled from every chunk's
-        hidden states, a scored prompt's log-probabilities, or its first token."""
-        end = r.written
-        if end == 0:  # a scored prompt of one token: nothing predicts it
-            r.prompt_scores = []
-            r.decoding.finish_reason = "length"
-            return
-        self._count_prefix(r, end)
-        logits = self._write(r, end)
-        if r.pooling is not None:  # an embedding: every position's hidden state, nothing sampled
-            r.embedding = pool(np.concatenate(r.hidden), r.pooling, r.normalize)
-            r.hidden = None
-            r.decoding.finish_reason = "length"
-        elif r.decoding.max_new_tokens == 0:  # scored alone
-            r.decoding.finish_reason = "length"
-        else:
-            self._begin(r, logits[0, -1:])
-
-    def write(self, r: Row, upto: int) -> None:
-        """Prompt positions r.start..upto-1 into the row's cache, nothing sampled: a chunk of a long prompt, which
-        the scheduler interleaves with the other rows' decode steps (prefill() then writes the rest and samples). A
-        scored prompt keeps each chunk's log-probabilities, an embedding each chunk's hidden states."""
-        def chunk():
-            self._count_prefix(r, r.written)
-            self._write(r, upto)
-        self._own(r, chunk)
-
-    def _write(self, r: Row, upto: int) -> np.ndarray | None:
-        """One forward of positions r.start..upto-1 on the row's cache row -> its logits (the last position's only,
-        unless the prompt is scored; None for an embedding), what the row collects from them kept on it."""
-        ids, positions = np.array([r.ids[r.start:upto]], np.int64), np.arange(r.start, upto)[None]
-        rows, logits = slice(r.slot, r.slot + 1), None
-        if r.pooling is not None:  # "last" pools the last chunk's last state; "mean" every state (never reused)
-            hidden = self.backend.hidden(ids, positions, rows=rows)[0]
-            r.hidden = [*(r.hidden or []), hidden] if r.pooling == "mean" else [hidden]
-        else:
-            logits = self.backend.forward(ids, positions, rows=rows, keep=0 if r.prompt_logprobs else 1)
-            if r.prompt_logprobs:  # position t predicts token t + 1 (the prompt's scores start from position 0)
-                scored = min(upto, len(r.ids) - 1) - r.start
-                r.prompt_scores = (r.prompt_scores or []) + token_logprobs(
-                    logits[0, :scored], r.ids[r.start + 1:r.start + 1 + scored], r.logprobs or 0)
-        r.start = upto
-        return logits
-
+    # -- the step ------------------------------------------------------------------------------------------------
     def _count_prefix(self, r: Row, prompt: int) -> None:
         if not r.counted:
             r.counted, r.cached = True, r.start
             self.metrics.prefix(r.start, prompt)
 
-    def _share_prefix(self, rows: list[Row]) -> None:
+    def share_prefix(self, rows: list[Row]) -> None:
         """The prefix every row's prompt shares (none written yet), computed once in the first row and copied to the
-        others, each row's `start` moved past it; nothing where it is short or the backend cannot copy."""
+        others, each row's `start` moved past it; nothing where it is short or the backend cannot copy (Runner's
+        batch of prompts: the scheduler reuses prefixes by slot, runtime/engine/prefix.py)."""
         b, ids = self.backend, [r.ids for r in rows]
-        shared = 0 if any(r.start for r in rows) else shared_prefix(ids)
+        if len(rows) < 2 or any(r.start or r.prompt_logprobs or r.pooling for r in rows):
+            return
+        shared = shared_prefix(ids)
         if shared >= MIN_REUSE and b.caches():  # copy_prefix can copy
-            b.forward(np.array([ids[0][:shared]], np.int64), np.arange(shared)[None], rows=[rows[0].slot], keep=1)
+            batch = Packed()
+            batch.add(rows[0].slot, ids[0][:shared], 0, kept=0)
+            batch.run(b)
             for r in rows:
                 b.copy_prefix(rows[0].slot, r.slot, shared)
                 r.start = shared
-
-    def _batch_prefill(self, rows: list[Row], share: bool) -> np.ndarray:
-        """(A backend without ragged rows) -> each row's last-token logits [B, V]."""
-        b = self.backend
-        if share:
-            self._share_prefix(rows)
-        starts = {r.start for r in rows}
-        if len(starts) == 1 and (b.multi_token_rows or not rows[0].start):
-            return _last_logits(b, [r.ids[r.start:] for r in rows], rows[0].start, [r.slot for r in rows])
-        # ONNX Runtime's GroupQueryAttention: one row of several tokens after a cached prefix per forward
-        return np.concatenate([_last_logits(b, [r.ids[r.start:]], r.start, [r.slot]) for r in rows])
 
     def _begin(self, r: Row, logits: np.ndarray) -> None:
         """A prefilled row's state, then its first token from the prompt's last logits [1, V]."""
@@ -212,40 +138,14 @@ class Engine:
             r.drafter = speculative.ModelDrafter(self.draft_backend, r.slot, r.ids, r.draft_max)
         self._take(r, logits)
 
-    # -- a decode step -------------------------------------------------------------------------------------------
-    def step(self, rows: list[Row]) -> None:
-        """One forward over the unfinished `rows` (each at its slot), each row's last token with its draft; then
-        each row takes its tokens. Finished rows, and rows whose prompt is still being written in chunks, are left
-        out. On a ragged backend the forward runs the busy rows only; on another the slots up to the highest busy
-        one, a free slot below it taking a dummy token at its row's last position, which no prompt or reusable
-        prefix reaches."""
-        if self.backend.ragged:  # the busy rows' tokens and drafts, packed
-            self.advance([r for r in rows if r.seen is not None])
-            return
-        busy = {r.slot: r for r in rows if not r.finished and r.seen is not None}  # not a prompt half written
-        if not busy:
-            return
-        slots = list(range(max(busy) + 1))
-        last = [busy[s].token if s in busy else 0 for s in slots]
-        positions = [busy[s].position if s in busy else self.backend.max_seq_len - 1 for s in slots]
-        drafted = self._drafts(list(busy.values()))
-        drafts = [drafted.get(s, []) for s in slots]
-        logits = verify_logits(self.backend, last, positions, drafts, slots)
-        for i, slot in enumerate(slots):
-            r = busy.get(slot)
-            if r is not None and not r.finished:  # its drafting may have failed
-                self._own(r, self._take, r, logits[i], drafts[i])
-
     def advance(self, rows: list[Row], budget: int = 0) -> None:
-        """A ragged backend's whole step in one forward (runtime/engine/packed.py): every decoding row's last token
-        and its draft, then prompt pieces of the rows still being written, oldest first, as many prompt tokens as
-        `budget` allows (0: every prompt whole) — a scored prompt's keep their log-probabilities, an embedding's its
-        hidden states (Backend.forward_hidden; a backend that cannot return them beside the logits writes an
-        embedding in a forward of its own, at most the budget), a prompt that ends takes its first token. A scored
-        prompt of one token needs no forward."""
+        """The engine's step, on every backend (runtime/engine/packed.py): every decoding row's last token and its
+        draft, then prompt pieces of the rows still being written, oldest first, as many prompt tokens as `budget`
+        allows (0: every prompt whole) — a scored prompt's keep their log-probabilities, an embedding's its hidden
+        states, a prompt that ends takes its first token. Rows that are finished are left out; a scored prompt of
+        one token needs no forward."""
         batch = Packed()
-        work: list[tuple[Row, list[int] | int, slice]] = []  # (row, its draft or its piece's end, its logits' place)
-        embeds: list[tuple[Row, int, int]] = []  # (an embedding row, its piece's end, its add in the batch)
+        work: list[tuple[Row, list[int] | int, int]] = []  # (row, its draft or its piece's end, its add)
         decoding = [r for r in rows if not r.finished and r.seen is not None]
         drafted = self._drafts(decoding)
         for r in decoding:
@@ -256,36 +156,36 @@ class Engine:
         for r in rows:
             if r.finished or r.seen is not None or (left is not None and left <= 0):
                 continue
+            if r.written == 0:  # a scored prompt of one token: nothing predicts it
+                r.prompt_scores = []
+                r.decoding.finish_reason = "length"
+                continue
             end = r.written if left is None else min(r.written, r.start + left)
             left = None if left is None else left - (end - r.start)
-            if r.written == 0 or (r.pooling is not None and not self.backend.hidden_in_forward):  # its own forward
-                if end == r.written:
-                    self._own(r, self._prefill_one, r)
-                else:
-                    self.write(r, end)
-            elif r.pooling is not None:  # an embedding: its hidden states from the packed forward
-                self._count_prefix(r, r.written)
-                batch.add(r.slot, r.ids[r.start:end], r.start, kept=0)
-                embeds.append((r, end, len(batch.placed) - 1))
+            self._count_prefix(r, r.written)
+            piece = r.ids[r.start:end]
+            if r.pooling is not None:  # an embedding: its hidden states, nothing sampled
+                work.append((r, end, batch.add(r.slot, piece, r.start, kept=0, hidden=True)))
             else:
-                self._count_prefix(r, r.written)
                 kept = end - r.start if r.prompt_logprobs else int(end == r.written)
-                work.append((r, end, batch.add(r.slot, r.ids[r.start:end], r.start, kept)))
-        if not work and not embeds:
+                work.append((r, end, batch.add(r.slot, piece, r.start, kept)))
+        if not work:
             return
-        logits = batch.run(self.backend, hidden=bool(embeds))
-        for r, end, i in embeds:
-            self._own(r, self._embedded, r, end, batch.hidden(i))
-        for r, what, at in work:
+        logits = batch.run(self.backend)
+        for r, what, i in work:
             if isinstance(what, list):  # a decoding row: its draft
-                self._own(r, self._take, r, logits[at], what)
+                self._own(r, self._take, r, logits[i], what)
+            elif r.pooling is not None:
+                self._own(r, self._embedded, r, what, batch.hidden(i))
             else:
-                self._own(r, self._wrote, r, what, logits[at])
+                self._own(r, self._wrote, r, what, logits[i])
 
     def _drafts(self, rows: list[Row]) -> dict[int, list[int]]:
         """Each speculating row's draft by its slot (up to what its length and the cache leave): prompt lookup row by
         row; the draft model's rows together (speculative.draft_together: its forwards batched across the rows), or
-        row by row after a failure, so that only the row at fault ends."""
+        row by row after a failure. Drafting is an optimisation, never the answer: a row whose drafting fails is
+        logged (a bug's traceback, else its line) and decodes plainly from then on — the same tokens (greedy) or the
+        same distribution (sampled) as if it had never speculated."""
         rooms, models = {}, []
         for r in rows:
             if r.drafter is not None:
@@ -298,13 +198,15 @@ class Engine:
             try:
                 drafts = speculative.draft_together([r.drafter for r in models], [rooms[r.slot] for r in models])
                 out = {r.slot: d for r, d in zip(models, drafts)}
-            except Exception as e:  # each row drafts alone below: a row at fault ends alone, with its own error
-                if not isinstance(e, LlgraphError):
-                    traceback.print_exception(e, file=sys.stderr)
-                out = {}
+            except Exception as e:  # each row drafts alone below: only the row at fault stops speculating
+                _log(e, "drafting together failed; each row drafts alone")
         for r in rows:
             if r.drafter is not None and r.slot not in out:
-                out[r.slot] = self._own(r, r.drafter.draft, rooms[r.slot]) or []
+                try:
+                    out[r.slot] = r.drafter.draft(rooms[r.slot])
+                except Exception as e:
+                    _log(e, f"request in slot {r.slot}: its drafting failed; it decodes without speculation")
+                    r.drafter, out[r.slot] = None, []
         return out
 
     def _embedded(self, r: Row, end: int, hidden: np.ndarray) -> None:
@@ -368,16 +270,10 @@ class Engine:
             return None
 
 
-def _last_logits(backend: Backend, rows: list[list[int]], start: int, slots: list[int]) -> np.ndarray:
-    """One right-padded forward of `rows` (row r's tokens at positions start.. of cache row slots[r]) -> each row's
-    last-token logits [B, V]. Only the positions from the shortest row's last token on are asked for (one row of the
-    head for a single prompt)."""
-    lengths = np.array([len(r) for r in rows])
-    longest = int(lengths.max())
-    tokens = np.zeros((len(rows), longest), np.int64)
-    for i, r in enumerate(rows):
-        tokens[i, :len(r)] = r
-    positions = np.broadcast_to(np.arange(start, start + longest), tokens.shape)
-    logits = backend.forward(tokens, positions, rows=slots, keep=longest - int(lengths.min()) + 1)
-    return logits[np.arange(len(rows)), lengths - 1 - (longest - logits.shape[1])]
-
+def _log(e: Exception, what: str) -> None:
+    """An error the engine recovers from, on stderr: a bug's traceback (errors.py's rule), else its one line."""
+    if isinstance(e, LlgraphError):
+        print(f"llgraph: {what}: {described(e)}", file=sys.stderr)
+    else:
+        print(f"llgraph: {what}:", file=sys.stderr)
+        traceback.print_exception(e, file=sys.stderr)

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from llgraph.errors import LlgraphError
 from llgraph.runtime.backends import open_runner
-from llgraph.runtime.engine.scoring import score
+from llgraph.runtime.engine.score import score
 from llgraph.weight_request import Weights
 
 
@@ -141,22 +141,34 @@ class LlgraphLM(TemplateLM):
 
     # -- generation ---------------------------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        out = []
-        for req in tqdm(requests, desc="llgraph generate_until", disable=disable_tqdm):
-            context, gen_kwargs = req.args
-            kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
-            until = handle_stop_sequences(kwargs.pop("until", None), eos=self.tok_decode([self.eot_token_id]) or None)
-            max_gen = min(int(kwargs.pop("max_gen_toks")), self.max_length - 1)
-            ids = self.tok_encode(context)[-(self.max_length - max_gen):]
-            sampled = kwargs.get("do_sample") and float(kwargs.get("temperature", 0.0)) > 0
-            result = self.runner.generate(
-                ids, max_gen, temperature=float(kwargs.get("temperature", 0.0)) if sampled else 0.0,
-                top_p=float(kwargs.get("top_p", 1.0) or 1.0) if sampled else 1.0,
-                top_k=int(kwargs.get("top_k", 0) or 0) if sampled else 0, seed=kwargs.get("seed"),
-                stop=[s for s in until if s])
-            out.append(result.text)
-            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), result.text)
-        return out
+        """Every request a row of one scheduler (batch_size slots, continuous batching, each its own sampling)."""
+        from llgraph.runtime.engine.sampling import Sampling
+        from llgraph.runtime.engine.scheduler import Scheduler
+
+        scheduler = Scheduler(self.runner, slots=self.batch_size, max_queue=len(requests)).start()
+        try:
+            handles = []
+            for req in requests:
+                context, gen_kwargs = req.args
+                kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+                until = handle_stop_sequences(kwargs.pop("until", None),
+                                              eos=self.tok_decode([self.eot_token_id]) or None)
+                max_gen = min(int(kwargs.pop("max_gen_toks")), self.max_length - 1)
+                ids = self.tok_encode(context)[-(self.max_length - max_gen):]
+                sampled = kwargs.get("do_sample") and float(kwargs.get("temperature", 0.0)) > 0
+                sampling = Sampling(float(kwargs.get("temperature", 0.0)), int(kwargs.get("top_k", 0) or 0),
+                                    float(kwargs.get("top_p", 1.0) or 1.0), seed=kwargs.get("seed")) \
+                    if sampled else Sampling()
+                handles.append(scheduler.submit(ids, max_gen, sampling, stop=[s for s in until if s]))
+            out = []
+            for req, handle in tqdm(list(zip(requests, handles)), desc="llgraph generate_until",
+                                    disable=disable_tqdm):
+                text = handle.result().text()
+                out.append(text)
+                self.cache_hook.add_partial("generate_until", req.args, text)
+            return out
+        finally:
+            scheduler.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,7 @@ request, answered whole or streamed as server-sent events, with OpenAI's log-pro
 
 - Choice i*n + j answers prompt i with sample j (OpenAI's index order). Sample j of a seeded request is seeded
   seed + j, so each choice equals a solo request with that seed.
-- Log-probabilities are the model's own: `score.token_logprobs`, a float64 log-softmax of the logits before
+- Log-probabilities are the model's own: `logprobs.token_logprobs`, a float64 log-softmax of the logits before
   temperature, top-k, top-p or a penalty. An echoed prompt's therefore equal `Runner.score` on it; its first token
   has none (null).
 - Completions' `logprobs: k` gives OpenAI's legacy shape: tokens, token_logprobs, top_logprobs (the k most likely

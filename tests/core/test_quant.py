@@ -18,7 +18,7 @@ from llgraph.export import export_model
 from llgraph.gguf_source import GGUFSource
 from llgraph.ops import SUPERBLOCK_BYTES
 from llgraph.quant import dequantize, quantize_rtn
-from llgraph.runtime.engine.score import log_softmax
+from llgraph.runtime.engine.logprobs import log_softmax
 from llgraph.source_views import QuantizedSource
 from llgraph.weight_request import Weights
 

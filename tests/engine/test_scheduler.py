@@ -146,13 +146,15 @@ class FailingGrammar:
         return M()
 
 
-def test_one_requests_error_fails_that_request_only(tiny_runners, monkeypatch):
-    """Issue 38, item 1: a request whose own work raises — in its prefill (its sampler's generator), at its third
-    token (its grammar) or while drafting (its drafter) — ends alone with finish_reason "error" and an error
-    event; the requests decoding beside it keep their solo tokens, and a later request on its row too."""
+def test_one_requests_error_fails_that_request_only(tiny_runners, monkeypatch, capfd):
+    """Issue 38, item 1: a request whose own work raises — in its prefill (its sampler's generator) or at its third
+    token (its grammar) — ends alone with finish_reason "error" and an error event; the requests decoding beside it
+    keep their solo tokens, and a later request on its row too. Issue 65, item 6: a request whose drafting fails
+    is logged (the bug's traceback) and decodes on without speculation, to its solo tokens."""
     runner = tiny_runners[2]["ort"]
     prompts = _prompts(4)
     solo = [runner.generate(p, 20).token_ids for p in prompts]
+    speculating = runner.generate(prompts[3] * 3, 20).token_ids
     scheduler = Scheduler(runner, slots=4).start()
     try:
         good = [scheduler.submit(p, 20) for p in prompts[:2]]
@@ -164,12 +166,14 @@ def test_one_requests_error_fails_that_request_only(tiny_runners, monkeypatch):
                 return super().draft(room)
         monkeypatch.setattr(speculative, "Drafter", FailingDrafter)
         bad = [scheduler.submit(prompts[2], 20, FailingSampling(temperature=0.5, seed=1)),
-               scheduler.submit(prompts[2], 20, grammar=FailingGrammar()),
-               scheduler.submit(prompts[3] * 3, 20, speculative="ngram")]
+               scheduler.submit(prompts[2], 20, grammar=FailingGrammar())]
+        drafting = scheduler.submit(prompts[3] * 3, 20, speculative="ngram")
         for h in bad:
             with pytest.raises(RequestError, match="ValueError"):
                 h.result(timeout=60)
             assert h.decoding.finish_reason == "error"
+        assert drafting.result(timeout=60).tokens == speculating and boom.uses == 2
+        assert "its drafting failed; it decodes without speculation" in capfd.readouterr().err
         assert [h.result(timeout=60).tokens for h in good] == solo[:2]
         later = [scheduler.submit(p, 20) for p in prompts]  # the failed requests' rows serve again
         assert [h.result(timeout=60).tokens for h in later] == solo
