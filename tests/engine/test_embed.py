@@ -12,6 +12,7 @@ transformers = need("transformers")
 from test_families import DIMS  # noqa: E402
 
 from llgraph.errors import RequestError  # noqa: E402
+from llgraph.weight_request import Weights  # noqa: E402
 
 TOL = 1e-4
 TEXTS = [[5, 17, 42, 8, 77], [9, 3], [60, 21, 33, 4, 90, 11, 2]]
@@ -35,22 +36,31 @@ def tiny(tmp_path_factory):
     return folder, hidden
 
 
-@pytest.mark.parametrize("backend", ["ort", "torch"])
+@pytest.mark.parametrize("backend", ["ort", "ort-llgraph", "torch"])
 @pytest.mark.parametrize("pooling, normalize", [("last", True), ("mean", True), ("last", False)])
 def test_embeddings_equal_transformers_last_hidden_state(tiny, backend, pooling, normalize, report):
+    """Four times the texts (12, more than one step's EMBED_ROWS, so rows are reused), each equal to transformers;
+    on contiguous rows (ort) and ragged ones (ort-llgraph, torch)."""
     from llgraph.runtime import open_runner
 
     folder, hidden = tiny
-    runner = open_runner(str(folder), backend, max_seq_len=32)
-    ours = runner.embed(TEXTS, pooling=pooling, normalize=normalize)
-    want = np.stack([_reference(h, pooling, normalize) for h in hidden])
-    report(f"{backend} {pooling} pooling{' normalised' if normalize else ''} vs transformers",
+    def opened():
+        if backend == "ort-llgraph":  # an export on llgraph's kernels: ragged rows, one packed forward a step
+            return open_runner(str(folder), "ort", max_seq_len=32, weights=Weights(kernels="llgraph"),
+                               kv_cache="float32")
+        return open_runner(str(folder), backend, max_seq_len=32)  # ort: ONNX Runtime's own ops, contiguous rows
+
+    runner = opened()
+    assert runner.backend.ragged == (backend != "ort")
+    ours = runner.embed(TEXTS * 4, pooling=pooling, normalize=normalize)
+    want = np.stack([_reference(h, pooling, normalize) for h in hidden] * 4)
+    report(f"{backend} {pooling} pooling{' normalised' if normalize else ''} vs transformers, 12 texts",
            float(np.abs(ours - want).max()), TOL)
-    assert ours.shape == (3, DIMS["hidden_size"]) and ours.dtype == np.float32
+    assert ours.shape == (12, DIMS["hidden_size"]) and ours.dtype == np.float32
+    ours = ours[:3]
     assert np.allclose(runner.embed(TEXTS[1], pooling=pooling, normalize=normalize), ours[1], atol=1e-6)
     # generating after embedding is unchanged: the embedding's cache row is rewritten by the next prompt
-    assert runner.generate(TEXTS[0], 4).token_ids == open_runner(str(folder), backend, max_seq_len=32).generate(
-        TEXTS[0], 4).token_ids
+    assert runner.generate(TEXTS[0], 4).token_ids == opened().generate(TEXTS[0], 4).token_ids
 
 
 def test_bad_embedding_requests_are_one_line(tiny):
