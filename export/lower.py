@@ -13,9 +13,10 @@ import json
 import math
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -45,7 +46,7 @@ class Target:
     name: str
     lowerings: dict[str, Lowering]
     opsets: dict[str, int]
-    plan: Callable[["Emitter"], None] = lambda emitter: None
+    plan: Callable[[Emitter], None] = lambda emitter: None
     bf16: bool = True  # its runtimes run bfloat16 weights
     accuracy_level: bool = False  # it takes ONNX Runtime's MatMulNBits accuracy level
     kernels: bool = False  # its QLinear can run on llgraph's CPU kernels (plugins/cpu/__init__.py)
@@ -53,7 +54,7 @@ class Target:
     # a pass that depends on the export's options (the ort target's ragged rows, on llgraph's kernels only)
     options_pass: Callable[[Graph, dict], Graph] = lambda graph, options: graph
     # the target's own files beside the model (the ort target's genai_config.json): (folder, manifest) -> None
-    extras: Callable[[Path, "Manifest"], None] = lambda folder, manifest: None
+    extras: Callable[[Path, Manifest], None] = lambda folder, manifest: None
 
 
 @dataclass

@@ -7,7 +7,7 @@ given positions and returned as `present.*` (the same storage; no copy of the ca
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -323,7 +323,7 @@ def _cache_span(positions: torch.Tensor) -> int:
     span = getattr(positions, "_llgraph_span", None)  # kept on the tensor: it lives as long as the step's feeds
     if span is None:
         span = int(positions.max()) + 1
-        setattr(positions, "_llgraph_span", span)
+        positions._llgraph_span = span
     return span
 
 

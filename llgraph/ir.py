@@ -6,9 +6,10 @@ never written by hand: `GraphBuilder.add` asks the op's schema (ops.py) for them
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from llgraph.errors import LlgraphError
 from llgraph.ops import SCHEMAS, check_attrs

@@ -37,7 +37,7 @@ class Adapter:
     scale: float = 1.0
 
     @classmethod
-    def parse(cls, spec: str) -> "Adapter":
+    def parse(cls, spec: str) -> Adapter:
         """'DIR' or 'DIR:SCALE' (the command line's --lora)."""
         path, _, scale = str(spec).rpartition(":") if ":" in str(spec) and not Path(spec).exists() else (spec, "", "")
         try:
@@ -116,7 +116,7 @@ class Adapter:
         """Everything that can be checked without the base model, before anything is written: the scale finite,
         the config's r and alpha, each A [r, in] and B [out, r] two-dimensional with the config's r, every value
         finite (a NaN would turn every merged weight into NaN and the answer into nothing). Raises LoraError."""
-        self._validated
+        _ = self._validated  # the cached property does the checking
 
     @cached_property
     def _validated(self) -> bool:

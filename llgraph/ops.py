@@ -14,9 +14,10 @@ needed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from llgraph.kv_cache import FORMATS, of_dtype
 

@@ -8,7 +8,8 @@ so every IR value stays traceable. The groups are found from the graph's structu
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from llgraph.ir import Graph, Node, Param, Value, infer, verify
 

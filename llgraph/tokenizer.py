@@ -24,7 +24,7 @@ class Tokenizer:
 
     # -- loading --------------------------------------------------------------------------------------------------
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "Tokenizer":
+    def from_folder(cls, folder: str | Path) -> Tokenizer:
         from tokenizers import Tokenizer as TK
 
         folder = Path(folder)
@@ -40,7 +40,7 @@ class Tokenizer:
                    _token_text(config.get("eos_token")), gguf=config.get(GGUF_KEY) is True)
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+    def from_gguf(cls, path: str | Path) -> Tokenizer:
         """The GGUF's own tokenizer, tokenizing as llama.cpp does (llgraph/gguf_tokenizer.py)."""
         from llgraph.gguf_source import gguf_reader, metadata
         from llgraph.gguf_tokenizer import build
@@ -60,7 +60,7 @@ class Tokenizer:
         return None
 
     @classmethod
-    def load(cls, ref: str | Path) -> "Tokenizer":
+    def load(cls, ref: str | Path) -> Tokenizer:
         ref = Path(ref)
         return cls.from_gguf(ref) if ref.suffix == ".gguf" else cls.from_folder(ref if ref.is_dir() else ref.parent)
 

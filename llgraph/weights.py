@@ -12,8 +12,8 @@ import json
 import math
 import re
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import ml_dtypes
 import numpy as np

@@ -46,7 +46,7 @@ def register_plugins(trtp=None) -> None:
     """Register every llgraph plugin with TensorRT once per plugin module."""
     if trtp is None:
         import_tensorrt()
-        import tensorrt.plugin as trtp
+        import tensorrt.plugin as trtp  # type: ignore[no-redef]
     if id(trtp) in _registered:
         return
     for op in spec.PLUGIN_OPS:
@@ -64,7 +64,7 @@ def _function(name: str, params: list, body, returns=inspect.Signature.empty):
 
     def fn(*args, **kwargs):
         return body(signature.bind(*args, **kwargs).arguments)
-    fn.__signature__, fn.__name__ = signature, name
+    fn.__signature__, fn.__name__ = signature, name  # type: ignore[attr-defined]
     return fn
 
 
@@ -95,7 +95,7 @@ def _register(trtp, op: str) -> None:
 
     tensors = _params(names, trtp.TensorDesc)
     trtp.register(pid)(_function(f"{op}_desc", tensors + attrs, describe,
-                                 typing.Tuple[tuple([trtp.TensorDesc] * n_out)]))
+                                 typing.Tuple[tuple([trtp.TensorDesc] * n_out)]))  # noqa: UP006 (a runtime-built arity)
     trtp.impl(pid)(_function(f"{op}_impl", _params(names) + attrs + _params(["outputs", "stream"]), impl))
     trtp.aot_impl(pid)(_function(f"{op}_aot_impl", _params(names) + attrs + _params(["outputs", "tactic"]), aot_impl,
                                  tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]))

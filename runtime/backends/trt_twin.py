@@ -73,7 +73,7 @@ class Stream:
     def synchronize(self) -> None:
         pass  # the twin computes at execute time
 
-    def wait_stream(self, other: "Stream") -> None:
+    def wait_stream(self, other: Stream) -> None:
         self.waited.add(other.cuda_stream)
 
 
@@ -177,7 +177,7 @@ class Engine:
     def get_tensor_dtype(self, name: str) -> DataType:
         return self.tensors[name].dtype
 
-    def create_execution_context(self) -> "Context":
+    def create_execution_context(self) -> Context:
         return Context(self)
 
     def session(self):

@@ -242,13 +242,13 @@ def quality(args, hf_dir: Path) -> None:
     from llgraph.tokenizer import Tokenizer
 
     ids = Tokenizer.from_folder(hf_dir).encode(TEXT)
-    variants = {"fp32": {}, "RTN int8 (symmetric, block 32)": dict(quantize="int8", symmetric=True),
+    variants: dict[str, dict] = {"fp32": {}, "RTN int8 (symmetric, block 32)": dict(quantize="int8", symmetric=True),
                 "RTN int4 (min + scale, block 32)": dict(quantize="int4"),
                 "RTN int4 (symmetric, block 32)": dict(quantize="int4", symmetric=True),
                 "RTN int4 (min + scale, 32), lm head int4": dict(quantize="int4", lm_head="int4"),
                 "RTN int4 (symmetric, 32), lm head int4": dict(quantize="int4", symmetric=True, lm_head="int4"),
                 "RTN int4 (min + scale, block 64)": dict(quantize="int4", block_size=64)}
-    logp = {}
+    logp: dict[str, np.ndarray] = {}
     for name, kw in variants.items():
         folder = export_model(hf_dir, checkpoint=hf_dir, out=args.work / f"quality-{len(logp)}", force=True,
                               max_seq_len=512, weights=Weights(**kw))
@@ -321,7 +321,7 @@ def report(engines: dict, args, prompt: list[int], title: str, peer: str, refere
     each alike) and print each one's best prefill and decode rates, its ratio to `peer`, whether its greedy tokens
     equal `reference`'s, and its process's peak RSS above a bare process's."""
     baseline = Isolated(None)
-    runs = {name: [] for name in engines}
+    runs: dict[str, list] = {name: [] for name in engines}
     for _ in range(args.repeats):
         for name, run in engines.items():
             runs[name].append(run())

@@ -38,8 +38,8 @@ def against_exact(exact, engines: dict, seq: np.ndarray, chunk: int = 256) -> tu
     ({name: KL(exact || it) at each position}, {name: whether its top token is exact's, at each position})."""
     from llgraph.runtime.engine.packed import step_logits
 
-    kls = {name: [] for name in engines}
-    same = {name: [] for name in engines}
+    kls: dict[str, list[float]] = {name: [] for name in engines}
+    same: dict[str, list[bool]] = {name: [] for name in engines}
     for b in (exact, *engines.values()):
         b.allocate(1, zeroed=True)
     for start in range(0, len(seq), chunk):

@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     if args.synthetic:
         synthetic_fill(b, fill)
         print(f"  {fill} positions of every layer's cache written directly ({time.perf_counter() - t0:.0f} s)")
-        fill_ids = []
+        fill_ids = range(0)
     else:
         fill_ids = range(0, fill, args.chunk)
     for start in fill_ids:
@@ -77,7 +77,7 @@ def main(argv=None) -> None:
         step_logits(b, ids[:, t:t + 1], t)
     decode = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    weights = onnx_bytes_per_token(b.folder) if hasattr(b, "folder") else 0
+    weights = onnx_bytes_per_token(b.folder) if b.folder is not None else 0
     print(f"context of {fill} tokens {written}; decode at depth {fill}: "
           f"{args.steps / decode:.2f} tok/s; peak RSS {peak / 1e9:.2f} GB (weights read a token "
           f"{weights / 1e9:.2f} GB, "

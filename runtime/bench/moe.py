@@ -17,10 +17,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-OLMOE = dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_heads=16, num_kv_heads=16,
-             max_position_embeddings=4096, family="olmoe", qk_norm="projection",
-             moe=dict(num_experts=64, top_k=8, intermediate_size=1024, normalize=False))
+OLMOE: dict[str, Any] = dict(
+    vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_heads=16, num_kv_heads=16,
+    max_position_embeddings=4096, family="olmoe", qk_norm="projection",
+    moe=dict(num_experts=64, top_k=8, intermediate_size=1024, normalize=False))
 
 
 def main(argv=None) -> None:

@@ -73,15 +73,15 @@ def main(argv=None) -> None:
     chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in QUESTIONS]
     print("\nRunner.generate of the 8 as one batch, time to its first tokens (prefill), best of "
           f"{args.repeats}")
-    seconds = {}
+    seconds: dict[bool, float] = {}
     for reuse in (False, True):
         runner.reuse_prefixes = reuse
-        runs = []
+        times: list[float] = []
         for _ in range(args.repeats):
             start = time.perf_counter()
             runner.generate(chats, 1)
-            runs.append(time.perf_counter() - start)
-        seconds[reuse] = min(runs)
+            times.append(time.perf_counter() - start)
+        seconds[reuse] = min(times)
         print(f"prefix reuse {'on' if reuse else 'off':<4}{seconds[reuse]:>8.3f}s")
     print(f"on / off: {seconds[True] / seconds[False]:.2f}")
 

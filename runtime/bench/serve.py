@@ -84,7 +84,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, backend: str, *, name: str, slots: int, max_seq_len: int, threads: int | None = None):
+def start_server(model: str, backend: str, *, name: str, slots: int, max_seq_len: int,
+                 threads: int | None = None) -> tuple[subprocess.Popen | None, int | None]:
     """`llgraph serve MODEL` on a free port, once it listens -> (process, port); (None, None) if it exited first."""
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "llgraph", "serve", model, "--backend", backend, "--name", name,
@@ -107,7 +108,8 @@ def start_server(model: str, backend: str, *, name: str, slots: int, max_seq_len
     return server, port
 
 
-def start_llama_server(path: str, gguf: str, slots: int, max_seq_len: int, threads: int):
+def start_llama_server(path: str, gguf: str, slots: int, max_seq_len: int,
+                       threads: int) -> tuple[subprocess.Popen | None, int | None]:
     """llama.cpp's server on a free port, once /health answers 200 -> (process, port); (None, None) if it exited."""
     port = _free_port()
     server = subprocess.Popen([path, "-m", gguf, "--port", str(port), "-np", str(slots), "-c", str(slots * max_seq_len),

@@ -103,7 +103,8 @@ def main(argv=None) -> int:
     server, port = start_server(args.model, args.backend, name="soak", slots=8, max_seq_len=512)
     if server is None:
         return 1
-    samples, statuses, counter, worst_gap = [(0, rss_mb(server.pid))], {}, itertools.count(), 0.0
+    statuses: dict[int, int] = {}
+    samples, counter, worst_gap = [(0, rss_mb(server.pid))], itertools.count(), 0.0
     start = time.perf_counter()
     try:
         with ThreadPoolExecutor(args.clients) as pool:

@@ -42,7 +42,9 @@ def main(argv=None) -> None:
 
     for task in prompts:  # warm-up
         run(task, "off")
-    best, texts, drafts = {}, {}, {}
+    best: dict[tuple[str, str], float] = {}
+    texts: dict[tuple[str, str], str] = {}
+    drafts: dict = {}
     for _ in range(args.repeats):
         for task in prompts:
             for mode in modes:

@@ -100,7 +100,9 @@ def onnx_bytes_per_token(folder: Path) -> int:
         length = next((int(e.value) for e in i.external_data if e.key == "length"), None)
         sizes[i.name] = length if length is not None else len(i.raw_data)
     dims = {i.name: list(i.dims) for i in graph.initializer}
-    gathered, read, share = set(), set(), {}
+    gathered: set[str] = set()
+    read: set[str] = set()
+    share: dict[str, float] = {}
     for n in graph.node:
         tables = n.input[1:] if n.op_type in ("QEmbedding", "GatherBlockQuantized") else \
             n.input[:1] if n.op_type == "Gather" else ()
@@ -131,7 +133,7 @@ def llgraph_engine(args, kv_cache: str | None = None, level: int | None = None) 
         runner = open_runner(args.model, args.backend, max_seq_len=max(args.p, args.depth + args.n) + 1,
                              threads=args.threads, kv_cache=kv_cache, weights=Weights(accuracy_level=level))
         b, sync = runner.backend, (lambda: None)
-        weight_bytes = onnx_bytes_per_token(Path(b.folder)) if hasattr(b, "folder") else None
+        weight_bytes = onnx_bytes_per_token(Path(b.folder)) if b.folder is not None else None
         allocate = lambda: b.allocate(1)  # noqa: E731
     opened = time.perf_counter() - start
     timed = Timed(lambda ids, pos: step_logits(b, ids, int(pos[0, 0])), allocate, b.vocab_size, args.p, args.n, sync,
@@ -179,7 +181,7 @@ def transformers_engine(args, config) -> tuple[Timed, int, str, dict]:
     with torch.device(args.device):
         model = LlamaForCausalLM(hf).to(dtype).eval()
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    state = {}
+    state: dict = {}
 
     @torch.inference_mode()
     def forward(ids, pos):
@@ -266,6 +268,7 @@ def main(argv=None) -> None:
     levels = [None if v is None else int(v) for v in levels]
     if args.backend != "ort" and levels != [None]:
         raise LlgraphError("--accuracy-level is ONNX Runtime's (--backend ort); the torch executor computes exactly")
+    engines: list[tuple[Timed | LlamaBench, int | None, str, dict]]
     engines = [llgraph_engine(args, kv, level) for kv in (args.kv_cache.split(",") if args.kv_cache else [None])
                for level in levels]
     for peer in args.peer:
@@ -279,12 +282,13 @@ def main(argv=None) -> None:
             engines.append(llama_bench_engine(args, path, gguf, flags))
         else:
             raise LlgraphError(f"--peer {peer}: use llama-bench=PATH or transformers")
-    best = [{"pp": float("inf"), "tg": float("inf")} for _ in engines]
+    best: list[dict[str, float]] = [{"pp": float("inf"), "tg": float("inf")} for _ in engines]
     for _ in range(args.repeats):  # the engines in turn, so the machine's drifting speed hits each alike
         for b, (engine, *_) in zip(best, engines):
             for k, v in engine.run().items():
                 b[k] = min(b[k], v)
-    rows = [(b, *rest) for b, (_, *rest) in zip(best, engines)]
+    rows: list[tuple[dict[str, float], int | None, str, dict]] = [
+        (b, weight_bytes, what, extra) for b, (_, weight_bytes, what, extra) in zip(best, engines)]
     tg = f"tg{args.n}" + (f" @ d{args.depth}" if args.depth else "")
     others = "".join(f", {v:.1f} GB/s at {t} thread{'s' if t > 1 else ''}" for t, v in probes.items())
     print(f"\n{args.model}, {threads} threads; read bandwidth of this machine now: {bandwidth:.1f} GB/s at {threads} "

@@ -101,7 +101,7 @@ def cmd_generate(args) -> None:
             raise LlgraphError(result.error)
         print(",".join(str(t) for t in result.token_ids))
         return
-    stats = {}
+    stats: dict = {}
     pieces = runner.stream(prompt, args.max_new_tokens, stop=args.stop or (), stats=stats,
                            **sampling_of(args, runner))
     for piece in pieces:
@@ -281,7 +281,9 @@ COMMANDS = {"inspect": cmd_inspect, "export": cmd_export, "build": cmd_build, "g
 def _options_first(argv: list[str]) -> list[str]:
     """`cache verify --cache-dir D a b` as `cache --cache-dir D verify a b`: argparse ends a positional list at the
     first option, so names given after one were refused."""
-    options, names, rest = [], [], argv[1:]
+    options: list[str] = []
+    names: list[str] = []
+    rest = argv[1:]
     while rest:
         token = rest.pop(0)
         if token == "--cache-dir" and rest:

@@ -12,13 +12,20 @@ slot p >= len(b), and row b's decode token at position p overwrites slot p befor
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable, ContextManager, Sequence, Union
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llgraph.builder import DEFAULT_MAX_SEQ
 from llgraph.errors import LlgraphError
+
+if TYPE_CHECKING:
+    from llgraph.config import LlamaConfig
+    from llgraph.kv_cache import KvFormat
 
 
 def cache_length(requested: int | None, limit: int, what: str) -> int:
@@ -33,7 +40,7 @@ def cache_length(requested: int | None, limit: int, what: str) -> int:
     return requested
 
 
-Rows = Union[slice, Sequence[int], np.ndarray, None]  # forward's `rows`: see Backend.forward
+Rows = slice | Sequence[int] | np.ndarray | None  # forward's `rows`: see Backend.forward
 
 
 def token_rows(rows: Rows, shape: tuple[int, int]) -> np.ndarray | None:
@@ -60,9 +67,18 @@ def span_of(rows: Rows, batch: int) -> slice | None:
                        "re-export with --kernels llgraph --dtype fp32 for ragged rows)")
 
 
-class Backend:
+class Backend(ABC):
+    """Every attribute the engine, the server, the evaluation and the benchmarks read of a backend is declared here
+    (none is looked up by getattr); a backend implements allocate and forward, and overrides the rest where it
+    can do more."""
     max_seq_len: int
     vocab_size: int
+    config: LlamaConfig | None = None  # the model's (None: a stand-in of the tests)
+    dtype: str = "float32"  # its weights' and activations' floats
+    kv: KvFormat | None = None  # its KV cache's format (None: its dtype's floats)
+    folder: Path | None = None  # the export folder it runs (None: a model held in memory, the torch executor's)
+    max_batch: int | None = None  # the rows its engine was built for (a TensorRT engine's); None: any
+    kv_plan: str = ""  # how the server planned its cache length (runtime/serve/plan.py), said at startup
     # whether one forward may run several rows of more than one token after a cached prefix (speculative
     # verification); ONNX Runtime's GroupQueryAttention takes only one such row (an OrtBackend without slot ids)
     multi_token_rows: bool = True
@@ -79,15 +95,17 @@ class Backend:
     record: bool = False
     recorded: dict[str, np.ndarray] = {}
 
-    def ready(self) -> None:
+    def ready(self) -> None:  # noqa: B027 (a hook: most backends are ready once built)
         """Returns once the backend may answer; raises (one line) when it must not: an OrtBackend's weights found
         damaged by the check that runs while it loads (export_folder.Checked). allocate() calls it."""
 
+    @abstractmethod
     def allocate(self, batch: int, zeroed: bool = False) -> None:
         """The static KV cache for `batch` rows; kept as it is for the same batch (stale positions are masked)
         unless `zeroed`."""
         raise NotImplementedError
 
+    @abstractmethod
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:
         """input_ids, position_ids: [B, S] int64 numpy arrays -> logits [B, K, V] (a float numpy array: float32,
@@ -117,11 +135,11 @@ class Backend:
         """The cache's format (llgraph/kv_cache.py): the backend's `kv`, else its dtype's floats."""
         from llgraph.kv_cache import of_dtype
 
-        return getattr(self, "kv", None) or of_dtype(str(getattr(self, "dtype", "float32")))
+        return self.kv or of_dtype(self.dtype)
 
     def kv_bytes_per_token(self) -> int:
         """The cache's bytes for one position of one row (keys and values of every layer; 0 where unknown)."""
-        cfg = getattr(self, "config", None)
+        cfg = self.config
         if cfg is None:
             return 0
         return self.kv_format().bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
@@ -131,7 +149,7 @@ class Backend:
         empty before allocate() or where the backend keeps none it can copy within."""
         return []
 
-    def ordered(self) -> ContextManager:
+    def ordered(self) -> AbstractContextManager:
         """A context in which a copy between cache rows is ordered with the forwards (TensorRT: its stream)."""
         return nullcontext()
 

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from llgraph.errors import RequestError
 from llgraph.runtime.engine import harmony

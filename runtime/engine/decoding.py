@@ -9,7 +9,7 @@ text's tail only. A step costs the same at token 8,000 as at token 8 (re-decodin
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class Decoding:

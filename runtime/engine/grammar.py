@@ -68,7 +68,7 @@ class Grammar:
     spec: str
 
     @classmethod
-    def json_schema(cls, schema: dict | str) -> "Grammar":
+    def json_schema(cls, schema: dict | str) -> Grammar:
         """A schema's grammar, strict where the schema is silent (`strict`): an object with properties takes no
         others unless it says `additionalProperties`."""
         if isinstance(schema, str):
@@ -81,17 +81,17 @@ class Grammar:
                           "the JSON schema is not valid", " (or not supported)")
 
     @classmethod
-    def lark(cls, text: str) -> "Grammar":
+    def lark(cls, text: str) -> Grammar:
         """A grammar in llguidance's Lark dialect (`%json {schema}` embeds a JSON schema; `<[id]>` is a token)."""
         return cls._built(lambda ll: ll.LLMatcher.grammar_from_lark(text), "the grammar is not valid")
 
     @classmethod
-    def gbnf(cls, text: str) -> "Grammar":
+    def gbnf(cls, text: str) -> Grammar:
         """A grammar in llama.cpp's GBNF (its `grammar` field, grammars/*.gbnf), read by llguidance."""
         return cls._built(lambda ll: ll.grammar_from("gbnf", text), "the GBNF grammar is not valid")
 
     @classmethod
-    def _built(cls, make, bad: str, unsupported: str = "") -> "Grammar":
+    def _built(cls, make, bad: str, unsupported: str = "") -> Grammar:
         """llguidance's grammar made by `make(llguidance)` and validated; either failure a RequestError `bad: why`."""
         ll = _llguidance()
         try:
@@ -104,11 +104,11 @@ class Grammar:
         return cls(spec)
 
     @classmethod
-    def json_object(cls) -> "Grammar":
+    def json_object(cls) -> Grammar:
         return cls.json_schema({"type": "object"})
 
     @classmethod
-    def from_response_format(cls, response_format) -> "Grammar | None":
+    def from_response_format(cls, response_format) -> Grammar | None:
         """OpenAI's `response_format`: {"type": "text"} (None: unconstrained), {"type": "json_object"}, or
         {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}."""
         if response_format is None:
@@ -130,7 +130,7 @@ class Grammar:
             return cls.json_schema(json.dumps(schema))
         raise RequestError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
 
-    def matcher(self, tokenizer, vocab_size: int, eos: set[int]) -> "Matcher":
+    def matcher(self, tokenizer, vocab_size: int, eos: set[int]) -> Matcher:
         return Matcher(self, _ll_tokenizer(tokenizer, vocab_size, tuple(sorted(eos))))
 
 

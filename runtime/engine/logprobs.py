@@ -6,8 +6,8 @@ row that asks (an emitted token's, a scored prompt's), from the model's own logi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

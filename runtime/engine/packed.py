@@ -53,7 +53,9 @@ class Packed:
         return out
 
     def _packed(self, backend: Backend, which: list[int], out: list[np.ndarray]) -> None:
-        body, tail, places = [], [], []  # tokens without logits wanted, then those with, in add order
+        body: list[tuple[int, int, int]] = []  # (token, position, slot) of tokens without logits wanted
+        tail: list[tuple[int, int, int]] = []  # the same, logits wanted, in add order
+        places = []
         for i in which:
             a = self.adds[i]
             cut = len(a.tokens) - a.kept

@@ -3,8 +3,8 @@ row the scheduler keeps of it (_Request), and the scheduler's refusals (QueueFul
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from llgraph.errors import RequestError
 from llgraph.runtime.engine.decoding import Decoding

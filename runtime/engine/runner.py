@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,10 +76,10 @@ class Runner:
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed, frequency_penalty, presence_penalty,
                           tuple((logit_bias or {}).items()), min_p)
-        rows = []
-        for rows in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,
+        rows: list[Row] = []
+        for rows in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,  # noqa: B007
                                  self._speculation(speculative), draft_max=check_draft_max(draft_max)):
-            pass
+            pass  # the rows after the last step
         if single and rows[0].error:
             raise RequestError(rows[0].error)
         results = [Generation(r.decoding.text(), r.decoding.tokens, r.decoding.finish_reason, r.error) for r in rows]
@@ -203,7 +204,7 @@ class Runner:
         out = np.stack([r.embedding for r in rows])
         return out[0] if single else out
 
-    def perplexity(self, text, window: int | None = None, stride: int | None = None) -> "Perplexity":
+    def perplexity(self, text, window: int | None = None, stride: int | None = None) -> Perplexity:
         """Perplexity(perplexity, nll, tokens): the perplexity, summed negative log-likelihood and tokens scored of a
         text or token ids, in rolling windows (runtime/engine/score.py); a named tuple, so it unpacks as before."""
         import math

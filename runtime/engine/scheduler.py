@@ -42,7 +42,7 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from llgraph.errors import RequestError, described
 from llgraph.runtime.engine.decoding import Decoding
@@ -100,7 +100,7 @@ class Scheduler:
         self.engine.metrics = metrics
 
     # -- the caller's side ------------------------------------------------------------------------------------------
-    def start(self) -> "Scheduler":
+    def start(self) -> Scheduler:
         self.backend.allocate(self.slots)
         if self.draft is not None:
             self.draft.backend.allocate(self.slots)

@@ -12,8 +12,8 @@ argmax there (lm-eval's `is_greedy`). Log-probabilities are runtime/engine/logpr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from llgraph.errors import RequestError
 from llgraph.runtime.engine.backend import Backend

@@ -17,8 +17,8 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class Row:
     prompt_logprobs: bool = False  # the prompt's own, into prompt_scores (a row of max_new_tokens 0 only scores)
     pooling: str | None = None  # an embedding row ("last" or "mean"; max_new_tokens 0): into `embedding`
     normalize: bool = True  # an embedding's: to unit length
-    emit: Callable[["Row", int, TokenLogprob | None], None] | None = None  # called with each emitted token
+    emit: Callable[[Row, int, TokenLogprob | None], None] | None = None  # called with each emitted token
     created: float = field(default_factory=time.monotonic)
     # state, set by the engine
     token: int = 0

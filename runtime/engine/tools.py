@@ -67,7 +67,7 @@ class ToolSpec:
     parallel: bool = True
 
     @classmethod
-    def of(cls, tools, tool_choice=None, parallel_tool_calls=None) -> "ToolSpec | None":
+    def of(cls, tools, tool_choice=None, parallel_tool_calls=None) -> ToolSpec | None:
         """Checks OpenAI's three fields (a RequestError naming the bad one); None where no tool may be called."""
         if tools is None or tools == []:
             if tool_choice not in (None, "none", "auto"):

@@ -12,9 +12,9 @@ forward (`Backend.record`): the values compared are those of the path that serve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -129,7 +129,7 @@ def save_run(path: str | Path, name: str, inputs: list[Step], capture: Capture,
     tmp = path.with_name(f".{path.name}.partial")
     try:
         with open(tmp, "wb") as f:
-            np.savez_compressed(f, **arrays)
+            np.savez_compressed(f, **arrays)  # type: ignore[arg-type]  # numpy's stub: **kwds as allow_pickle
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -140,7 +140,8 @@ def save_run(path: str | Path, name: str, inputs: list[Step], capture: Capture,
 def load_run(path: str | Path) -> tuple[str, list[Step], Capture]:
     with np.load(path, allow_pickle=False) as z:
         steps = 1 + max(int(k.split("/")[1]) for k in z.files if k.startswith("inputs/"))
-        inputs, capture = [{} for _ in range(steps)], [{} for _ in range(steps)]
+        inputs: list[Step] = [{} for _ in range(steps)]
+        capture: Capture = [{} for _ in range(steps)]
         for k in z.files:
             if k != "__name__":
                 kind, i, name = k.split("/", 2)

@@ -26,7 +26,7 @@ async def embeddings(request, body: dict, runner, scheduler, pooling: str, model
     if len(inputs) > capacity:
         raise ApiError(400, f"{len(inputs)} inputs; this server takes at most {capacity} at once (its slots and "
                             "queue); send fewer", param="input")
-    size = runner.backend.config.hidden_size if hasattr(runner.backend, "config") else None
+    size = runner.backend.config.hidden_size if runner.backend.config is not None else None
     dimensions = body.get("dimensions")
     if dimensions is not None and dimensions != size:
         raise ApiError(400, f"'dimensions' ({dimensions}) cannot be honoured: this model's embeddings have {size} "

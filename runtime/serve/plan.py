@@ -40,7 +40,7 @@ def free_bytes() -> int | None:
 
 def mapped_weight_bytes(backend) -> int:
     """An export's weight files (memory-mapped: the page cache holding them counts as available, yet they stay)."""
-    folder = getattr(backend, "folder", None)
+    folder = backend.folder
     return sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file()) if folder else 0
 
 
@@ -50,7 +50,7 @@ def plan(backends: list, slots: int, asked: int | None) -> None:
     asked length whose caches would not fit is a warning."""
     backend = backends[0]
     per_token, free = sum(b.kv_bytes_per_token() for b in backends), free_bytes()
-    limits = [getattr(b, "context_limit", None) for b in backends]
+    limits = [b.context_limit for b in backends]
     if not per_token or free is None:
         return
     budget = KV_SHARE * max(0, free - sum(mapped_weight_bytes(b) for b in backends))
@@ -83,4 +83,4 @@ def memory(backend, slots: int) -> str:
     if not per_token:
         return ""
     return (f" x {backend.max_seq_len} tokens (KV cache {per_token * slots * backend.max_seq_len / 1e9:.2f} GB "
-            f"{backend.kv_format().name}{getattr(backend, 'kv_plan', '')})")
+            f"{backend.kv_format().name}{backend.kv_plan})")

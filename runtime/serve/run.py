@@ -43,7 +43,7 @@ def serve(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, g
         print(warning(host, options.api_key), file=sys.stderr, flush=True)
     print(f"llgraph serve: loading {options.model} ({options.backend})", flush=True)
     runner, draft = load_runners(options)  # a bad model or flag is one line, before anything listens
-    if options.backend == "trt" and options.slots > getattr(runner.backend, "max_batch", options.slots):
+    if runner.backend.max_batch is not None and options.slots > runner.backend.max_batch:
         raise RequestError(f"--slots {options.slots} exceeds the engine's max batch ({runner.backend.max_batch}); "
                            "lower --slots or rebuild with `llgraph build --max-batch`")
     app = create_app(options, (runner, draft))

@@ -115,7 +115,7 @@ def test_trt_logits_and_caches_match_executor_per_step(engine, report):
     ids = torch.randint(0, cfg.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1)).numpy()
     pos = torch.arange(7).expand(2, 7).numpy()
     worst = {"logits": 0.0, "present": 0.0}
-    for step in range(9):
+    for _ in range(9):
         a, b = ours({"input_ids": ids, "position_ids": pos}), theirs({"input_ids": ids, "position_ids": pos})
         worst["logits"] = max(worst["logits"], max_diff(torch.from_numpy(a["logits"]), torch.from_numpy(b["logits"])))
         for _, present in cache_pairs(cfg):

@@ -65,7 +65,7 @@ def test_a_long_embedding_is_written_in_chunks_and_equals_runner_embed(runner):
     texts = [[5 + i % 90 for i in range(200)], [7 + i % 80 for i in range(170)]]
     for pooling in ("last", "mean"):
         whole = runner.embed(texts, pooling=pooling)
-        handles, calls = _beside_a_stream(runner, lambda s: [s.submit(t, 0, pooling=pooling) for t in texts])
+        handles, calls = _beside_a_stream(runner, lambda s, p=pooling: [s.submit(t, 0, pooling=p) for t in texts])
         worst = max(float(np.abs(h.embedding - w).max()) for h, w in zip(handles, whole))
         print(f"{pooling} pooling in chunks of {CHUNK} beside a stream: {len(calls)} forwards, the largest "
               f"{max(rows * seq for rows, seq in calls)} tokens; max|diff| from Runner.embed = {worst:.3e}")

@@ -143,6 +143,7 @@ SANITIZED_TESTS = ["tests/plugins/test_cpu_kernels.py::test_every_instruction_se
                    "tests/plugins/test_cpu_hardening.py::test_a_moe_input_of_the_wrong_shape_fails_the_node"]
 
 
+@pytest.mark.sanitize  # .ci/run's own step: `pytest -m sanitize tests/plugins/test_cpu_hardening.py`
 @pytest.mark.skipif(os.environ.get(cpu.SANITIZE_ENV) == "1", reason="this test is the sanitized run's launcher")
 def test_the_kernel_tests_pass_under_address_and_undefined_behaviour_sanitizers(library, tmp_path):
     """The kernels' own tests, run in a process that loads the library built with -fsanitize=address,undefined
