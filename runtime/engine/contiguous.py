@@ -52,8 +52,8 @@ def run_contiguous(backend: Backend, adds: list[Add]) -> tuple[list[np.ndarray],
 
 def _groups(backend: Backend, adds: list[Add]) -> list[list[int]]:
     """The adds' indices, one list a forward."""
-    def alone(a) -> bool:
-        return a.hidden or (not backend.multi_token_rows and len(a.tokens) > 1 and a.start > 0)
+    def alone(a) -> bool:  # without multi_token_rows, only single decode tokens share a forward after a prefix
+        return a.hidden or (not backend.multi_token_rows and a.start > 0 and not (len(a.tokens) == a.kept == 1))
 
     groups = [[i] for i, a in enumerate(adds) if alone(a)]
     rest = [i for i, a in enumerate(adds) if not alone(a)]

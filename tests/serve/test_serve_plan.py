@@ -21,6 +21,12 @@ class Shaped(Backend):
                                   num_heads=32, num_kv_heads=8)
         self.kv, self.context_limit, self.max_seq_len = kv_format(kv), limit, max_seq_len
 
+    def allocate(self, batch, zeroed=False):  # the plan is made before any cache exists
+        raise AssertionError("planning allocates nothing")
+
+    def forward(self, input_ids, position_ids, rows=None, keep=0):
+        raise AssertionError("planning runs nothing")
+
 
 @pytest.fixture
 def free(monkeypatch):
