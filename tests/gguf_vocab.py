@@ -12,6 +12,7 @@
                                      llama_cpp_text.json, its text of those ids (`detokenize`, special=False)
 """
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -56,24 +57,28 @@ def _write(path: Path, fill) -> Path:
     return path
 
 
-def relabelled(path: Path, pre: str) -> Path:
-    """SmolLM2's vocabulary, merges and token types under `tokenizer.ggml.pre` = `pre`."""
+@functools.cache
+def smollm2_vocabulary() -> tuple[list, list, list]:
+    """SmolLM2's tokens, token types and merges, read once (a GGUFReader of the file takes ~2 s: the relabelled
+    vocabularies were ~80 s of the suite)."""
     from llgraph.bundled import bundled_model
 
     r = gguf.GGUFReader(str(bundled_model("smollm2")))
+    return tuple(r.fields[f"tokenizer.ggml.{key}"].contents() for key in ("tokens", "token_type", "merges"))
 
-    def field(key):
-        return r.fields[key].contents()
+
+def relabelled(path: Path, pre: str) -> Path:
+    """SmolLM2's vocabulary, merges and token types under `tokenizer.ggml.pre` = `pre`."""
+    tokens, types, merges = smollm2_vocabulary()
 
     def fill(w):
-        tokens = field("tokenizer.ggml.tokens")
         _hparams(w, len(tokens))
         w.add_name(f"smollm2 vocabulary as {pre}")
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
-        w.add_token_types(field("tokenizer.ggml.token_type"))
-        w.add_token_merges(field("tokenizer.ggml.merges"))
+        w.add_token_types(types)
+        w.add_token_merges(merges)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
         w.add_add_bos_token(pre in BOS_PRE)
@@ -92,20 +97,18 @@ HARMONY_TEMPLATE = (
 def harmony(path: Path) -> Path:
     """SmolLM2's vocabulary as gpt-4o's pre-type with gpt-oss's harmony marks (control tokens; <|return|> the eos,
     <|end|> among the end-of-turn texts) and a harmony chat template."""
-    from llgraph.bundled import bundled_model
-
-    r = gguf.GGUFReader(str(bundled_model("smollm2")))
+    smol_tokens, smol_types, merges = smollm2_vocabulary()
 
     def fill(w):
-        tokens = [*r.fields["tokenizer.ggml.tokens"].contents(), *HARMONY_MARKS]
-        types = [*r.fields["tokenizer.ggml.token_type"].contents(), *[gguf.TokenType.CONTROL] * len(HARMONY_MARKS)]
+        tokens = [*smol_tokens, *HARMONY_MARKS]
+        types = [*smol_types, *[gguf.TokenType.CONTROL] * len(HARMONY_MARKS)]
         _hparams(w, len(tokens))
         w.add_name("smollm2 vocabulary with harmony")
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("gpt-4o")
         w.add_token_list(tokens)
         w.add_token_types(types)
-        w.add_token_merges(r.fields["tokenizer.ggml.merges"].contents())
+        w.add_token_merges(merges)
         w.add_bos_token_id(1)
         w.add_eos_token_id(tokens.index("<|return|>"))
         w.add_eot_token_id(tokens.index("<|end|>"))
