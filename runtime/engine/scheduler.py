@@ -53,7 +53,7 @@ from llgraph.runtime.engine.requests import Event, Handle, QueueFull, ShuttingDo
 from llgraph.runtime.engine.runner import Runner
 from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_served_mode
-from llgraph.runtime.engine.step import Engine, Metrics
+from llgraph.runtime.engine.step import Engine, Metrics, State
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
 STEP_SECONDS = 0.5  # while rows decode, a step that also writes prompt tokens takes about this long at most
@@ -257,7 +257,7 @@ class Scheduler:
         """The prompt tokens a step may write: prefill_chunk, or fewer where this machine's measured pace would make
         the step longer than STEP_SECONDS while other rows wait for their next token (a chunk by time, not only by
         tokens: on a slow host or a large model 128 tokens took 4-8 s a step)."""
-        waiting = any(r.seen is not None for r in self._active.values())
+        waiting = any(r.state is State.DECODING for r in self._active.values())
         if not self.prefill_chunk or self._pace is None or not waiting:
             return self.prefill_chunk
         return max(MIN_CHUNK, min(self.prefill_chunk, int(STEP_SECONDS / self._pace)))
@@ -270,8 +270,8 @@ class Scheduler:
 
     def _advance(self) -> None:
         """One engine step of every active request (Engine.advance), then what each row's cache holds."""
-        before = {slot: (r.token, r.seen is not None) for slot, r in self._active.items()}
-        starts = {slot: r.start for slot, r in self._active.items() if r.seen is None}
+        before = {slot: (r.token, r.state is State.DECODING) for slot, r in self._active.items()}
+        starts = {slot: r.start for slot, r in self._active.items() if r.state is State.PROMPT}
         begun = self._clock()
         self.engine.advance(list(self._active.values()), self._budget())
         written = sum(self._active[slot].start - start for slot, start in starts.items())
@@ -282,7 +282,7 @@ class Scheduler:
             token, decoding = before[slot]
             if not decoding:  # its prompt grew into its row; scored or embedded and done: nothing generated
                 self._rows.held[slot] = r.ids[:r.start]
-                if r.decoding.finish_reason == "length" and r.decoding.steps == 0:
+                if r.state is State.DONE and r.only_written:
                     self._finish(r, "length")
             elif r.taken:  # the inputs this step wrote: its last token and the drafts kept
                 self._rows.held[slot] += [token, *r.taken[:-1]]

@@ -14,6 +14,7 @@ the others go on. Only a failure of the batch's forward itself concerns every ro
 
 from __future__ import annotations
 
+import enum
 import sys
 import time
 import traceback
@@ -48,6 +49,15 @@ class Metrics:
 
     def prefix(self, reused: int, prompt: int) -> None:
         """One prefill: of its `prompt` tokens, `reused` were in the cache already (prefix reuse)."""
+
+
+class State(enum.Enum):
+    """Where a row is. PROMPT: its prompt is being written (in pieces, as the step's budget allows); DECODING: its
+    prompt is written and it took its first token, each step takes its next; DONE: its finish_reason says why (a
+    scored prompt or an embedding goes from PROMPT to DONE, nothing generated)."""
+    PROMPT = "prompt"
+    DECODING = "decoding"
+    DONE = "done"
 
 
 @dataclass(eq=False)  # compared by identity
@@ -86,8 +96,21 @@ class Row:
     error: str | None = None
 
     @property
+    def state(self) -> State:
+        """Read off the row's own fields (its decoding's finish_reason, its sampler state set at its first token),
+        so it cannot disagree with them."""
+        if self.decoding.finish_reason is not None:
+            return State.DONE
+        return State.PROMPT if self.seen is None else State.DECODING
+
+    @property
     def finished(self) -> bool:
         return self.decoding.finish_reason is not None
+
+    @property
+    def only_written(self) -> bool:
+        """A row that generates nothing: a scored prompt or an embedding (max_new_tokens 0)."""
+        return self.decoding.max_new_tokens == 0
 
     @property
     def written(self) -> int:
@@ -146,7 +169,7 @@ class Engine:
         one token needs no forward."""
         batch = Packed()
         work: list[tuple[Row, list[int] | int, int]] = []  # (row, its draft or its piece's end, its add)
-        decoding = [r for r in rows if not r.finished and r.seen is not None]
+        decoding = [r for r in rows if r.state is State.DECODING]
         drafted = self._drafts(decoding)
         for r in decoding:
             if not r.finished:  # its drafting may have failed
@@ -154,7 +177,7 @@ class Engine:
                 work.append((r, draft, batch.add(r.slot, [r.token, *draft], r.position, kept=1 + len(draft))))
         left = budget or None
         for r in rows:
-            if r.finished or r.seen is not None or (left is not None and left <= 0):
+            if r.state is not State.PROMPT or (left is not None and left <= 0):
                 continue
             if r.written == 0:  # a scored prompt of one token: nothing predicts it
                 r.prompt_scores = []
@@ -228,7 +251,7 @@ class Engine:
                 logits[:scored], r.ids[r.start + 1:r.start + 1 + scored], r.logprobs or 0)
         r.start = end
         if end == r.written:
-            if r.decoding.max_new_tokens == 0:  # scored alone
+            if r.only_written:  # scored alone
                 r.decoding.finish_reason = "length"
             else:
                 self._begin(r, logits[-1:])
