@@ -35,9 +35,10 @@ from llgraph.runtime.serve.request import ApiError
 
 STORE_SIZE = 1024  # responses kept for previous_response_id and retrieval
 _OWN = {"model", "input", "instructions", "previous_response_id", "store", "max_output_tokens", "temperature", "top_p",
-        "top_logprobs", "include", "tools", "tool_choice", "parallel_tool_calls", "text", "stream", "metadata", "user"}
+        "top_logprobs", "include", "tools", "tool_choice", "parallel_tool_calls", "text", "stream", "metadata", "user",
+        "reasoning"}
 _NEUTRAL = {"service_tier": None, "safety_identifier": None, "prompt_cache_key": None, "truncation": "disabled",
-            "background": False, "reasoning": None, "conversation": None, "prompt": None, "max_tool_calls": None,
+            "background": False, "conversation": None, "prompt": None, "max_tool_calls": None,
             "stream_options": None}
 _CHAT = ("seed", "stop", "logit_bias", "frequency_penalty", "presence_penalty", "top_k", "min_p", "repetition_penalty",
          "grammar")  # chat completions' own fields, honoured as there
@@ -133,6 +134,12 @@ def chat_body(body: dict, store: Store | None = None) -> tuple[dict, list[dict]]
         chat["logprobs"], chat["top_logprobs"] = True, body.get("top_logprobs") or 0
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    reasoning = body.get("reasoning")
+    if reasoning is not None:  # effort reaches a template that reads it (gpt-oss's), as chat's reasoning_effort
+        if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary", "generate_summary"}:
+            raise ApiError(400, "'reasoning' takes effort (low, medium, high) and summary", param="reasoning")
+        if reasoning.get("effort") is not None:
+            chat["reasoning_effort"] = reasoning["effort"]
     for key, kind in (("tools", list), ("text", dict), ("metadata", dict)):
         if body.get(key) is not None and not isinstance(body[key], kind):
             raise ApiError(400, f"'{key}' must be {'a list' if kind is list else 'an object'}", param=key)
@@ -231,7 +238,9 @@ def _response(response_id: str, model: str, body: dict, status: str, output: lis
             "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
             "metadata": body.get("metadata") or {}, "text": {"format": {"type": "text"}},
-            "previous_response_id": body.get("previous_response_id"), "store": body.get("store") is not False}
+            "previous_response_id": body.get("previous_response_id"), "store": body.get("store") is not False,
+            # the reasoning is returned as it was written (a reasoning item's reasoning_text), never summarized
+            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None}}
 
 
 def _finished(response: dict, finish_reason: str | None) -> dict:

@@ -271,3 +271,24 @@ def test_reasoning_effort_reaches_a_template_that_reads_it(tmp_path):
     assert "Reasoning: medium<|end|>" in chat_prompt({**body, "reasoning_effort": None}, runner)
     with pytest.raises(ApiError, match="low, medium or high"):
         chat_prompt({**body, "reasoning_effort": "max"}, runner)
+
+
+def test_the_responses_api_s_reasoning_effort_is_chat_s_reasoning_effort():
+    """`reasoning.effort` reaches the chat request as reasoning_effort (a chat template that reads it, gpt-oss's,
+    gets it; elsewhere it is chat's 400), `summary` is accepted (the reasoning comes whole as reasoning_text, never
+    summarized), any other key a 400 naming 'reasoning'; the response says the effort, valid as the SDK's."""
+    import openai.types.responses as R
+
+    from llgraph.runtime.serve.request import ApiError
+    from llgraph.runtime.serve.responses import chat_body, response_of
+
+    chat, _ = chat_body({"input": "hi", "reasoning": {"effort": "low", "summary": "auto"}})
+    assert chat["reasoning_effort"] == "low"
+    assert "reasoning_effort" not in chat_body({"input": "hi", "reasoning": {"summary": "auto"}})[0]
+    with pytest.raises(ApiError, match="reasoning") as e:
+        chat_body({"input": "hi", "reasoning": {"budget_tokens": 300}})
+    assert e.value.param == "reasoning" and e.value.status == 400
+    answered = {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "4"}}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
+    whole = R.Response.model_validate(response_of(answered, {"reasoning": {"effort": "low"}}, "resp_1", "m"))
+    assert whole.reasoning.effort == "low" and whole.reasoning.summary is None

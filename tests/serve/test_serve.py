@@ -204,7 +204,10 @@ def test_ray_serve_two_local_replicas_answer(serve_export):
             got = list(pool.map(lambda _: s.client.completions.create(
                 model="smollm2", prompt=PROMPTS[0], max_tokens=12, temperature=0).choices[0].text, range(6)))
         assert got == [want] * 6
-        pids = {httpx.get(f"{s.url}/health").json()["pid"] for _ in range(30)}
+        pids: set = set()
+        deadline = time.monotonic() + 60  # a replica still starting is not routed to yet (seen once: 30 polls, one pid)
+        while len(pids) < 2 and time.monotonic() < deadline:
+            pids |= {httpx.get(f"{s.url}/health").json()["pid"] for _ in range(10)}
         print("ray serve:", "".join(line for line in s.lines if "llgraph serve" in line), "replica pids:", pids)
         assert len(pids) == 2  # both replicas answered
     finally:
