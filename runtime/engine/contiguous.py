@@ -43,7 +43,7 @@ def run_contiguous(backend: Backend, adds: list[Add]) -> tuple[list[np.ndarray],
     hidden: list[np.ndarray | None] = [None] * len(adds)
     for group in _groups(backend, adds):
         if adds[group[0]].hidden:
-            hidden[group[0]] = _hidden(backend, adds[group[0]])
+            hidden[group[0]] = hidden_of(backend, adds[group[0]])
             continue
         for i, out in zip(group, _forward(backend, [adds[i] for i in group])):
             logits[i] = out
@@ -91,6 +91,7 @@ def _forward(backend: Backend, adds: list[Add]) -> list[np.ndarray]:
     return [out[a.slot - first, len(a.tokens) - a.kept + shift:len(a.tokens) + shift] for a in adds]
 
 
-def _hidden(backend: Backend, a: Add) -> np.ndarray:
+def hidden_of(backend: Backend, a: Add) -> np.ndarray:
+    """An add's hidden states [n, H] from a forward of its own (Backend.hidden)."""
     ids, positions = np.array([a.tokens], np.int64), np.arange(a.start, a.start + len(a.tokens))[None]
     return backend.hidden(ids, positions, rows=slice(a.slot, a.slot + 1))[0]

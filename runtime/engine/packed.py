@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from llgraph.runtime.engine.backend import Backend
-from llgraph.runtime.engine.contiguous import Add, run_contiguous
+from llgraph.runtime.engine.contiguous import Add, hidden_of, run_contiguous
 
 
 class Packed:
@@ -46,8 +46,7 @@ class Packed:
         out: list[np.ndarray] = [np.zeros((0, backend.vocab_size), np.float32)] * len(self.adds)
         for i, a in enumerate(self.adds):  # a backend that cannot return hidden states beside the logits
             if i not in together:
-                self._hidden[i] = backend.hidden(np.array([a.tokens], np.int64),
-                                                 np.arange(a.start, a.start + len(a.tokens))[None], rows=[a.slot])[0]
+                self._hidden[i] = hidden_of(backend, a)
         if together:
             self._packed(backend, together, out)
         return out

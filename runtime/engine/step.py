@@ -99,7 +99,7 @@ class Row:
     def state(self) -> State:
         """Read off the row's own fields (its decoding's finish_reason, its sampler state set at its first token),
         so it cannot disagree with them."""
-        if self.decoding.finish_reason is not None:
+        if self.finished:
             return State.DONE
         return State.PROMPT if self.seen is None else State.DECODING
 
