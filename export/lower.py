@@ -127,8 +127,11 @@ class Emitter:
         if math.prod(param.value.shape) * dtype.itemsize <= CHUNK_BYTES or \
                 self.source.load_rows(part.name, 0, 1, dtype) is None:
             return None
-        return (tuple(param.value.shape), dtype,
-                lambda a, b: self.source.load_rows(part.name, a, b, dtype).astype(dtype, copy=False))
+        def rows(a: int, b: int) -> np.ndarray:
+            out = self.source.load_rows(part.name, a, b, dtype)
+            assert out is not None  # the source read rows of this tensor above
+            return out.astype(dtype, copy=False)
+        return tuple(param.value.shape), dtype, rows
 
     def derived(self, name: str, fn, *params: str, onnx_type: int | None = None, dims=None) -> str:
         """Initializer `name` = fn(*the params' tensors), written once. `onnx_type`/`dims` store the bytes under

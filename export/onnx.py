@@ -233,7 +233,7 @@ def refuse_slots(node: Node, lowering: str) -> None:
 
 def grouped_attention(em: Emitter, node: Node) -> None:
     refuse_slots(node, "ONNX's Attention")
-    q, k, v, pos, past_k, past_v = node.inputs[:6]
+    q, k, v, pos, past_k, past_v = (node.arg(i) for i in range(6))
     out, present_k, present_v = node.outputs
     a, hint = node.attrs, node.name
     first = em.node("Gather", [pos, em.const(0, "int64")], hint=hint, axis=1)[0]  # each row's first position

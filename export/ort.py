@@ -59,7 +59,7 @@ def plan(em: Emitter) -> None:
 def _fused_rotary(graph: Graph, node: Node, producer, only_read_by) -> tuple[Node, Node] | None:
     """The two Rotary nodes before a GroupedAttention's q and k that llgraph's kernel (and GroupQueryAttention)
     compute inside, or None where they cannot be: other tables, a partial rotary, dynamic NTK, other readers."""
-    q, k = node.inputs[:2]
+    q, k = node.arg(0), node.arg(1)
     qr, kr = producer.get(q), producer.get(k)
     d = graph.values[q].shape[-1] // node.attrs["num_heads"]
     if (qr is not None and kr is not None and qr.op == kr.op == "Rotary" and qr.inputs[1:] == kr.inputs[1:]
@@ -92,24 +92,25 @@ def ragged(graph: Graph, options: dict) -> Graph:
 
 
 def _plan_attention(em: Emitter, node: Node, producer, only_read_by) -> None:
-    q, k, v = node.inputs[:3]
+    q, k, v = (node.arg(i) for i in range(3))
     fused = _fused_rotary(em.graph, node, producer, only_read_by)
     if fused is not None:
         qr, kr = fused
         em.absorbed.update((qr.name, kr.name))
-        q, k = qr.inputs[0], kr.inputs[0]
+        q, k = qr.arg(0), kr.arg(0)
     split = producer.get(q)
     packed = (split is not None and split.op == "Split" and list(split.outputs) == [q, k, v]
               and all(only_read_by(o, {node.name} | em.absorbed) for o in split.outputs))
     if packed:
         em.absorbed.add(split.name)
-    qkv = (split.inputs[0], "", "") if packed else (q, k, v)
-    rotary = (fused[0], producer[fused[0].inputs[1]]) if fused is not None else None  # (a Rotary, its RotaryCosSin)
-    if _own_attention(em.graph, node, producer, only_read_by, em.options):
+    qkv = (split.arg(0), "", "") if packed else (q, k, v)
+    rotary = (fused[0], producer[fused[0].arg(1)]) if fused is not None else None  # (a Rotary, its RotaryCosSin)
+    if rotary is not None and _own_attention(em.graph, node, producer, only_read_by, em.options):
+        fused_rotary = rotary
         # q, k and v in weights of two formats (Q4_K_M's Q6_K v on some layers) are three QLinears: their outputs,
         # a few thousand floats a token, are concatenated into the packed input the kernel reads
         em.fused[node.name] = lambda em, n: attention_llgraph(
-            em, n, qkv[0] if packed else em.node("Concat", list(qkv), hint=n.name, axis=-1)[0], rotary)
+            em, n, qkv[0] if packed else em.node("Concat", list(qkv), hint=n.name, axis=-1)[0], fused_rotary)
     else:
         em.fused[node.name] = lambda em, n: group_query_attention(em, n, qkv, rotary)
 
@@ -127,7 +128,7 @@ def _seqlens(em: Emitter, pos: str) -> tuple[str, str]:
 
 def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node] | None) -> None:
     std.refuse_slots(node, "ONNX Runtime's GroupQueryAttention")
-    q, k, v, pos, past_k, past_v = node.inputs[:6]
+    q, k, v, pos, past_k, past_v = (node.arg(i) for i in range(6))
     a = node.attrs
     seqlens, total = _seqlens(em, pos)
     inputs = [*qkv, past_k, past_v, seqlens, total]
@@ -257,7 +258,8 @@ def qembedding_gather(em: Emitter, node: Node) -> None:
     bits, zp = node.attrs["bits"], node.attrs["zero_point"]
     split = em.options.get("accuracy_level", DEFAULT_ACCURACY_LEVEL) < 4
     if bits == 8 and split:  # the head's MatMulNBits reads the two nibble tables: gather from them too
-        halves = [_gather(em, node, c, s, 4, z) for _, c, s, z in _nibble_tables(em, codes, scales, zp, _per_block)]
+        halves = [_gather(em, node, c, s, 4, z) for _, c, s, z in _nibble_tables(em, node.arg(1), node.arg(2), zp,
+                                                                                    _per_block)]
         rows = em.node("Add", halves, hint=node.name)[0]
     else:
         rows = _gather(em, node, em.weight(codes), em.weight(scales, compute=_per_block), bits, zp)

@@ -358,7 +358,8 @@ def _progress_monitor(t):
 
         def __init__(self):
             t.IProgressMonitor.__init__(self)
-            self.bar, self.top = None, None
+            self.bar: Any = None
+            self.top: str | None = None
 
         def phase_start(self, phase_name, parent_phase, num_steps):
             if parent_phase is None and self.bar is None:

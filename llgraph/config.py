@@ -24,6 +24,9 @@ ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
 ROPE_LAYOUTS = ("half", "interleaved")
 
 
+DERIVED: Any = None  # the default of a field __post_init__ fills in: typed as what it holds from then on
+
+
 class ConfigError(LlgraphError):
     """A config that cannot describe a model; the message names the field and the fix."""
 
@@ -36,7 +39,7 @@ class RopeConfig:
     theta: float = 10000.0
     type: str = "default"
     layout: str = "half"
-    rotary_dim: int | None = None  # None: the whole head_dim; else the first rotary_dim dims (partial rotary)
+    rotary_dim: int = DERIVED  # None: the whole head_dim (LlamaConfig fills it in); else the first dims (partial)
     factor: float = 1.0  # linear / ntk / dynamic / yarn / llama3
     original_max_position_embeddings: int | None = None  # llama3, yarn; dynamic's threshold
     low_freq_factor: float = 1.0  # llama3
@@ -77,8 +80,8 @@ class LlamaConfig:
     intermediate_size: int
     num_layers: int
     num_heads: int
-    num_kv_heads: int | None = None  # None: = num_heads (MHA)
-    head_dim: int | None = None  # None: hidden_size // num_heads
+    num_kv_heads: int = DERIVED  # None: = num_heads (MHA)
+    head_dim: int = DERIVED  # None: hidden_size // num_heads
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
@@ -89,7 +92,7 @@ class LlamaConfig:
     eos_token_ids: tuple[int, ...] = ()
     name: str = "llama"
     family: str = "llama"  # the model_type it came from: llama, mistral, qwen2, phi3
-    attention_out_bias: bool | None = None  # o_proj's bias; None: = attention_bias (Qwen2: q/k/v only)
+    attention_out_bias: bool = DERIVED  # o_proj's bias; None: = attention_bias (Qwen2: q/k/v only)
     sliding_window: int | None = None  # keys visible to a query: the last `sliding_window` positions (None: all)
     sliding_layers: tuple[int, ...] | None = None  # the layers with the window (None: every layer)
     qk_norm: str = "none"  # see QK_NORMS

@@ -57,7 +57,7 @@ class TorchExecutor:
             outs = TORCH_IMPLS[node.op](node, *(env[n] if n is not None else None for n in node.inputs))
             env.update(zip(node.outputs, outs))
             for name in node.inputs:  # free what no later node reads (and nobody asked for)
-                if self._last_use.get(name) == i and name not in keep and name not in self.params:
+                if name is not None and self._last_use.get(name) == i and name not in keep and name not in self.params:
                     env.pop(name, None)
         return {name: env[name] for name in keep if name in env}
 

@@ -148,8 +148,11 @@ class GGUFSource(WeightSource):
         self._tensors = {_hf_name(t.name, self.arch): t for t in self._reader.tensors if t.name not in _NOT_WEIGHTS}
         heads = self._reader.fields.get(f"{self.arch}.attention.head_count")
         kv = self._reader.fields.get(f"{self.arch}.attention.head_count_kv")
-        self._heads = int(heads.contents()) if heads else None
+        self._heads = int(heads.contents()) if heads else 0
         self._kv_heads = int(kv.contents()) if kv else self._heads
+        if self._unpermute and not self._heads:
+            raise ConfigError(f"{self.path.name} lacks {self.arch}.attention.head_count, which unpermuting its q and k "
+                              "needs; fix the file's metadata, or keep the stored rope_layout")
 
     def names(self):
         return list(self._tensors)
@@ -262,6 +265,9 @@ def gguf_config(path: str | Path) -> LlamaConfig:
     embedding = next((t for t in r.tensors if t.name == "token_embd.weight"), None)
     vocab = get("vocab_size") or (len(tokens.data) if tokens is not None else
                                   int(embedding.shape[-1]) if embedding is not None else None)
+    if vocab is None:
+        raise ConfigError("this GGUF states no vocabulary size (no vocab_size, tokenizer.ggml.tokens or "
+                          "token_embd.weight); it is not a complete model file")
     if any(n.startswith("rope_factors_") for n in tensor_names):
         raise ConfigError("this GGUF's RoPE is LongRoPE (rope_factors_long/short: Phi-3 128k), which llgraph does not "
                           "build; use the 4k-context model, or an HF folder of a model with a supported RoPE")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from llgraph.config import FAMILIES, ROPE_TYPES, ConfigError, LlamaConfig, MoeConfig, RopeConfig, from_fields
+from llgraph.config import DERIVED, FAMILIES, ROPE_TYPES, ConfigError, LlamaConfig, MoeConfig, RopeConfig, from_fields
 
 _HF_MODEL_TYPES = {"gemma3_text": "gemma3"}  # HF model_type -> llgraph family, where the names differ
 _HF_LLAMA_TYPES = tuple(next((t for t, f in _HF_MODEL_TYPES.items() if f == family), family) for family in FAMILIES)
@@ -104,12 +104,12 @@ def from_hf_dict(d: dict) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
         num_layers=d["num_hidden_layers"], num_heads=d["num_attention_heads"],
-        num_kv_heads=d.get("num_key_value_heads"), head_dim=d.get("head_dim"),
+        num_kv_heads=d.get("num_key_value_heads") or DERIVED, head_dim=d.get("head_dim") or DERIVED,
         rms_norm_eps=d.get("rms_norm_eps", 1e-6), max_position_embeddings=d.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),
         attention_bias=bool(d.get("attention_bias", d.get("qkv_bias", mt in ("qwen2", "qwen2_moe")))),
         mlp_bias=bool(d.get("mlp_bias", False)),
-        attention_out_bias=False if mt in ("qwen2", "qwen2_moe") else None, family=mt, sliding_window=window,
+        attention_out_bias=False if mt in ("qwen2", "qwen2_moe") else DERIVED, family=mt, sliding_window=window,
         sliding_layers=layers,
         qk_norm={"qwen3": "head", "qwen3_moe": "head", "gemma3": "head", "olmo2": "projection",
                  "olmoe": "projection"}.get(mt, "none"),

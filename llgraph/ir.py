@@ -75,6 +75,13 @@ class Node:
     def name(self) -> str:
         return self.outputs[0]
 
+    def arg(self, i: int) -> str:
+        """Input i, which the caller knows is present (a required input, or one it checked)."""
+        name = self.inputs[i]
+        if name is None:
+            raise IRError(f"node {self.name} ({self.op}): input {i} is absent")
+        return name
+
 
 @dataclass(frozen=True)
 class Graph:

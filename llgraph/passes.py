@@ -31,9 +31,9 @@ def pack_qkv(graph: Graph, format_of=None) -> Graph:
     producer = graph.producer()
 
     def linear_behind(name):
-        node = producer.get(name)
+        node = producer.get(name) if name is not None else None
         if node is not None and node.op == "Rotary":
-            node = producer.get(node.inputs[0])
+            node = producer.get(node.arg(0))
         return node if node is not None and node.op == "Linear" else None
 
     groups = [[linear_behind(n) for n in node.inputs[:3]] for node in graph.nodes if node.op == "GroupedAttention"]
@@ -43,7 +43,7 @@ def pack_qkv(graph: Graph, format_of=None) -> Graph:
 def pack_gate_up(graph: Graph, format_of=None) -> Graph:
     """One [gate; up] projection per MLP: the two Linears feeding each SwiGLU."""
     producer = graph.producer()
-    groups = [[producer.get(n) for n in node.inputs] for node in graph.nodes if node.op == "SwiGLU"]
+    groups = [[producer.get(n) for n in node.inputs if n is not None] for node in graph.nodes if node.op == "SwiGLU"]
     return pack_linears(graph, [[n if n is not None and n.op == "Linear" else None for n in g] for g in groups],
                         "gate_up", format_of)
 
@@ -56,20 +56,21 @@ def pack_linears(graph: Graph, groups: Sequence[Sequence[Node | None]], label: s
     drop: set[int] = set()
     params = dict(graph.params)
     values = dict(graph.values)
-    for group in groups:
-        if len(group) < 2 or any(n is None for n in group) or len({n.inputs[0] for n in group}) != 1:
+    for maybe in groups:
+        group = [n for n in maybe if n is not None]
+        if len(group) < 2 or len(group) != len(maybe) or len({n.inputs[0] for n in group}) != 1:
             continue
         has_bias = [len(n.inputs) > 2 and n.inputs[2] is not None for n in group]
         if len(set(has_bias)) != 1:
             continue
-        if format_of is not None and len({format_of(p.name) for n in group for p in graph.params[n.inputs[1]].parts
+        if format_of is not None and len({format_of(p.name) for n in group for p in graph.params[n.arg(1)].parts
                                           }) != 1:
             continue
-        x = group[0].inputs[0]
+        x = group[0].arg(0)
         slots = (1, 2) if has_bias[0] else (1,)
         packed_inputs = [x]
         for slot in slots:
-            members = [graph.params[n.inputs[slot]] for n in group]
+            members = [graph.params[n.arg(slot)] for n in group]
             name = _packed_name([m.name for m in members], label)
             shape = (sum(int(m.value.shape[0]) for m in members),) + members[0].value.shape[1:]
             value = Value(name, members[0].value.dtype, shape)
@@ -115,12 +116,11 @@ def quantize_linears(format_of: Callable[[str], QuantFormat | None]) -> Pass:
         params, values, nodes = dict(graph.params), dict(graph.values), []
         readers = {name: len(nodes_) for name, nodes_ in graph.consumers().items()}
         for node in graph.nodes:
-            w = graph.params.get(node.inputs[1]) if node.op in ("Linear", "Embedding") else None
-            formats = {format_of(p.name) for p in w.parts} if w is not None and w.parts else {None}
-            if len(formats) != 1 or None in formats:
+            w = graph.params.get(node.arg(1)) if node.op in ("Linear", "Embedding") else None
+            fmt = _one_format(w, format_of) if w is not None else None
+            if w is None or fmt is None:
                 nodes.append(node)
                 continue
-            (fmt,) = formats
             out, n_in = (int(d) for d in w.value.shape)
             pieces: dict[str, tuple[str, tuple[int, ...]]] = {"codes": ("uint8", fmt.codes_shape(out, n_in))}
             if not fmt.superblocks:  # super-blocks hold their own scales and mins
@@ -148,6 +148,12 @@ def quantize_linears(format_of: Callable[[str], QuantFormat | None]) -> Pass:
     return quantize
 
 
+def _one_format(w: Param, format_of: Callable[[str], QuantFormat | None]) -> QuantFormat | None:
+    """The one blocked format every checkpoint tensor of `w` is stored in, or None (float, mixed, or no tensor)."""
+    formats = {format_of(p.name) for p in w.parts}
+    return formats.pop() if len(formats) == 1 else None
+
+
 def quantize_experts(format_of: Callable[[str], QuantFormat | None]) -> Pass:
     """MoE -> QMoE where its routed experts are stored as GGUF super-blocks (`format_of`), gate and up in one
     format: each expert param becomes its codes, a lazy param over the same checkpoint tensor. Others stay MoE, read
@@ -155,20 +161,19 @@ def quantize_experts(format_of: Callable[[str], QuantFormat | None]) -> Pass:
     def quantize(graph: Graph) -> Graph:
         params, values, nodes = dict(graph.params), dict(graph.values), []
         for node in graph.nodes:
-            experts = [graph.params[i] for i in node.inputs[2:5]] if node.op == "MoE" else []
-            formats = [{format_of(p.name) for p in w.parts} for w in experts]
-            if not experts or any(len(f) != 1 or None in f or not next(iter(f)).superblocks for f in formats) or \
-                    formats[0] != formats[1]:
+            experts = [graph.params[node.arg(i)] for i in range(2, 5)] if node.op == "MoE" else []
+            formats = [f for f in (_one_format(w, format_of) for w in experts) if f is not None and f.superblocks]
+            if len(formats) != 3 or formats[0] != formats[1]:
                 nodes.append(node)
                 continue
             codes = []
-            for w, (fmt,) in zip(experts, formats):
+            for w, fmt in zip(experts, formats):
                 e, out, n_in = (int(d) for d in w.value.shape)
                 v = Value(f"{w.name}.codes", "uint8", (e, *fmt.codes_shape(out, n_in)))
                 params[v.name], values[v.name] = Param(v, w.parts, component="codes"), v
                 del params[w.name], values[w.name]
                 codes.append(v.name)
-            (gate_fmt,), (down_fmt,) = formats[0], formats[2]
+            gate_fmt, down_fmt = formats[0], formats[2]
             attrs = {**node.attrs, "format": gate_fmt.format, "down_format": down_fmt.format}
             nodes.append(Node("QMoE", (*node.inputs[:2], *codes, *node.inputs[5:]), node.outputs, attrs))
         return verify(Graph(graph.inputs, graph.outputs, params, tuple(nodes), values, graph.metadata))
@@ -181,7 +186,7 @@ def _final_norm(graph: Graph) -> Node | None:
     producer = graph.producer()
     node = producer.get(graph.outputs[0].name)
     while node is not None and node.op in ("SoftCap", "Linear", "QLinear"):
-        node = producer.get(node.inputs[0])
+        node = producer.get(node.arg(0))
     return node if node is not None and node.op == "RMSNorm" else None
 
 
@@ -246,10 +251,10 @@ def expose_hidden(graph: Graph) -> Graph:
     node = _final_norm(graph)
     if node is None or any(v.name == HIDDEN for v in graph.outputs):
         return graph
-    x = node.inputs[0]
+    x = node.arg(0)
     kept = graph.producer().get(x)
     if kept is not None and kept.op == "KeepLast":  # the stream before keep_last_positions cut it
-        x = kept.inputs[0]
+        x = kept.arg(0)
     norm = Node("RMSNorm", (x, *node.inputs[1:]), (HIDDEN,), node.attrs)
     values = {**graph.values}
     values.update((v.name, v) for v in infer(norm, values))

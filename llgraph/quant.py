@@ -105,7 +105,7 @@ class QuantTensor:
         self.scales = None if self.scales is None else np.ascontiguousarray(self.scales)
         self.mins = None if self.mins is None else np.ascontiguousarray(self.mins)
 
-    def component(self, name: str) -> np.ndarray:
+    def component(self, name: str) -> np.ndarray | None:
         return {"codes": self.codes, "scales": self.scales, "mins": self.mins}[name]
 
     def widened(self) -> QuantTensor:
@@ -121,6 +121,7 @@ class QuantTensor:
         """The float weight [out, in] (float32, then `dtype`)."""
         if self.fmt.superblocks:
             return dequantize_superblocks(self.codes, self.fmt.format, dtype)
+        assert self.scales is not None  # a blocked format's scales
         return dequantize(self.codes, self.scales, self.mins, self.fmt.bits, self.fmt.zero_point, dtype)
 
 

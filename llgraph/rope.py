@@ -31,7 +31,7 @@ def rope_inv_freq(cfg: LlamaConfig, seq_len: int | None = None, rope: RopeConfig
     if r.type == "linear":  # position interpolation: positions / factor
         inv_freq = inv_freq / r.factor
     elif r.type == "llama3":
-        orig = r.original_max_position_embeddings
+        orig = r.original_max_position_embeddings or cfg.max_position_embeddings  # validated: set for llama3
         wavelen = 2 * math.pi / inv_freq
         smooth = (orig / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
         smooth = np.clip(smooth, 0.0, 1.0)  # 0 for long wavelengths (scaled by 1/factor), 1 for short (kept)

@@ -274,8 +274,12 @@ def load_param(param: Param, source: WeightSource) -> np.ndarray:
     """The parameter's tensor in its graph dtype: its constant, its checkpoint tensor, or its parts concatenated
     along axis 0 (a packed param)."""
     if param.component is not None:  # a piece of the blocked form: codes stay uint8, scales/mins take the dtype
-        pieces = [source.load_quantized(p.name).component(param.component) for p in param.parts]
-        pieces = [t if param.component == "codes" else t.astype(DTYPES[param.value.dtype]) for t in pieces]
+        pieces = []
+        for p in param.parts:
+            t = source.load_quantized(p.name).component(param.component)
+            if t is None:
+                raise ValueError(f"{p.name} is stored without {param.component}, which {param.name} reads")
+            pieces.append(t if param.component == "codes" else t.astype(DTYPES[param.value.dtype]))
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
     dtype = DTYPES[param.value.dtype]
     if param.is_constant:

@@ -174,6 +174,7 @@ class OrtBackend(Backend):
         return logits
 
     def _hidden_out(self, batch: int, seq: int) -> np.ndarray:
+        assert self._hidden is not None  # the export has the output (hidden_in_forward)
         if self._hidden.shape[0] < batch * seq:
             self._hidden = np.empty((batch * seq, self.config.hidden_size), self._np_dtype)
         return self._hidden[:batch * seq].reshape(batch, seq, -1)
@@ -278,8 +279,11 @@ def onnx_side(cfg: LlamaConfig, source: WeightSource, target: str = "ort", dtype
     from llgraph.export.lower import ONNX_DTYPES, export
 
     graph = graph or model_graph(cfg, dtype)
-    scratch = None if folder else tempfile.TemporaryDirectory(prefix="llgraph-diff-")  # removed with the side
-    folder = Path(folder or scratch.name) / target
+    scratch = None
+    if not folder:
+        scratch = tempfile.TemporaryDirectory(prefix="llgraph-diff-")  # removed with the side
+        folder = scratch.name
+    folder = Path(folder) / target
     export(graph, source, get_target(target), folder, max_positions=max_seq, force=True)
     model = onnx.load(str(folder / MODEL_FILE), load_external_data=False)
     present = {o.name for o in model.graph.output}

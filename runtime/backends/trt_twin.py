@@ -139,7 +139,10 @@ class TwinDevice:
         return None
 
     def mark_written(self, address: int, stream: int) -> None:
-        start, size, _ = self.owner(address)
+        owned = self.owner(address)
+        if owned is None:
+            raise RuntimeError(f"address {address:#x} is in no allocated buffer")
+        start, size, _ = owned
         self.buffers[start] = (size, stream)
 
 

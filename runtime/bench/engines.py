@@ -140,6 +140,7 @@ def _serve(conn, factory, args) -> None:
     process's peak RSS."""
     run = factory(*args) if factory is not None else None
     while conn.recv() == "run":
+        assert run is not None  # a "run" is sent to an engine that was loaded
         conn.send(run())
     conn.send(peak_rss_mb())
 

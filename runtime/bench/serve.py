@@ -95,6 +95,7 @@ def start_server(model: str, backend: str, *, name: str, slots: int, max_seq_len
     ready = threading.Event()
 
     def watch():
+        assert server.stdout is not None  # a pipe (stdout=PIPE)
         for line in server.stdout:
             if "listening at" in line:
                 print(line.strip(), file=sys.stderr)

@@ -123,6 +123,7 @@ def llgraph_engine(args, kv_cache: str | None = None, level: int | None = None) 
     from llgraph.weight_request import Weights
 
     start = time.perf_counter()
+    weight_bytes: int | None
     if args.backend == "torch":
         runner, sync = _torch_runner(args, kv_cache)
         b = runner.backend

@@ -167,6 +167,8 @@ def read_prompt(text: str | None, file: str | None) -> str:
             raise LlgraphError(f"cannot read --prompt-file {file}: {getattr(e, 'strerror', None) or e}") from None
     elif text == "-":
         text = sys.stdin.read()
+    elif text is None:
+        raise LlgraphError("give --prompt TEXT (- for stdin) or --prompt-file FILE")
     else:
         return text
     return text[:-1] if text.endswith("\n") else text

@@ -26,7 +26,7 @@ _RECIPIENT = re.compile(r"\bto=(\S+?)(?=\s|<\||$)")
 
 def speaks(template: str | None) -> bool:
     """Whether a chat template renders harmony (gpt-oss's): its answers are then parsed here."""
-    return bool(template) and CHANNEL in template and "<|message|>" in template
+    return template is not None and CHANNEL in template and "<|message|>" in template
 
 
 @dataclass

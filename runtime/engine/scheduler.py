@@ -214,7 +214,7 @@ class Scheduler:
             with self._cond:
                 while not (self._queue or self._active or self._stopping):
                     self._cond.wait()
-                if self._stopping and (time.monotonic() >= self._stop_deadline or
+                if self._stopping and (self._stop_deadline is None or time.monotonic() >= self._stop_deadline or
                                        not (self._queue or self._active)):
                     for r, stage in [*((r, "started") for r in self._queue),
                                      *((r, "finished") for r in self._active.values())]:

@@ -204,7 +204,10 @@ def draft_together(drafters: list[ModelDrafter], rooms: list[int]) -> list[list[
         for d, logits in zip(stale, batch.run(backend)):
             d.next, d.valid = int(logits[-1].argmax()), len(d.tokens)
     ks = [min(d.length.next(), room) for d, room in zip(drafters, rooms)]
-    drafts = [[d.next] if k > 0 else [] for d, k in zip(drafters, ks)]
+    drafts: list[list[int]] = []
+    for d, k in zip(drafters, ks):
+        assert d.next is not None  # every stale row was written above
+        drafts.append([d.next] if k > 0 else [])
     for i in range(1, max(ks, default=0)):  # drafted token i - 1 of each row still drafting, at its position
         batch = Packed()
         active = [j for j, k in enumerate(ks) if k > i]

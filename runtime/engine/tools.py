@@ -95,7 +95,7 @@ class ToolSpec:
         if isinstance(choice, dict):
             fn = choice.get("function") if choice.get("type") == "function" else None
             choice = fn.get("name") if isinstance(fn, dict) else None
-            if choice not in names:
+            if choice is None or choice not in names:
                 raise RequestError(f"'tool_choice' must name one of the tools ({', '.join(names)})")
         elif choice not in ("auto", "required"):
             raise RequestError("'tool_choice' must be \"none\", \"auto\", \"required\" or "
@@ -178,7 +178,7 @@ class ToolSpec:
         names = [fn["name"] for fn in self.functions if self.choice in ("required", fn["name"])]
         named = re.match(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"', body)
         name = json.loads(f'"{named[1]}"') if named else names[0] if len(names) == 1 else None
-        if name not in names or (calls and not self.many):
+        if name is None or name not in names or (calls and not self.many):
             return (content if calls else None), calls
         args = re.search(r'"(?:arguments|parameters)"\s*:\s*', body)
         partial = body[args.end():] if args else ""

@@ -119,6 +119,7 @@ class Choice:
         if self.ask.chat:
             return {"content": [self._chat_entry(t, s) for t, s in entries]}
         out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        assert self.offsets is not None  # kept for a completion that asked for logprobs
         for token, s in entries:
             out["text_offset"].append(self.offsets.take(self.tokenizer.token_bytes(token)))
             out["tokens"].append(self._string(token))
@@ -242,7 +243,7 @@ async def _merged(handles):
     try:
         while waits:
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=waits.get):
+            for task in sorted(done, key=lambda task: waits[task]):
                 k = waits.pop(task)
                 event = task.result()
                 if event.kind == "error":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -232,7 +233,7 @@ async def events(chunks, message_id: str, model: str):
     def event(kind: str, **fields) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
 
-    start = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+    start: dict[str, Any] = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
              "stop_reason": None, "stop_sequence": None, "usage": _usage(None)}
     yield event("message_start", message=start)
     index, text_open, thinking_open, finished, usage = 0, False, False, None, None

@@ -190,7 +190,7 @@ def _message(item) -> dict:
                             "function_call_output)", param="input")
     content = item.get("content")
     if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") in ("input_text",
+        texts: list = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") in ("input_text",
                                                                                               "output_text", "text")]
         if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
             raise ApiError(400, "message content parts must be input_text or output_text (no images or files "
@@ -293,12 +293,13 @@ async def events(chunks, body: dict, response_id: str, model: str, done=None):
     calls: list[dict] = []
     item_id, text, usage, opened, logprobs, finish = f"msg_{uuid.uuid4().hex}", "", None, False, None, None
     output: list[dict] = []
-    reasoning_id, reasoning = f"rs_{uuid.uuid4().hex}", None  # gpt-oss's analysis, an item before the message
+    reasoning_id = f"rs_{uuid.uuid4().hex}"
+    reasoning: str | None = None  # gpt-oss's analysis, an item before the message
 
     def close_reasoning():
         yield event("response.reasoning_text.done", item_id=reasoning_id, output_index=0, content_index=0,
                     text=reasoning)
-        output.append(_reasoning_item(reasoning, item_id=reasoning_id))
+        output.append(_reasoning_item(reasoning or "", item_id=reasoning_id))
         yield event("response.output_item.done", output_index=0, item=output[-1])
     async for chunk in parsed_chunks(chunks):
         if "error" in chunk:
