@@ -25,11 +25,12 @@ from llgraph.runtime.bench.kl import log_softmax
 
 
 def sequence(runner, prompt: str, tokens: int) -> np.ndarray:
-    """The prompt (templated) and the f32 engine's greedy continuation, `tokens` ids in all (eos ignored)."""
+    """The prompt (templated) and the f32 engine's greedy continuation, `tokens` ids in all (eos ignored); drafted by
+    prompt lookup, which gives greedy decoding's very tokens in fewer steps (runtime/engine/speculative.py)."""
     tok = runner.tokenizer
     text = runner.render_chat([{"role": "user", "content": prompt}]) if tok.chat_template else prompt
     ids = tok.encode(text)
-    out = runner.generate(ids, max_new_tokens=tokens - len(ids), eos_token_ids=())
+    out = runner.generate(ids, max_new_tokens=tokens - len(ids), eos_token_ids=(), speculative="ngram")
     return np.array(ids + list(out.token_ids), np.int64)[:tokens]
 
 

@@ -27,9 +27,21 @@ def vocabularies(tmp_path_factory):
     return {**{pre: relabelled(root / f"{pre}.gguf", pre) for pre in PRE_TYPES}, **SENTENCEPIECE}
 
 
+@pytest.fixture(scope="module")
+def tokenizers(vocabularies):
+    """Each vocabulary's Tokenizer, loaded once for the module's tests (a load reads the GGUF: about a second)."""
+    loaded: dict[str, Tokenizer] = {}
+
+    def load(name: str) -> Tokenizer:
+        if name not in loaded:
+            loaded[name] = Tokenizer.load(vocabularies[name])
+        return loaded[name]
+    return load
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_ids_equal_llama_cpp_s_on_the_corpus(vocabularies, name):
-    tok = Tokenizer.load(vocabularies[name])
+def test_ids_equal_llama_cpp_s_on_the_corpus(tokenizers, name):
+    tok = tokenizers(name)
     got = [tok.tk.encode(text).ids for text in CORPUS]  # as llama.cpp's tokenize(add_bos=True, special=True)
     differing = [(text, want, ids) for text, want, ids in zip(CORPUS, LLAMA_CPP[name], got) if ids != want]
     print(f"{name}: {len(CORPUS) - len(differing)} of {len(CORPUS)} texts tokenized as llama.cpp does "
@@ -38,19 +50,19 @@ def test_ids_equal_llama_cpp_s_on_the_corpus(vocabularies, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_text_of_llama_cpp_s_ids_equals_llama_cpp_s(vocabularies, name):
+def test_text_of_llama_cpp_s_ids_equals_llama_cpp_s(tokenizers, name):
     """What a user reads: llama.cpp's ids decoded (control tokens skipped, user-defined pieces kept) as its own
     `detokenize(ids, special=False)` renders them."""
-    tok = Tokenizer.load(vocabularies[name])
+    tok = tokenizers(name)
     got = [tok.decode(ids) for ids in LLAMA_CPP[name]]
     differing = [(want, text) for want, text in zip(LLAMA_CPP_TEXT[name], got) if text != want]
     print(f"{name}: {len(CORPUS) - len(differing)} of {len(CORPUS)} texts decoded as llama.cpp decodes them")
     assert not differing, differing[0]
 
 
-def test_a_gemma_like_vocabulary_keeps_its_whitespace_pieces(vocabularies):
+def test_a_gemma_like_vocabulary_keeps_its_whitespace_pieces(tokenizers):
     """Newlines, runs of spaces and tags are single user-defined pieces in Gemma's vocabulary: they are text."""
-    tok = Tokenizer.load(vocabularies["spm-gemma"])
+    tok = tokenizers("spm-gemma")
     text = "def quicksort(arr):\n    if len(arr) < 2:\n\n<b>x</b>"
     ids = tok.encode(text, add_special_tokens=False)
     pieces = {tok.tk.id_to_token(i) for i in ids}
@@ -60,11 +72,11 @@ def test_a_gemma_like_vocabulary_keeps_its_whitespace_pieces(vocabularies):
 
 
 @pytest.mark.parametrize("name", ["spm-gemma", "llama-bpe"])
-def test_streamed_text_is_the_whole_text(vocabularies, name):
+def test_streamed_text_is_the_whole_text(tokenizers, name):
     """The pieces a stream gives, one token at a time, join to llama.cpp's text of the same ids."""
     from llgraph.runtime.engine.decoding import Decoding
 
-    tok = Tokenizer.load(vocabularies[name])
+    tok = tokenizers(name)
     for ids, want in zip(LLAMA_CPP[name], LLAMA_CPP_TEXT[name]):
         body = ids[1:] if ids and ids[0] == tok.token_id(tok.bos_token) else ids  # an answer holds no BOS
         d = Decoding(tok.decode, len(body) + 1)
@@ -78,8 +90,8 @@ def test_streamed_text_is_the_whole_text(vocabularies, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_decoding_round_trips(vocabularies, name):
-    tok = Tokenizer.load(vocabularies[name])
+def test_decoding_round_trips(tokenizers, name):
+    tok = tokenizers(name)
     plain = [t for t in CORPUS if "<" not in t]  # special tokens are left out of decoded text
     # SentencePiece's space prefix is the text's own only after a BOS: without one, an answer's first word keeps it
     lead = [tok.token_id(tok.bos_token)] if name == "spm" else []
@@ -87,18 +99,18 @@ def test_decoding_round_trips(vocabularies, name):
         assert tok.decode([*lead, *tok.encode(text, add_special_tokens=False)]) == text, text
 
 
-def test_bos_as_the_gguf_says_and_never_twice(vocabularies):
-    llama3 = Tokenizer.load(vocabularies["llama-bpe"])  # add_bos_token true, as Llama 3's GGUFs
+def test_bos_as_the_gguf_says_and_never_twice(tokenizers):
+    llama3 = tokenizers("llama-bpe")  # add_bos_token true, as Llama 3's GGUFs
     bos = llama3.token_id(llama3.bos_token)
     assert llama3.encode("Hi")[0] == bos and llama3.encode("Hi", add_special_tokens=False)[0] != bos
     templated = llama3.bos_token + "Hi"  # a chat template's text already starts with it
     assert llama3.encode(templated).count(bos) == 1
-    assert Tokenizer.load(vocabularies["qwen2"]).encode("Hi")[0] != bos  # add_bos_token false
+    assert tokenizers("qwen2").encode("Hi")[0] != bos  # add_bos_token false
 
 
-def test_every_end_of_turn_id_stops(vocabularies):
+def test_every_end_of_turn_id_stops(tokenizers, vocabularies):
     """eos, and the control tokens llama.cpp ends a turn on (SmolLM2's <|endoftext|> and <|im_end|>)."""
-    tok = Tokenizer.load(vocabularies["qwen2"])
+    tok = tokenizers("qwen2")
     ids = end_of_generation(gguf_reader(vocabularies["qwen2"]))
     assert {tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")} <= set(ids), ids
 
@@ -131,11 +143,15 @@ def test_generate_on_a_model_without_a_chat_template_says_so(vocabularies, tmp_p
 
 @pytest.mark.parametrize("name", ["llama-bpe", "qwen2", "tekken", "gpt-4o", "deepseek-llm", "spm", "spm-gemma",
                                   "seed-coder", "viking"])
-def test_generate_answers_on_a_gguf_of_each_tokenizer(vocabularies, name, tmp_path):
+def test_generate_answers_on_a_gguf_of_each_tokenizer(vocabularies, name, tmp_path, capsys):
+    """`llgraph generate` in this process (the refusals above hold the command's own process and exit code)."""
+    from llgraph.runtime.cli import main
+
     model = with_weights(tmp_path / f"{name}.gguf", vocabularies[name])
-    r = llgraph("generate", str(model), "--prompt", "Once upon a time", "--max-new-tokens", "4", "--raw")
-    print(name, repr(r.stdout))
-    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    status = main(["generate", str(model), "--prompt", "Once upon a time", "--max-new-tokens", "4", "--raw"])
+    out = capsys.readouterr()
+    print(name, repr(out.out))
+    assert status == 0 and out.out.strip(), out.err
 
 
 def test_generate_streams_user_defined_pieces_as_text(vocabularies, tmp_path):

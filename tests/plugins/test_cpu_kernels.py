@@ -13,7 +13,7 @@ import pytest
 from reference import OrtStepper, Stepper, tiny
 from test_export import compare_steps
 from test_quant import K_CFG, T, cfg_for, llgraph, superblocks, tiny_gguf
-from test_smollm2 import gguf_path, greedy_against, hf, hf_greedy, prompt  # noqa: F401 (fixtures)
+from test_smollm2 import gguf_path, greedy_against, hf, hf_greedy, hf_logits, prompt  # noqa: F401 (fixtures)
 
 from llgraph.checkpoint import load_config
 from llgraph.export import export_model
