@@ -1,8 +1,8 @@
 """The standard ONNX lowering of ops.py's MoE and QMoE (what the onnx and trt targets run, and the ort target's
-float16 fallback): the router's softmax and TopK in float32, every expert on every token as batched MatMuls, the
-activation (gpt-oss's clamp and biases where the node has them) and the weighted sum; the helpers the ort target's
-MoE lowerings (export/ort_moe.py) share: the node's inputs, its tokens and logits, the shared expert, the experts'
-weights."""
+float16 fallback): the router's softmax and TopK in float32, then each token's k experts gathered (few tokens) or
+every expert on every token as batched MatMuls (many), the activation (gpt-oss's clamp and biases where the node
+has them) and the weighted sum; the helpers the ort target's MoE lowerings (export/ort_moe.py) share: the node's
+inputs, its tokens and logits, the shared expert, the experts' weights."""
 
 from __future__ import annotations
 
@@ -58,24 +58,89 @@ def moe_finish(em: Emitter, node: Node, flat: str, routed: str) -> None:
 
 
 def moe(em: Emitter, node: Node) -> None:
-    """Standard ONNX: the router's softmax (float32) and TopK, the k weights scattered into a dense [tokens,
-    experts] matrix, then every expert's SwiGLU on every token as batched MatMuls ([experts, tokens, ffn]) and the
-    weighted sum over experts. Exact, and a reference: it reads every expert, where a token needs k of them (the
+    """Standard ONNX: the router's softmax (float32) and TopK, then one of two ways, chosen per forward by an `If`
+    on the token count N: where N * k <= experts (decode, small batches) each token's k experts are gathered and
+    only they run — a token reads k experts' weights, as llama.cpp's mul_mat_id and ONNX Runtime's MoE op do —;
+    else every expert runs on every token as batched MatMuls ([experts, tokens, ffn]), weighted by a dense [tokens,
+    experts] matrix that is 0 but at the chosen (a prefill: every expert is read once, whatever N). Both exact (the
     ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py)."""
+    _moe(em, node, gather=True)
+
+
+def moe_dense(em: Emitter, node: Node) -> None:
+    """moe() without the gathered way, for TensorRT (the trt target): TensorRT-RTX 1.7.1 dies (SIGSEGV, "Determining
+    refit engines") building any ONNX `If` in this network, even one whose branches are an Identity and a Neg of
+    the same activation, so every expert runs on every token there."""
+    _moe(em, node, gather=False)
+
+
+def _moe(em: Emitter, node: Node, gather: bool) -> None:
     x = node.inputs[0]
     name, dtype = node.name, em.dtype_of(x)
     flat, logits = moe_tokens(em, node)
     probs = em.node("Softmax", [logits], hint=name, axis=-1)[0]
-    k = em.const([node.attrs["top_k"]], "int64")
-    top, chosen = em.node("TopK", [probs, k], 2, hint=name, axis=-1, largest=1, sorted=1)
+    top_k, experts = node.attrs["top_k"], em.graph.values[node.arg(2)].shape[0]
+    top, chosen = em.node("TopK", [probs, em.const([top_k], "int64")], 2, hint=name, axis=-1, largest=1, sorted=1)
     if node.attrs["normalize"]:
         top = em.node("Div", [top, em.node("ReduceSum", [top, em.const([-1], "int64")], hint=name,
                                             keepdims=1)[0]], hint=name)[0]
+    weights = [expert_weights(em, node, i, _experts_t) for i in (2, 3, 4)]  # [E, in, out], read by both ways
+    if not gather:
+        return moe_finish(em, node, flat, _dense(em, node, flat, probs, top, chosen, weights))
+    tokens = em.node("Shape", [flat], hint=name, start=0, end=1)[0]
+    few = em.node("LessOrEqual", [em.node("Mul", [tokens, em.const([top_k], "int64")], hint=name)[0],
+                                  em.const([experts], "int64")], hint=name)[0]
+    few = em.node("Squeeze", [few, em.const([0], "int64")], hint=name)[0]  # If's condition: one element
+    routed = em.node("If", [few], hint=name,
+                     then_branch=_branch(em, f"{name}/gathered", dtype, lambda: _gathered(em, node, flat, top, chosen,
+                                                                                               weights)),
+                     else_branch=_branch(em, f"{name}/dense", dtype, lambda: _dense(em, node, flat, probs, top,
+                                                                                    chosen, weights)))[0]
+    moe_finish(em, node, flat, routed)
+
+
+def _branch(em: Emitter, name: str, dtype: int, build) -> onnx.GraphProto:
+    """What `build()` emits, as an If branch: a graph of its nodes whose one output is the value build returns; it
+    reads the enclosing graph's values and initializers by name (weights stay the model's, written once)."""
+    outer, em.nodes = em.nodes, []
+    try:
+        out = build()
+        nodes = em.nodes
+    finally:
+        em.nodes = outer
+    return onnx.helper.make_graph(nodes, name.replace("/", "_"), [], [onnx.helper.make_tensor_value_info(out, dtype,
+                                                                                                         None)])
+
+
+def _gathered(em: Emitter, node: Node, flat: str, top: str, chosen: str, weights: list[str]) -> str:
+    """Each token's k experts gathered ([tokens, k, in, out]) and run on it alone: [tokens, hidden]."""
+    name, dtype = node.name, em.dtype_of(node.inputs[0])
+    gate, up, down = (em.node("Gather", [w, chosen], hint=name, axis=0)[0] for w in weights)
+    gate_bias, up_bias, down_bias = moe_inputs(node)[10:]
+
+    def biased(y, bias):  # + bias[chosen] : [N, k, 1, out]
+        if bias is None:
+            return y
+        rows = em.node("Gather", [em.weight(bias), chosen], hint=name, axis=0)[0]  # [N, k, out]
+        return em.node("Add", [y, em.node("Unsqueeze", [rows, em.const([2], "int64")], hint=name)[0]], hint=name)[0]
+    row = em.node("Unsqueeze", [flat, em.const([1, 2], "int64")], hint=name)[0]  # [N, 1, 1, H]
+    g = biased(em.node("MatMul", [row, gate], hint=name)[0], gate_bias)  # [N, k, 1, F]
+    u = biased(em.node("MatMul", [row, up], hint=name)[0], up_bias)
+    y = biased(em.node("MatMul", [gated(em, node, g, u), down], hint=name)[0], down_bias)  # [N, k, 1, H]
+    w = top if dtype == TensorProto.FLOAT else em.node("Cast", [top], hint=name, to=dtype)[0]
+    w = em.node("Unsqueeze", [w, em.const([2, 3], "int64")], hint=name)[0]  # [N, k, 1, 1]
+    return em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([1, 2], "int64")], hint=name,
+                   keepdims=0)[0]
+
+
+def _dense(em: Emitter, node: Node, flat: str, probs: str, top: str, chosen: str, weights: list[str]) -> str:
+    """Every expert on every token, weighted by the dense [tokens, experts] matrix of the chosen: [tokens, hidden]."""
+    name, dtype = node.name, em.dtype_of(node.inputs[0])
     zeros = em.node("ConstantOfShape", [em.node("Shape", [probs], hint=name)[0]], hint=name)[0]  # float32 0s
     dense = em.node("ScatterElements", [zeros, chosen, top], hint=name, axis=1)[0]  # [N, E]: 0 but the chosen
     if dtype != TensorProto.FLOAT:
         dense = em.node("Cast", [dense], hint=name, to=dtype)[0]
-    gate, up, down = (expert_weights(em, node, i, _experts_t) for i in (2, 3, 4))
+    gate, up, down = weights
     gate_bias, up_bias, down_bias = moe_inputs(node)[10:]
 
     def biased(y, bias):  # + bias[e] on every token's row: [E, N, out] + [E, 1, out]
@@ -87,9 +152,8 @@ def moe(em: Emitter, node: Node) -> None:
     y = biased(em.node("MatMul", [gated(em, node, g, u), down], hint=name)[0], down_bias)  # [E, N, H]
     w = em.node("Unsqueeze", [em.node("Transpose", [dense], hint=name, perm=[1, 0])[0],
                               em.const([2], "int64")], hint=name)[0]  # [E, N, 1]
-    summed = em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([0], "int64")], hint=name,
-                     keepdims=0)[0]
-    moe_finish(em, node, flat, summed)
+    return em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([0], "int64")], hint=name,
+                   keepdims=0)[0]
 
 
 def _per_expert_row(b: np.ndarray) -> np.ndarray:

@@ -90,9 +90,10 @@ def read_bandwidth(threads: int, size: int = 1 << 30, repeats: int = 3) -> float
 
 def onnx_bytes_per_token(folder: Path) -> int:
     """Bytes of an export's initializers a one-token step reads: all of them but an embedding table the head does
-    not share (a gather reads one row of it), and of a routed mixture's experts (llgraph's MoE, ONNX Runtime's) the
-    token's k of them."""
+    not share (a gather reads one row of it), and of a routed mixture's experts (llgraph's MoE, ONNX Runtime's, the
+    standard lowering's gathered branch, which one token takes: export/onnx_moe.py) the token's k of them."""
     import onnx
+    from onnx import numpy_helper
 
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
     sizes = {}
@@ -100,18 +101,32 @@ def onnx_bytes_per_token(folder: Path) -> int:
         length = next((int(e.value) for e in i.external_data if e.key == "length"), None)
         sizes[i.name] = length if length is not None else len(i.raw_data)
     dims = {i.name: list(i.dims) for i in graph.initializer}
+    topk = {n.output[1]: n.input[1] for n in graph.node if n.op_type == "TopK"}  # chosen experts -> its K
+    ks = {i.name: int(numpy_helper.to_array(i).reshape(-1)[0]) for i in graph.initializer if i.name in topk.values()}
+    nodes: list = []
+    elsewhere: set[str] = set()
+    for n in graph.node:
+        branches = {a.name: a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH}
+        if n.op_type == "If" and set(branches) == {"then_branch", "else_branch"}:  # few tokens: the gathered way
+            nodes += branches["then_branch"].node
+            elsewhere.update(x for m in branches["else_branch"].node for x in m.input)
+        else:
+            nodes.append(n)
     gathered: set[str] = set()
     read: set[str] = set()
     share: dict[str, float] = {}
-    for n in graph.node:
+    for n in nodes:
         tables = n.input[1:] if n.op_type in ("QEmbedding", "GatherBlockQuantized") else \
-            n.input[:1] if n.op_type == "Gather" else ()
+            n.input[:1] if n.op_type == "Gather" and n.input[1] not in topk else ()
         if n.op_type == "MoE":  # stacked experts [experts, ...]: k of them a token
             k = next(a.i for a in n.attribute if a.name == "k")
             share.update({x: k / dims[x][0] for x in n.input[2:] if x in dims})
+        if n.op_type == "Gather" and n.input[1] in topk and n.input[0] in dims:  # a token's k experts' rows
+            share[n.input[0]] = ks[topk[n.input[1]]] / dims[n.input[0]][0]
         gathered.update(tables)
         read.update(x for x in n.input if x not in tables)
-    return int(sum(v * share.get(k, 1.0) for k, v in sizes.items() if k in read or k not in gathered))
+    return int(sum(v * share.get(k, 1.0) for k, v in sizes.items()
+                   if k in read or (k not in gathered and k not in elsewhere)))
 
 
 def llgraph_engine(args, kv_cache: str | None = None, level: int | None = None) -> tuple[Timed, int | None, str, dict]:

@@ -84,12 +84,22 @@ def test_onnx_runtime_runs_the_experts(files, kernels, tmp_path, report):
 
 @pytest.mark.parametrize("target", ["onnx", "trt"])
 def test_the_standard_lowering_dequantizes_the_experts(files, target, tmp_path, report):
-    """QMoE through export/onnx.py's decomposition (what the onnx and trt targets inherit), the graph taken as the
-    executor runs it; the onnx export checked by ONNX Runtime, the trt export by ONNX's checker."""
+    """QMoE through export/onnx_moe.py's decomposition (what the onnx and trt targets run), the graph taken as the
+    executor runs it; the onnx export checked by ONNX Runtime (decode steps on the gathered experts, the prefill on
+    all), the trt export by ONNX's checker."""
     q, _ = files
     model = open_model(q, q)
     folder = export(model.graph, model.source, get_target(target), tmp_path / target, max_positions=64)
     onnx.checker.check_model(str(folder / "model.onnx"))
+    # onnx: an If a layer, its then-branch gathering each token's k experts (decode here: N * k = 2 * 2 <= 8
+    # experts), its else-branch every expert (the 7-token prefill: 28 > 8); compare_steps runs both against float64.
+    # trt: no If (TensorRT-RTX dies building one): every expert on every token
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    branches = [n for n in graph.node if n.op_type == "If"]
+    assert len(branches) == (model.config.num_layers if target == "onnx" else 0)
+    for n in branches:
+        then = next(a.g for a in n.attribute if a.name == "then_branch")
+        assert sum(m.op_type == "Gather" for m in then.node) == 3  # gate, up and down rows of the chosen experts
     if target == "onnx":
         compare_steps(model.config, truth(model.config, files), OrtStepper(folder, model.config, batch=2, max_seq=64),
                       report, "onnx QMoE", tol=TOL)
@@ -176,3 +186,23 @@ def test_gpt_oss_mxfp4_runs_as_gguf_dequantizes_it(mxfp4, backend, tmp_path, rep
         ours = OrtStepper(folder, cfg, batch=2, max_seq=64)
     compare_steps(cfg, truth_steps, ours, report, f"gpt-oss MXFP4 on {backend} vs float64 of gguf's dequantization",
                   tol=0.1 if level == "4" else TOL)
+
+
+def test_a_decode_step_reads_its_k_experts_on_the_standard_lowering(files, tmp_path):
+    """`llgraph bench`'s weight bytes a token (runtime/bench/speed.py) follow the lowering: the onnx export's one
+    token takes the gathered branch (k of the stacked experts' bytes), the trt export reads every expert."""
+    from kquant_moe import EXPERTS, TOP_K
+
+    from llgraph.runtime.bench.speed import onnx_bytes_per_token
+
+    q, _ = files
+    model = open_model(q, q)
+    folders = {t: export(model.graph, model.source, get_target(t), tmp_path / t, max_positions=64)
+               for t in ("onnx", "trt")}
+    graph = onnx.load(str(folders["onnx"] / "model.onnx"), load_external_data=False).graph
+    experts = sum(next(int(e.value) for e in i.external_data if e.key == "length") for i in graph.initializer
+                  if len(i.dims) == 3 and i.dims[0] == EXPERTS)
+    got = {t: onnx_bytes_per_token(f) for t, f in folders.items()}
+    print(got, "expert bytes", experts)
+    # equal but for the If's own few int64 constants (the condition's, the branches' axes): under 1 KB
+    assert experts > 0 and abs(got["onnx"] - (got["trt"] - experts * (1 - TOP_K / EXPERTS))) < 1024
