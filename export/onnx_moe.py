@@ -63,18 +63,8 @@ def moe(em: Emitter, node: Node) -> None:
     only they run — a token reads k experts' weights, as llama.cpp's mul_mat_id and ONNX Runtime's MoE op do —;
     else every expert runs on every token as batched MatMuls ([experts, tokens, ffn]), weighted by a dense [tokens,
     experts] matrix that is 0 but at the chosen (a prefill: every expert is read once, whatever N). Both exact (the
-    ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py)."""
-    _moe(em, node, gather=True)
-
-
-def moe_dense(em: Emitter, node: Node) -> None:
-    """moe() without the gathered way, for TensorRT (the trt target): TensorRT-RTX 1.7.1 dies (SIGSEGV, "Determining
-    refit engines") building any ONNX `If` in this network, even one whose branches are an Identity and a Neg of
-    the same activation, so every expert runs on every token there."""
-    _moe(em, node, gather=False)
-
-
-def _moe(em: Emitter, node: Node, gather: bool) -> None:
+    ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py). TensorRT-RTX builds the else-branch alone
+    (export/trt_build.py's without_branches says why)."""
     x = node.inputs[0]
     name, dtype = node.name, em.dtype_of(x)
     flat, logits = moe_tokens(em, node)
@@ -85,8 +75,6 @@ def _moe(em: Emitter, node: Node, gather: bool) -> None:
         top = em.node("Div", [top, em.node("ReduceSum", [top, em.const([-1], "int64")], hint=name,
                                             keepdims=1)[0]], hint=name)[0]
     weights = [expert_weights(em, node, i, _experts_t) for i in (2, 3, 4)]  # [E, in, out], read by both ways
-    if not gather:
-        return moe_finish(em, node, flat, _dense(em, node, flat, probs, top, chosen, weights))
     tokens = em.node("Shape", [flat], hint=name, start=0, end=1)[0]
     few = em.node("LessOrEqual", [em.node("Mul", [tokens, em.const([top_k], "int64")], hint=name)[0],
                                   em.const([experts], "int64")], hint=name)[0]

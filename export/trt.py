@@ -22,7 +22,6 @@ import numpy as np
 from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
 import llgraph.export.onnx as std
-from llgraph.export import onnx_moe
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
 from llgraph.passes import ragged_slots
@@ -199,8 +198,6 @@ def plugin_node(em: Emitter, node: Node) -> None:
             **spec.onnx_attrs(node.op, node.attrs))
 
 
-# routed experts: the decomposition without its `If` (export/onnx_moe.py's moe_dense says why)
-LOWERINGS = {**std.LOWERINGS, "MoE": onnx_moe.moe_dense, "QMoE": onnx_moe.moe_dense,
-             **{op: plugin_node for op in spec.PLUGIN_OPS}}
+LOWERINGS = {**std.LOWERINGS, **{op: plugin_node for op in spec.PLUGIN_OPS}}
 
 TARGET = Target("trt", LOWERINGS, {"": std.OPSET, spec.NAMESPACE: 1}, passes=(ragged_slots,))

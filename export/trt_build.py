@@ -177,6 +177,8 @@ def parse(folder: str | Path, max_seq_len: int, trt: TensorRT, plugins: str = "n
                 del node.attribute[:]
                 node.attribute.extend(kept)
     _ragged_for(model, plugins)
+    if trt.flavor == "rtx":
+        without_branches(model)
     t = trt.module
     logger = trt_logger(trt)
     builder = t.Builder(logger)
@@ -246,6 +248,25 @@ def configure(config, trt: TensorRT, dtype: str, plugins: str):
                               "plugin needs to update the cache in place; use TensorRT 10.15+ or --plugins none")
         config.set_preview_feature(feature, True)
     return config
+
+
+def without_branches(model) -> None:
+    """Each `If` of the graph replaced by its else-branch, inlined (a routed mixture's way for many tokens, which
+    runs every expert: export/onnx_moe.py). For TensorRT-RTX, whose 1.7.1 builder dies (SIGSEGV, "Determining refit
+    engines") on any ONNX `If` in these networks, even one whose branches are an Identity and a Neg of one
+    activation; TensorRT itself takes the If (IIfConditional), so its decode steps read a token's k experts."""
+    from onnx import helper
+
+    nodes = []
+    for node in model.graph.node:
+        branch = next((a.g for a in node.attribute if a.name == "else_branch"), None) if node.op_type == "If" else None
+        if branch is None:
+            nodes.append(node)
+            continue
+        nodes.extend(branch.node)
+        nodes.append(helper.make_node("Identity", [branch.output[0].name], [node.output[0]], name=f"{node.name}/else"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def _ragged_for(model, plugins: str) -> None:

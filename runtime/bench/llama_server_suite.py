@@ -4,7 +4,7 @@ passes (host, port, context, parallel slots, alias, API key, pooling, CORS origi
 their place (the suite's own models come from the Hub; its tests that check a model's words then fail for that
 reason alone). Prints the suite's summary and the outcome of every test, for a list of what fails and why.
 
-    python -m llgraph.runtime.bench.llama_server_suite LLAMA_CPP_SOURCE [--model smollm2] [-k EXPR]
+    python -m llgraph.runtime.bench.llama_server_suite LLAMA_CPP_SOURCE [FILE ...] [--model smollm2] [-k EXPR]
 
 It needs the suite's own requirements (tools/server/tests/requirements.txt: aiohttp, openai, prometheus-client,
 wget, filelock). The launcher answers any model name (`--any-model`), as llama-server does.
@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     p.add_argument("source", type=Path, help="llama.cpp's source tree (llama-cpp-python's sdist vendors it)")
     p.add_argument("--model", default="smollm2", help="what `llgraph serve` serves in place of the suite's models")
     p.add_argument("-k", help="pytest's -k: only the tests it selects")
+    p.add_argument("files", nargs="*", help="the suite's files to run (e.g. test_chat_completion.py; default all)")
     args = p.parse_args(argv)
     tests = args.source / "tools" / "server" / "tests"
     if not (tests / "unit").is_dir():
@@ -66,8 +67,9 @@ def main(argv=None) -> int:
                             "import launch\nlaunch(sys.argv[1:])\n")
         launcher.chmod(0o755)
         env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(launcher), MODEL_ENV: args.model}
-        command = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "unit",
-                   *(["-k", args.k] if args.k else [])]
+        files = [f"unit/{f}" for f in args.files] or ["unit"]
+        command = [sys.executable, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", *files,
+                   *(["-k", args.k] if args.k else [])]  # -v: each test's outcome as it ends
         return subprocess.run(command, cwd=tests, env=env).returncode
 
 

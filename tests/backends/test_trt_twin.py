@@ -272,3 +272,21 @@ def test_non_contiguous_inputs_are_bound_as_their_values(tiny):
     backend.allocate(2)
     want = backend.forward(np.ascontiguousarray(ids), np.array([[0, 1, 2], [0, 1, 2]]))
     assert np.array_equal(got, want)
+
+
+def test_a_mixture_on_the_twin_answers_as_onnx_runtime(tmp_path):
+    """A Qwen3-MoE `trt` export — its experts behind an If: a decode step gathers each token's k experts, a prefill
+    runs every expert — built by TensorRT-RTX (which takes the else-branch alone: trt_build.without_branches) and run
+    by the twin, which runs the export's If: the greedy tokens of ONNX Runtime's own MoE op on the ort export, a
+    batch of two prompts."""
+    from test_families import hf_checkpoint
+
+    hf_checkpoint("qwen3_moe", tmp_path / "hf")
+    trt = built(export_model(tmp_path / "hf", checkpoint=tmp_path / "hf", out=tmp_path / "trt", target="trt",
+                             max_seq_len=64), max_batch=2)
+    ort = export_model(tmp_path / "hf", checkpoint=tmp_path / "hf", out=tmp_path / "ort", max_seq_len=64)
+    prompts = PROMPTS[:2]
+    got = TRTRunner(trt, tensorrt="twin").generate(prompts, 8, eos_token_ids=[])
+    want = ORTRunner(ort).generate(prompts, 8, eos_token_ids=[])
+    print([g.token_ids for g in got])
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]

@@ -91,12 +91,11 @@ def test_the_standard_lowering_dequantizes_the_experts(files, target, tmp_path, 
     model = open_model(q, q)
     folder = export(model.graph, model.source, get_target(target), tmp_path / target, max_positions=64)
     onnx.checker.check_model(str(folder / "model.onnx"))
-    # onnx: an If a layer, its then-branch gathering each token's k experts (decode here: N * k = 2 * 2 <= 8
-    # experts), its else-branch every expert (the 7-token prefill: 28 > 8); compare_steps runs both against float64.
-    # trt: no If (TensorRT-RTX dies building one): every expert on every token
+    # an If a layer, its then-branch gathering each token's k experts (decode here: N * k = 2 * 2 <= 8 experts),
+    # its else-branch every expert (the 7-token prefill: 28 > 8); compare_steps runs both against float64
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
     branches = [n for n in graph.node if n.op_type == "If"]
-    assert len(branches) == (model.config.num_layers if target == "onnx" else 0)
+    assert len(branches) == model.config.num_layers
     for n in branches:
         then = next(a.g for a in n.attribute if a.name == "then_branch")
         assert sum(m.op_type == "Gather" for m in then.node) == 3  # gate, up and down rows of the chosen experts
@@ -189,20 +188,32 @@ def test_gpt_oss_mxfp4_runs_as_gguf_dequantizes_it(mxfp4, backend, tmp_path, rep
 
 
 def test_a_decode_step_reads_its_k_experts_on_the_standard_lowering(files, tmp_path):
-    """`llgraph bench`'s weight bytes a token (runtime/bench/speed.py) follow the lowering: the onnx export's one
-    token takes the gathered branch (k of the stacked experts' bytes), the trt export reads every expert."""
+    """`llgraph bench`'s weight bytes a token (runtime/bench/speed.py) follow the lowering: one token takes the
+    gathered branch (k of the stacked experts' bytes); the graph a TensorRT-RTX build parses (its Ifs inlined as
+    their else-branch, trt_build.without_branches) reads every expert, and ONNX Runtime runs it to the same logits."""
+    import shutil
+
+    import numpy as np
     from kquant_moe import EXPERTS, TOP_K
 
+    from llgraph.export.trt_build import without_branches
     from llgraph.runtime.bench.speed import onnx_bytes_per_token
 
     q, _ = files
     model = open_model(q, q)
-    folders = {t: export(model.graph, model.source, get_target(t), tmp_path / t, max_positions=64)
-               for t in ("onnx", "trt")}
-    graph = onnx.load(str(folders["onnx"] / "model.onnx"), load_external_data=False).graph
-    experts = sum(next(int(e.value) for e in i.external_data if e.key == "length") for i in graph.initializer
+    folder = export(model.graph, model.source, get_target("onnx"), tmp_path / "onnx", max_positions=64)
+    proto = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    experts = sum(next(int(e.value) for e in i.external_data if e.key == "length") for i in proto.graph.initializer
                   if len(i.dims) == 3 and i.dims[0] == EXPERTS)
-    got = {t: onnx_bytes_per_token(f) for t, f in folders.items()}
+    dense = shutil.copytree(folder, tmp_path / "dense")
+    without_branches(proto)
+    assert not any(n.op_type == "If" for n in proto.graph.node)
+    onnx.save(proto, str(dense / "model.onnx"))
+    got = {"gathered": onnx_bytes_per_token(folder), "dense": onnx_bytes_per_token(dense)}
     print(got, "expert bytes", experts)
     # equal but for the If's own few int64 constants (the condition's, the branches' axes): under 1 KB
-    assert experts > 0 and abs(got["onnx"] - (got["trt"] - experts * (1 - TOP_K / EXPERTS))) < 1024
+    assert experts > 0 and abs(got["gathered"] - (got["dense"] - experts * (1 - TOP_K / EXPERTS))) < 1024
+    steppers = [OrtStepper(f, model.config, batch=2, max_seq=64) for f in (folder, dense)]
+    for ids in (np.arange(14).reshape(2, 7) % model.config.vocab_size, np.array([[3], [5]])):  # prefill, a step
+        a, b = (s.step(torch.tensor(ids))["logits"] for s in steppers)
+        assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
