@@ -3,8 +3,9 @@ row the scheduler keeps of it (_Request), and the scheduler's refusals (QueueFul
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from llgraph.errors import RequestError
 from llgraph.runtime.engine.decoding import Decoding
@@ -33,10 +34,33 @@ class Event:
 class _Request(Row):
     """A submitted request: its row (the engine's) and what the scheduler keeps of it."""
     slot: int = -1  # its cache row, once admitted
-    deliver: Callable[[Event], object] = lambda event: None  # set by submit
+    events: Any = None  # its consumer's queue: a queue.Queue, or an asyncio.Queue of `loop`
+    loop: asyncio.AbstractEventLoop | None = None
     deadline: float | None = None
     id: int = 0
     cancelled: bool = False
+
+
+def hand_over(items: list[tuple[_Request, Event]]) -> None:
+    """Events to their consumers, in order: a thread's queue at once, an asyncio queue through one call into its
+    loop for all of them (a step's events cross to the server's loop together, not one call a token). A closed loop
+    drops them: nobody is left to tell."""
+    loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Event]]] = {}
+    for r, event in items:
+        if r.loop is None:
+            r.events.put(event)
+        else:
+            loops.setdefault(r.loop, []).append((r.events, event))
+    for loop, batch in loops.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the loop is closed
+            pass
+
+
+def _put_all(batch: list[tuple[asyncio.Queue, Event]]) -> None:
+    for events, event in batch:
+        events.put_nowait(event)
 
 
 class Handle:

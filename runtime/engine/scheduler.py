@@ -31,7 +31,8 @@ Speculative decoding (runtime/engine/speculative.py) verifies a speculating requ
 prompt lookup ("ngram"), or by the scheduler's draft model ("draft": `Scheduler(runner, draft=draft_runner)`),
 whose cache has a row per slot, written from the request's first token on.
 The thread that calls `start()` keeps the caller free: the decode loop runs on one background thread, and
-`submit`/`cancel` are thread-safe; events reach a consumer through a queue (or an asyncio loop's queue).
+`submit`/`cancel` are thread-safe; events reach a consumer through a queue (or an asyncio loop's queue), a step's
+events handed over together when it ends (one call into each event loop a step, not one a token).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import check_pooling
 from llgraph.runtime.engine.logprobs import TokenLogprob
 from llgraph.runtime.engine.prefix import CachedRows
-from llgraph.runtime.engine.requests import Event, Handle, QueueFull, ShuttingDown, _Request
+from llgraph.runtime.engine.requests import Event, Handle, QueueFull, ShuttingDown, _Request, hand_over
 from llgraph.runtime.engine.runner import Runner
 from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_served_mode
@@ -84,6 +85,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the last steps, for tokens/s
         self._rows = CachedRows(self.backend, slots, reuse_prefixes)  # prefix reuse: what each slot's row holds
+        self._outbox: list[tuple[_Request, Event]] = []  # the step's events, handed over when it ends
         if draft is not None:
             check_draft(runner, draft)
         self.draft = draft
@@ -136,19 +138,12 @@ class Scheduler:
             self.runner.check_room(len(ids), max_new_tokens)
         eos = self.runner.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         matcher = grammar.matcher(self.runner.tokenizer, self.backend.vocab_size, eos) if grammar else None
-        events: queue.Queue | asyncio.Queue
-        deliver: Callable[[Event], object]
-        if loop is None:
-            events = queue.Queue()
-            deliver = events.put
-        else:
-            events = asyncio.Queue()
-            deliver = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
+        events: queue.Queue | asyncio.Queue = queue.Queue() if loop is None else asyncio.Queue()
         timeout = timeout if timeout is not None else self.timeout
         request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling,
                            matcher=matcher, speculative=speculative, draft_max=draft_max, logprobs=logprobs,
                            prompt_logprobs=prompt_logprobs, pooling=pooling, normalize=normalize,
-                           emit=self._emit, deliver=deliver,
+                           emit=self._emit, events=events, loop=loop,
                            deadline=None if timeout is None else time.monotonic() + timeout, id=next(self._ids))
         with self._cond:
             if self._stopping:
@@ -219,9 +214,11 @@ class Scheduler:
                     for r, stage in [*((r, "started") for r in self._queue),
                                      *((r, "finished") for r in self._active.values())]:
                         r.decoding.finish_reason = "shutdown"
-                        r.deliver(Event("error", f"the server shut down before this request {stage}", r.decoding))
+                        self._deliver(r, Event("error", f"the server shut down before this request {stage}",
+                                               r.decoding))
                     self._queue.clear()
                     self._active.clear()
+                    self._hand_over()
                     return
                 admit = []
                 free = [s for s in range(self.slots) if s not in self._active]
@@ -246,6 +243,7 @@ class Scheduler:
                         r.decoding.finish_reason = "error"
                         self._failed(r)
                     self._active.clear()
+            self._hand_over()  # the step's events (and the admission's refusals), together
 
     def _admit(self, r: _Request) -> None:
         """Its slot's longest cached prefix of its prompt: the rest is written by the steps, as
@@ -297,7 +295,8 @@ class Scheduler:
     def _emit(self, r: _Request, token: int, scored: TokenLogprob | None) -> None:
         """A token the engine emitted for `r`: its event."""
         piece = r.decoding.new_text()
-        r.deliver(Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token, scored))
+        self._deliver(r, Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token,
+                               scored))
 
     def _retire(self) -> None:
         """Frees the slots of finished, cancelled and timed-out requests."""
@@ -316,12 +315,21 @@ class Scheduler:
         if r.slot >= 0:
             self._rows.held[r.slot] = []
             self._rows.pending.discard(r.slot)
-        try:
-            r.deliver(Event("error", r.error or "the request failed", r.decoding))
-        except Exception:  # its consumer is gone (a closed event loop): nobody is left to tell
-            pass
+        self._deliver(r, Event("error", r.error or "the request failed", r.decoding))
 
-    @staticmethod
-    def _finish(r: _Request, reason: str) -> None:
+    def _finish(self, r: _Request, reason: str) -> None:
         r.decoding.finish_reason = reason
-        r.deliver(Event("done", "", r.decoding))
+        self._deliver(r, Event("done", "", r.decoding))
+
+    def _deliver(self, r: _Request, event: Event) -> None:
+        """An event for r's consumer: on the decode thread held until the step ends (_hand_over), from another
+        thread (a cancel) handed over at once."""
+        if threading.current_thread() is self._thread:
+            self._outbox.append((r, event))
+        else:
+            hand_over([(r, event)])
+
+    def _hand_over(self) -> None:
+        """The step's events to their consumers, one call into each event loop (requests.hand_over)."""
+        held, self._outbox = self._outbox, []
+        hand_over(held)
