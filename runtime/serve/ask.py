@@ -15,6 +15,7 @@ from llgraph.runtime.engine.speculative import MAX_DRAFT, check_served_mode
 from llgraph.runtime.serve.request import (
     ApiError,
     chat_prompt,
+    every_usage,
     flag,
     grammar_of,
     include_usage,
@@ -53,6 +54,7 @@ class Ask:
     usage: bool
     tools: ToolSpec | None = NO_TOOLS  # functions the chat answer may call
     template: str = ""  # the chat template (which tool-call format the answer uses)
+    every_usage: bool = False  # a streamed answer's every chunk carries its usage so far (vLLM's stream option)
 
 
 def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative: str = "off",
@@ -128,4 +130,5 @@ def parse(body: dict, chat: bool, runner, slots: int, capacity: int, speculative
         raise ApiError(400, str(e), param="speculative") from None
     draft_max = number(body, "speculative.n_max", draft_max, 1, 1 << 10, integer=True)
     return Ask(chat, prompts, n, max_tokens, key, samplings, stop_strings(body), ignore_eos, logprobs, grammar,
-               speculative, draft_max, echo, flag(body, "stream"), include_usage(body), tools, template)
+               speculative, draft_max, echo, flag(body, "stream"), include_usage(body), tools, template,
+               every_usage(body))

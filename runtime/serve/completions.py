@@ -284,13 +284,15 @@ async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: A
             choice["stop_reason"] = stop  # vLLM's: the stop string that ended it, else null
         body = {**meta, "object": kind, "choices": [choice]}
         if ask.usage:
-            body["usage"] = None
+            body["usage"] = _usage(handles, ask.n) if ask.every_usage else None
         return f"data: {json.dumps(body)}\n\n"
 
     def tool_calls(k: int, calls: list) -> str:
         delta = {"tool_calls": [call.openai(i) for i, call in enumerate(calls)]}
         body = {**meta, "object": kind, "choices": [{"index": k, "delta": delta, "logprobs": None,
                                                      "finish_reason": None}]}
+        if ask.usage:
+            body["usage"] = _usage(handles, ask.n) if ask.every_usage else None
         return f"data: {json.dumps(body)}\n\n"
 
     if ask.chat:

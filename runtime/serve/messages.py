@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -86,7 +85,7 @@ def chat_body(body: dict, counting: bool = False) -> dict:
     chat = {"messages": messages, "stream": bool(body.get("stream")),
             **{k: body[k] for k in ("temperature", "top_p", "top_k", "model") if body.get(k) is not None}}
     if body.get("stream"):
-        chat["stream_options"] = {"include_usage": True}
+        chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}  # message_start's tokens
     if not counting and body.get("max_tokens") is not None:
         chat["max_tokens"] = body["max_tokens"]
     if body.get("stop_sequences") is not None:
@@ -233,16 +232,19 @@ async def events(chunks, message_id: str, model: str):
     def event(kind: str, **fields) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
 
-    start: dict[str, Any] = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
-             "stop_reason": None, "stop_sequence": None, "usage": _usage(None)}
-    yield event("message_start", message=start)
     index, text_open, thinking_open, finished, usage = 0, False, False, None, None
     calls: list[dict] = []
+    started = False
     async for chunk in parsed_chunks(chunks):
         if "error" in chunk:
             yield event("error", error={"type": "api_error", "message": chunk["error"]["message"]})
             return
         usage = chunk.get("usage") or usage
+        if not started:  # the first chunk's usage holds the prompt's tokens (continuous_usage_stats)
+            started = True
+            yield event("message_start", message={
+                "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": None, "stop_sequence": None, "usage": _usage(usage)})
         for choice in chunk.get("choices", []):
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):  # a thinking block first (harmony's analysis), as Claude's
@@ -265,6 +267,10 @@ async def events(chunks, message_id: str, model: str):
             calls += delta.get("tool_calls") or []
             if choice.get("finish_reason") is not None:
                 finished = choice
+    if not started:  # no chunk came (never in practice: a chat stream opens with the assistant's role)
+        yield event("message_start", message={
+            "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": _usage(None)})
     if text_open or thinking_open:
         yield event("content_block_stop", index=index)
         index += 1

@@ -55,6 +55,12 @@ def include_usage(body: dict) -> bool:
     return flag(options, "include_usage")
 
 
+def every_usage(body: dict) -> bool:
+    """stream_options.continuous_usage_stats (vLLM's): with include_usage, every chunk carries the usage so far (its
+    first, the prompt's tokens: what Anthropic's message_start states)."""
+    return include_usage(body) and flag(body["stream_options"], "continuous_usage_stats")
+
+
 def stop_strings(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else stop or []

@@ -53,6 +53,13 @@ def test_streamed_chunks_concatenate_to_the_whole_answer(server):
     assert chat.choices[0].message.role == "assistant" and "Paris" in chat.choices[0].message.content
     assert text == chat.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens  # the usage chunk comes last
+    assert all(ch.usage is None for ch in chunks[:-1])
+    every = list(c.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0,
+                                           stream=True, stream_options={"include_usage": True,
+                                                                        "continuous_usage_stats": True}))
+    counts = [ch.usage.completion_tokens for ch in every]  # vLLM's option: each chunk's usage so far
+    assert all(ch.usage.prompt_tokens == chat.usage.prompt_tokens for ch in every)
+    assert counts == sorted(counts) and counts[0] <= 1 and counts[-1] == chat.usage.completion_tokens
     assert chat.choices[0].finish_reason in ("stop", "length")
 
 

@@ -40,10 +40,13 @@ def test_whole_and_streamed_answers_equal_chat(server, client):  # noqa: F811
     assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens == chat.usage.prompt_tokens
     assert whole.usage.output_tokens == chat.usage.completion_tokens
     with client.messages.stream(**ASK) as stream:
-        streamed = "".join(stream.text_stream)
+        events = list(stream)
         final = stream.get_final_message()
+    streamed = "".join(e.delta.text for e in events if e.type == "content_block_delta")
     assert streamed == text and final.stop_reason == whole.stop_reason
     assert final.usage.output_tokens == whole.usage.output_tokens
+    started = next(e for e in events if e.type == "message_start")  # the prompt's tokens from the start, as Claude's
+    assert started.message.usage.input_tokens == whole.usage.input_tokens > 0
     counted = client.messages.count_tokens(model="smol", system="Be brief.", messages=ASK["messages"])
     shaped = client.messages.create(**{**ASK, "max_tokens": 40}, output_config={"format": {
         "type": "json_schema", "schema": {"type": "object", "properties": {"fruit": {"type": "string"}},
