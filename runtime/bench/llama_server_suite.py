@@ -34,9 +34,10 @@ def launch(argv: list[str]) -> None:
     p.add_argument("--pooling")
     p.add_argument("--cors-origins")
     args, _ = p.parse_known_args(argv)
-    slots = max(1, args.parallel)
+    slots, model = max(1, args.parallel), os.environ.get(MODEL_ENV, "smollm2")
     per_slot = args.ctx_size // slots if args.ctx_size else 2048  # llama-server splits -c among its slots
-    serve = [sys.executable, "-m", "llgraph", "serve", os.environ.get(MODEL_ENV, "smollm2"), "--host", args.host,
+    per_slot = min(per_slot, _positions(model))  # the suite's real models take 16k; the stand-in holds what it can
+    serve = [sys.executable, "-m", "llgraph", "serve", model, "--host", args.host,
              "--port", str(args.port), "--slots", str(slots), "--max-seq-len", str(max(per_slot, 64)), "--any-model",
              "--threads", "2"]
     if args.alias:
@@ -48,6 +49,14 @@ def launch(argv: list[str]) -> None:
     if args.cors_origins:
         serve += ["--cors-origins", *args.cors_origins.split(",")]
     os.execv(sys.executable, serve)
+
+
+def _positions(model: str) -> int:
+    """The positions `model` was trained for (its config's max_position_embeddings)."""
+    from llgraph.bundled import resolve
+    from llgraph.checkpoint import load_config
+
+    return load_config(resolve(model)).max_position_embeddings
 
 
 def main(argv=None) -> int:
