@@ -137,6 +137,18 @@ class Grammar:
 _TOKENIZERS: dict = {}  # (id(tokenizer), vocab, eos) -> (tokenizer, LLTokenizer): building one takes ~0.4 s
 
 
+def warm(tokenizer, vocab_size: int, eos) -> None:
+    """Builds llguidance's view of the vocabulary now, where it is installed and the model has a tokenizer and an
+    EOS: the build holds the GIL ~0.2 s, which a server's first structured-output request would otherwise cost its
+    event loop (/health waited 0.21 s); `llgraph serve` calls it before it listens."""
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        return
+    if tokenizer is not None and eos:
+        Grammar.json_object().matcher(tokenizer, vocab_size, set(eos))  # the view, and a matcher's first build
+
+
 def _ll_tokenizer(tokenizer, vocab_size: int, eos: tuple[int, ...]):
     if tokenizer is None:
         raise RequestError("structured output needs the model's tokenizer; this runner has none")

@@ -36,6 +36,7 @@ except ImportError as e:
                        e) from None
 
 from llgraph import __version__
+from llgraph.runtime.engine import grammar
 from llgraph.runtime.engine.scheduler import Metrics, Scheduler
 from llgraph.runtime.engine.speculative import MAX_DRAFT
 from llgraph.runtime.serve import messages, responses
@@ -193,6 +194,7 @@ def create_app(options: ServeOptions, runners: tuple | None = None) -> FastAPI:
         state.update(runner=scheduler.runner, scheduler=scheduler.start(), created=int(time.time()))
         app.state.scheduler = scheduler
         await asyncio.to_thread(start_worker)  # large bodies are decoded there (serve/body.py)
+        await asyncio.to_thread(grammar.warm, runner.tokenizer, runner.backend.vocab_size, runner.eos_token_ids)
         yield
         scheduler.stop(0)
         stop_worker()

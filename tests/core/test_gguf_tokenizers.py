@@ -173,3 +173,14 @@ def test_generate_streams_user_defined_pieces_as_text(vocabularies, tmp_path):
                 and runner.tokenizer.tk.id_to_token(i)[1:].isalpha())
     text = "".join(runner.stream("Once upon a time", 2, logit_bias={word: 100.0}))
     assert text == runner.tokenizer.tk.id_to_token(word).replace("▁", " ") * 2, text
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "spm-gemma"])
+def test_a_long_decode_is_the_same_text(tokenizers, name):
+    """Past LONG_DECODE ids, decode goes through decode_batch (which releases the GIL): the text is decode's."""
+    from llgraph.tokenizer import LONG_DECODE
+
+    tok = tokenizers(name)
+    ids = tok.encode(" ".join(CORPUS) * 40, add_special_tokens=False)
+    assert len(ids) > LONG_DECODE
+    assert tok.decode(ids) == tok.tk.decode(ids, skip_special_tokens=True)
