@@ -64,7 +64,7 @@ def moe(em: Emitter, node: Node) -> None:
     else every expert runs on every token as batched MatMuls ([experts, tokens, ffn]), weighted by a dense [tokens,
     experts] matrix that is 0 but at the chosen (a prefill: every expert is read once, whatever N). Both exact (the
     ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py). TensorRT-RTX builds the else-branch alone
-    (export/trt_build.py's without_branches says why)."""
+    (export/trt_network.py's without_branches says why)."""
     x = node.inputs[0]
     name, dtype = node.name, em.dtype_of(x)
     flat, logits = moe_tokens(em, node)

@@ -190,13 +190,13 @@ def test_gpt_oss_mxfp4_runs_as_gguf_dequantizes_it(mxfp4, backend, tmp_path, rep
 def test_a_decode_step_reads_its_k_experts_on_the_standard_lowering(files, tmp_path):
     """`llgraph bench`'s weight bytes a token (runtime/bench/speed.py) follow the lowering: one token takes the
     gathered branch (k of the stacked experts' bytes); the graph a TensorRT-RTX build parses (its Ifs inlined as
-    their else-branch, trt_build.without_branches) reads every expert, and ONNX Runtime runs it to the same logits."""
+    their else-branch, trt_network.without_branches) reads every expert, and ONNX Runtime runs it to the same logits."""
     import shutil
 
     import numpy as np
     from kquant_moe import EXPERTS, TOP_K
 
-    from llgraph.export.trt_build import without_branches
+    from llgraph.export.trt_network import without_branches
     from llgraph.runtime.bench.speed import onnx_bytes_per_token
 
     q, _ = files
