@@ -207,10 +207,13 @@ def to_model(emitter: Emitter, target: Target, metadata: dict[str, str]) -> onnx
 
 def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, max_positions: int,
           metadata: dict[str, str], progress: bool = False, options: dict | None = None,
-          destination: Path | None = None) -> None:
+          destination: Path | None = None) -> bool:
     """Write `out_dir/model.onnx` + `model.onnx.data` (out_dir must exist and be empty); `destination`: the folder
-    the progress line names (out_dir is its staged temporary)."""
+    the progress line names (out_dir is its staged temporary). -> whether every windowed layer's attention takes a
+    ring (Manifest.window_ring)."""
     from tqdm import tqdm
+
+    from llgraph.export.onnx import FULL_WINDOWS, RING
 
     missing = sorted({n.op for n in graph.nodes} - set(target.lowerings))
     if missing:
@@ -232,6 +235,7 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
         bar.total = bar.n  # the estimate counted each param at its nominal width; stored blocks can be narrower
         bar.refresh()
     onnx.save(to_model(em, target, metadata), out_dir / MODEL_FILE)
+    return RING in em.shared and FULL_WINDOWS not in em.shared and target.name in ("ort", "onnx")
 
 
 def check_free_space(out_dir: Path, need: int) -> None:
@@ -253,8 +257,8 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
     with staged_folder(out, force) as tmp:
         metadata = {"llgraph_version": __version__, "target": target.name, "dtype": graph.metadata["dtype"],
                     "config": graph.metadata["config"], "weights": source.description}
-        lower(graph, source, target, tmp, max_positions=max_positions, metadata=metadata, progress=progress,
-              options=options, destination=out)
+        ring = lower(graph, source, target, tmp, max_positions=max_positions, metadata=metadata,
+                     progress=progress, options=options, destination=out)
         for f in extra_files:
             shutil.copy(f, tmp / Path(f).name)
         if write_extras is not None:
@@ -262,7 +266,8 @@ def export(graph: Graph, source: WeightSource, target: Target, out: str | Path, 
         manifest = Manifest(target.name, graph.metadata["dtype"],
                             LlamaConfig(**json.loads(graph.metadata["config"])), max_positions, source.description,
                             quantized=_quant_summary(graph), options=options or {},
-                            inputs=tuple(v.name for v in graph.inputs), outputs=tuple(v.name for v in graph.outputs))
+                            inputs=tuple(v.name for v in graph.inputs), outputs=tuple(v.name for v in graph.outputs),
+                            window_ring=ring)
         target.extras(tmp, manifest)
         files = tuple(sorted({p.name for p in tmp.iterdir()} - {PARTIAL_MARK} | {MANIFEST}))
         dataclasses.replace(manifest, files=files, **integrity_record(tmp, set(files) - {MANIFEST})).write(tmp)

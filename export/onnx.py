@@ -185,19 +185,37 @@ def _heads_first(em: Emitter, x: str, heads: int, hint: str) -> str:
     return em.node("Transpose", [y], hint=hint, perm=[0, 2, 1, 3])[0]
 
 
-def attention_mask(em: Emitter, pos: str, hint: str, window: int = 0) -> tuple[str, str]:
-    """(length L = max(pos) + 1 as a 1-element int64 tensor, bool mask [B, 1, S, L]: slot j <= pos[b, s], and
-    with a window, j > pos[b, s] - window)."""
+def attention_mask(em: Emitter, pos: str, hint: str) -> tuple[str, str]:
+    """(length L = max(pos) + 1 as a 1-element int64 tensor, bool mask [B, 1, S, L]: slot j <= pos[b, s])."""
     length = em.node("Add", [em.node("ReduceMax", [pos], hint=hint, keepdims=1)[0],
                              em.const([1], "int64")], hint=hint)[0]
     length = em.node("Reshape", [length, em.const([1], "int64")], hint=hint)[0]
     slots = em.node("Range", [em.const(0, "int64"), em.node("Squeeze", [length], hint=hint)[0],
                               em.const(1, "int64")], hint=hint)[0]
     limit = em.node("Unsqueeze", [pos, em.const([1, 3], "int64")], hint=hint)[0]  # [B, 1, S, 1]
-    mask = em.node("LessOrEqual", [slots, limit], hint=hint)[0]
-    if window:
-        oldest = em.node("Sub", [limit, em.const(window, "int64")], hint=hint)[0]
-        mask = em.node("And", [mask, em.node("Greater", [slots, oldest], hint=hint)[0]], hint=hint)[0]
+    return length, em.node("LessOrEqual", [slots, limit], hint=hint)[0]
+
+
+RING = "attention.ring"  # em.shared's marks: a windowed layer's attention takes a ring (Manifest.window_ring), or
+FULL_WINDOWS = "attention.full_windows"  # one does not (every layer then holds every position)
+
+
+def ring_mask(em: Emitter, pos: str, cache: str, hint: str, window: int) -> tuple[str, str]:
+    """A windowed layer's (length L = min(max(pos) + 1, T) as a 1-element int64 tensor, bool mask [B, 1, S, L]) over
+    a cache of T slots that may be a ring: slot j holds position p = q - ((q - j) mod T) for query q = pos[b, s] (j
+    itself where T > q), visible where p >= 0 and p > q - window."""
+    ring = em.node("Shape", [cache], hint=hint, start=2, end=3)[0]
+    top = em.node("Add", [em.node("ReduceMax", [pos], hint=hint, keepdims=1)[0], em.const([1], "int64")],
+                  hint=hint)[0]
+    length = em.node("Min", [em.node("Reshape", [top, em.const([1], "int64")], hint=hint)[0], ring], hint=hint)[0]
+    slots = em.node("Range", [em.const(0, "int64"), em.node("Squeeze", [length], hint=hint)[0],
+                              em.const(1, "int64")], hint=hint)[0]
+    query = em.node("Unsqueeze", [pos, em.const([1, 3], "int64")], hint=hint)[0]  # [B, 1, S, 1]
+    back = em.node("Mod", [em.node("Sub", [query, slots], hint=hint)[0], ring], hint=hint, fmod=0)[0]  # >= 0
+    held = em.node("Sub", [query, back], hint=hint)[0]
+    mask = em.node("GreaterOrEqual", [held, em.const(0, "int64")], hint=hint)[0]
+    oldest = em.node("Sub", [query, em.const(window, "int64")], hint=hint)[0]
+    mask = em.node("And", [mask, em.node("Greater", [held, oldest], hint=hint)[0]], hint=hint)[0]
     return length, mask
 
 
@@ -236,13 +254,18 @@ def grouped_attention(em: Emitter, node: Node) -> None:
     q, k, v, pos, past_k, past_v = (node.arg(i) for i in range(6))
     out, present_k, present_v = node.outputs
     a, hint = node.attrs, node.name
-    first = em.node("Gather", [pos, em.const(0, "int64")], hint=hint, axis=1)[0]  # each row's first position
-    for new, past, present in ((k, past_k, present_k), (v, past_v, present_v)):
-        em.node("TensorScatter", [past, _heads_first(em, new, a["num_kv_heads"], hint), first], [present],
-                hint=hint, axis=2)
-    length, mask = attention_mask(em, pos, hint, a["window"])
     if not a["causal"]:
         raise NotImplementedError("non-causal GroupedAttention has no ONNX lowering yet")
+    first = em.node("Gather", [pos, em.const(0, "int64")], hint=hint, axis=1)[0]  # each row's first position
+    ring = {"mode": "circular"} if a["window"] else {}  # a windowed layer's cache may be a ring: slot p mod T
+    for new, past, present in ((k, past_k, present_k), (v, past_v, present_v)):
+        em.node("TensorScatter", [past, _heads_first(em, new, a["num_kv_heads"], hint), first], [present],
+                hint=hint, axis=2, **ring)
+    if a["window"]:
+        em.shared[RING] = RING
+        length, mask = ring_mask(em, pos, present_k, hint, a["window"])
+    else:
+        length, mask = attention_mask(em, pos, hint)
     zero, two = em.const([0], "int64"), em.const([2], "int64")
     keys, values = (em.node("Slice", [c, zero, length, two], hint=hint)[0] for c in (present_k, present_v))
     extra = {"softcap": float(a["softcap"])} if a["softcap"] else {}

@@ -138,8 +138,10 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
         inputs += [em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "cos_cache", np.cos)),
                    em.weight(cos_sin.inputs[1], compute=_table(em, cos_sin, "sin_cache", np.sin))]
         attrs = {"do_rotary": 1, "rotary_interleaved": int(rot.attrs["interleaved"])}
-    if a["window"]:  # GroupQueryAttention's window counts the query's own key, as transformers' does (tested)
+    if a["window"]:  # GroupQueryAttention's window counts the query's own key, as transformers' does (tested); it
+        # writes at positions 0.. of its own: every layer holds every position (no ring)
         attrs["local_window_size"] = a["window"]
+        em.shared[std.FULL_WINDOWS] = std.FULL_WINDOWS
     if a["softcap"]:
         attrs["softcap"] = float(a["softcap"])
     if len(node.inputs) > 7 and node.inputs[7] is not None:  # gpt-oss's sinks: GroupQueryAttention's head_sink
@@ -165,6 +167,8 @@ def attention_llgraph(em: Emitter, node: Node, qkv: str, rotary: tuple[Node, Nod
         inputs.append(slots or "")
     if sinks is not None:
         inputs.append(em.weight(sinks))
+    if a["window"]:  # the kernel takes a windowed layer's ring (slot p mod its length)
+        em.shared[std.RING] = std.RING
     em.node("GroupedAttention", inputs, node.outputs, domain=cpu.DOMAIN, hint=node.name, num_heads=a["num_heads"],
             num_kv_heads=a["num_kv_heads"], scale=float(a["scale"]), window=a["window"],
             softcap=float(a["softcap"]), rotary_interleaved=int(rot.attrs["interleaved"]))

@@ -35,12 +35,14 @@ def cache_pairs(cfg: LlamaConfig) -> list[tuple[str, str]]:
     return [pair for i in range(cfg.num_layers) for pair in zip(cache_names(i)[:2], cache_names(i)[2:])]
 
 
-def new_cache(cfg: LlamaConfig, batch: int, max_seq: int, alloc, row: int | None = None) -> dict:
+def new_cache(cfg: LlamaConfig, batch: int, max_seq: int, alloc, row: int | None = None, ring: int = 0) -> dict:
     """The static cache as graph feeds: past name -> alloc(shape), shape [batch, kv_heads, max_seq, row] (row: the
-    head_dim, or the cache format's row, llgraph/kv_cache.py). `alloc` makes one zeroed buffer (torch.zeros with a
-    dtype, np.zeros, ...)."""
-    shape = (batch, cfg.num_kv_heads, max_seq, row or cfg.head_dim)
-    return {past: alloc(shape) for past, _ in cache_pairs(cfg)}
+    head_dim, or the cache format's row, llgraph/kv_cache.py); with `ring`, a windowed layer's holds `ring` slots
+    (kv_cache.ring_length). `alloc` makes one zeroed buffer (torch.zeros with a dtype, np.zeros, ...)."""
+    def shape(layer: int) -> tuple[int, int, int, int]:
+        slots = ring if ring and cfg.layer_window(layer) else max_seq
+        return (batch, cfg.num_kv_heads, slots, row or cfg.head_dim)
+    return {cache_names(i)[j]: alloc(shape(i)) for i in range(cfg.num_layers) for j in (0, 1)}
 
 
 def build_graph(cfg: LlamaConfig, dtype: str = "float32", kv: str | None = None) -> Graph:

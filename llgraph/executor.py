@@ -247,14 +247,15 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value, slo
     hkv, d = a["num_kv_heads"], q.shape[-1] // a["num_heads"]
     ragged = slots is not None and slots.numel() > 0
     rows = slots.view(b, s) if ragged else torch.arange(b, device=q.device)[:, None]
-    for cache, x in ((past_key, k), (past_value, v)):  # cache[row, :, positions[b, s]] = x[b, s], in its format
-        cache.transpose(1, 2)[rows, positions] = _to_cache(x.view(b, s, hkv, d), cache.dtype)
+    at = positions if _cache_span(positions) <= past_key.shape[2] else positions % past_key.shape[2]  # a ring
+    for cache, x in ((past_key, k), (past_value, v)):  # cache[row, :, slot of positions[b, s]] = x[b, s], its format
+        cache.transpose(1, 2)[rows, at] = _to_cache(x.view(b, s, hkv, d), cache.dtype)
     if not ragged:
         return _attend(a, q, positions, past_key[:b], past_value[:b], _cache_span(positions)), past_key, past_value
     flat_rows = rows.reshape(-1)
     if a["causal"] and b * s <= GATHERED_TOKENS:  # a decode step's few tokens: each a batch row, its row's keys
         span = _cache_span(positions)
-        keys, values = (c[flat_rows, :, :span] for c in (past_key, past_value))
+        keys, values = (c[flat_rows, :, :span] for c in (past_key, past_value))  # (a ring: all its slots)
         out = _attend(a, q.reshape(b * s, 1, -1), positions.reshape(-1, 1), keys, values, span)
         return out.view(b, s, -1), past_key, past_value
     out = torch.empty_like(q)
@@ -270,15 +271,21 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value, slo
 
 def _attend(a, q, positions, past_key, past_value, length: int):
     """q [B, S, Hq*D] of cache rows past_key/value [B, ...] at `positions` [B, S] -> [B, S, Hq*D] over positions
-    0..length-1 of each row, masked causally (or by the row's last position) and by the window."""
+    0..length-1 of each row, masked causally (or by the row's last position) and by the window. A cache shorter
+    than `length` is a ring (a windowed layer's): position p in slot p mod its length."""
     b, s, _ = q.shape
     hq, hkv = a["num_heads"], a["num_kv_heads"]
     d = q.shape[-1] // hq
+    ring = past_key.shape[2]
+    length = min(length, ring)
     slots = torch.arange(length, device=q.device)
     limit = positions if a["causal"] else positions.max(dim=1, keepdim=True).values.expand(b, s)
-    mask = slots[None, None, :] <= limit[:, :, None]  # [B, S, L]: key slot j visible to query (b, s)
+    held = slots[None, None, :]  # [B, S, L]: the position slot j holds for query (b, s)
+    if length == ring:  # every slot in use: the latest position at or before the query's limit in slot j
+        held = limit[:, :, None] - torch.remainder(limit[:, :, None] - held, ring)
+    mask = (held <= limit[:, :, None]) & (held >= 0)  # key slot j visible to query (b, s)
     if a["window"]:  # and within the last `window` positions of the query's own
-        mask &= slots[None, None, :] > positions[:, :, None] - a["window"]
+        mask &= held > positions[:, :, None] - a["window"]
     qh = q.view(b, s, hq, d).transpose(1, 2)
     keys, values = (_from_cache(t[:, :, :length], q.dtype) for t in (past_key, past_value))
     sinks = a.get("sinks")

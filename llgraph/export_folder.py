@@ -47,6 +47,7 @@ class Manifest:
     options: dict = field(default_factory=dict)  # the target's options (accuracy_level)
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    window_ring: bool = False  # the windowed layers' attention takes a ring cache (llgraph/kv_cache.py ring_length)
     sizes: dict = field(default_factory=dict)  # the integrity record: file -> bytes, as export wrote them
     sha256: dict = field(default_factory=dict)  # file -> sha256 (`llgraph cache verify`; provenance)
     xxh3: dict = field(default_factory=dict)  # file -> xxh3-128: every file checked at each open (Checked)

@@ -9,6 +9,12 @@ runs them computes the attention itself in float32.
              absolute maximum is exact; a row of zeros has s = 0, c = 0) — llama.cpp's q8_0 cache with one scale
              per head of a position instead of one per 32 values
 
+A windowed layer (Gemma 2/3's local layers, Mistral's, gpt-oss's) needs only its last `window` positions: where the
+export's attention takes it (Manifest.window_ring), its cache is a ring of `ring_length` slots holding position p in
+slot p mod ring (llgraph/ops.py GroupedAttention), and a forward writes at most `ring_step` positions of a row
+(longer ones run in pieces, runtime/engine/backend.py). A 32k-token Gemma 3 context then holds about a sixth of the
+keys and values it would in full (five local layers in six).
+
 The format is a run-time choice (`--kv-cache`), not an export's: the weights do not change with it. An export's ONNX
 graph declares a float32 cache; `retype` gives its cache inputs and outputs another format's type when a runner
 opens it (only llgraph's own GroupedAttention reads them, and it takes each format by the tensor's type).
@@ -50,6 +56,27 @@ ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16", "fp16": "float
 # it would carry the default past llama.cpp's total (0.00070 + 0.0032 > 0.0026), so int8 is asked for (--kv-cache
 # int8: long contexts, many slots) and float16 is the default.
 CPU_DEFAULT = "float16"
+
+
+RING_STEP = 512  # the most positions of one row a forward writes beside a ring (llama.cpp's n_ubatch); a ring holds
+# window + RING_STEP - 1 slots, rounded up to RING_ALIGN
+RING_ALIGN = 64
+
+
+def ring_length(window: int, max_seq_len: int) -> int:
+    """The slots of a windowed layer's ring for a cache of `max_seq_len` positions: window + RING_STEP - 1 (rounded
+    up to RING_ALIGN), or 0 where that is no shorter than max_seq_len (or there is no window): the layer then holds
+    every position."""
+    if not window:
+        return 0
+    ring = -(-(window + RING_STEP - 1) // RING_ALIGN) * RING_ALIGN
+    return ring if ring < max_seq_len else 0
+
+
+def ring_step(ring: int, window: int) -> int:
+    """The most positions of one row a forward may write into a ring of `ring` slots for a `window`: the oldest key
+    its first query reads must not be overwritten by its last token."""
+    return ring - window + 1
 
 
 def kv_format(name: str | None) -> KvFormat:

@@ -351,7 +351,9 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         "write every token's k, v into its cache row (b; with `slots` [B*S] int64, slots[b*S + s], an empty "
         "tensor meaning b) at position positions[b, s] (in the cache's format, llgraph/kv_cache.py: q's dtype, "
         "float16, or int8 rows of D codes and a float32 scale), all of the step's before any query reads; attend "
-        "query (b, s) to its row's positions 0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); kv "
+        "query (b, s) to its row's positions 0..positions[b, s] (causal) or 0..max(positions[b]) (non-causal); "
+        "position p lives in slot p mod T of a cache of T slots: T > every position, or, with a window, a ring of "
+        "T >= window + (the row's span of positions in the step) - 1 slots (llgraph/kv_cache.py ring_length); kv "
         "head j serves query heads j*g..(j+1)*g-1 with g = num_heads / num_kv_heads. With `sinks` [num_heads] "
         "(gpt-oss), head h's softmax denominator also holds exp(sinks[h]): a logit no value stands behind"),
     OpSchema("SwiGLU", ("gate", "up"), ("out",), (), _swiglu, "silu(gate) * up"),

@@ -27,7 +27,7 @@ from llgraph.kv_cache import CPU_DEFAULT, FORMATS, KvFormat, kv_format, of_dtype
 from llgraph.passes import HIDDEN, KEEP_INPUT, SLOTS_INPUT, model_graph
 from llgraph.plugins import cpu
 from llgraph.runtime.backends import BackendSpec, RunOptions
-from llgraph.runtime.engine.backend import Backend, Rows, cache_length, span_of, token_rows
+from llgraph.runtime.engine.backend import Backend, Rows, cache_length, in_pieces, span_of, token_rows
 from llgraph.runtime.engine.runner import Runner
 from llgraph.tokenizer import Tokenizer
 from llgraph.weights import WeightSource
@@ -104,6 +104,7 @@ class OrtBackend(Backend):
         outputs = {o.name for o in self.session.get_outputs()}
         self._hidden = np.empty((0, self.config.hidden_size), self._np_dtype) if HIDDEN in outputs else None
         self.hidden_in_forward = self._hidden is not None
+        self.takes_ring = manifest.window_ring
 
     def ready(self) -> None:
         if self._checked is not None:  # the weights are what export wrote, or one line
@@ -116,8 +117,9 @@ class OrtBackend(Backend):
         self._binding = self.session.io_binding()
         # zeroed once: ONNX Attention weighs masked slots by 0, and 0 * (uninitialized NaN) is NaN
         dtype = np.dtype(self.kv.dtype)  # the export's floats (float32, float16) or another format's
+        self.plan_ring()
         self._arrays = new_cache(self.config, batch, self.max_seq_len, lambda shape: np.zeros(shape, dtype),
-                                 self.kv.row(self.config.head_dim))
+                                 self.kv.row(self.config.head_dim), self.ring)
         self._batch, self._rows = batch, None
         self._bind_cache(slice(0, batch))
 
@@ -131,8 +133,22 @@ class OrtBackend(Backend):
             self._binding.bind_ortvalue_output(present, value)
         self._rows = rows
 
+    def _run(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows, keep: int, hidden: bool):
+        """One forward (in a ring's pieces) -> (logits of the positions `keep` asks for, a copy of every position's
+        hidden states or None)."""
+        self.track(rows, position_ids, self._batch or 0)
+
+        def once(ids, pos, part, kept):
+            logits = self._once(ids, pos, part, kept)
+            return logits, self._hidden_out(*ids.shape).astype(np.float32) if hidden else None  # (the buffer is
+            # the next execution's)
+        return in_pieces(once, input_ids, position_ids, rows, keep, self.pieces(input_ids.shape[1]))
+
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:
+        return self._run(input_ids, position_ids, rows, keep, False)[0]
+
+    def _once(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows, keep: int) -> np.ndarray:
         slots = None
         if self.ragged:  # the whole cache bound once; each token names its row
             self._bind_cache(slice(0, self._batch))
@@ -183,14 +199,12 @@ class OrtBackend(Backend):
                        keep: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
         if self._hidden is None:
             return None
-        logits = self.forward(input_ids, position_ids, rows, keep)
-        return logits, self._hidden_out(*input_ids.shape).astype(np.float32)  # a copy: the buffer is the next step's
+        return self._run(input_ids, position_ids, rows, keep, True)
 
     def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None) -> np.ndarray:
         if self._hidden is None:
             return super().hidden(input_ids, position_ids, rows)
-        self.forward(input_ids, position_ids, rows, keep=1)
-        return self._hidden_out(*input_ids.shape).astype(np.float32)  # a copy: the buffer is the next step's
+        return self._run(input_ids, position_ids, rows, 1, True)[1]
 
     def caches(self) -> list:
         return list(self._arrays.values()) if self._batch is not None else []

@@ -32,7 +32,7 @@ from llgraph.passes import (
     ragged_slots,
 )
 from llgraph.runtime.backends import BackendSpec, RunOptions
-from llgraph.runtime.engine.backend import Backend, Rows, cache_length, span_of, token_rows
+from llgraph.runtime.engine.backend import Backend, Rows, cache_length, in_pieces, span_of, token_rows
 from llgraph.runtime.engine.runner import Runner
 from llgraph.tokenizer import Tokenizer
 from llgraph.weight_request import Weights
@@ -51,6 +51,7 @@ class TorchBackend(Backend):
         self.context_limit = limit or config.max_position_embeddings
         self.max_seq_len = cache_length(max_seq_len, self.context_limit, "the model's context")
         self.vocab_size = config.vocab_size
+        self.takes_ring = True  # the executor's attention takes a windowed layer's ring (llgraph/executor.py)
         self.executor = TorchExecutor(graph or model_graph(config, dtype, kv=kv_cache), source, device, progress)
         self._batch: int | None = None
         self._cache: dict[str, Any] = {}
@@ -62,9 +63,10 @@ class TorchBackend(Backend):
         """The cache for `batch` rows; kept as it is for the same batch (stale slots are masked) unless `zeroed`."""
         if batch == self._batch and not zeroed:
             return
+        self.plan_ring()
         self._cache = new_cache(self.config, batch, self.max_seq_len,
                                 lambda shape: torch.zeros(shape, dtype=TORCH_DTYPES[self.kv.dtype], device=self.device),
-                                self.kv.row(self.config.head_dim))
+                                self.kv.row(self.config.head_dim), self.ring)
         self._batch = batch
 
     def caches(self) -> list:
@@ -83,30 +85,34 @@ class TorchBackend(Backend):
             feeds[KEEP_INPUT] = torch.tensor(keep, dtype=torch.int64)
         return feeds
 
+    def _run(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows, keep: int, hidden: bool):
+        """One forward (in a ring's pieces) -> (logits of the positions `keep` asks for, hidden states or None)."""
+        self.track(rows, position_ids, self._batch or 0)
+
+        def once(ids, pos, part, kept):
+            out = self.executor.run(self._feeds(ids, pos, part, kept), record=self.record)
+            if self.record:  # the present caches are live storage: copied
+                self.recorded = {k: v.float().cpu().numpy().copy() for k, v in out.items()}
+            logits = out["logits"]
+            if 0 < kept < logits.shape[1]:  # a graph without logits_to_keep: only the rows asked for leave the device
+                logits = logits[:, -kept:]
+            return logits.float().cpu().numpy(), out[HIDDEN].float().cpu().numpy() if hidden else None
+        return in_pieces(once, input_ids, position_ids, rows, keep, self.pieces(input_ids.shape[1]))
+
     def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                 keep: int = 0) -> np.ndarray:
-        out = self.executor.run(self._feeds(input_ids, position_ids, rows, keep), record=self.record)
-        if self.record:  # the present caches are live storage: copied
-            self.recorded = {k: v.float().cpu().numpy().copy() for k, v in out.items()}
-        logits = out["logits"]
-        if 0 < keep < logits.shape[1]:  # a graph without logits_to_keep: only the rows asked for leave the device
-            logits = logits[:, -keep:]
-        return logits.float().cpu().numpy()
+        return self._run(input_ids, position_ids, rows, keep, False)[0]
 
     def forward_hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None,
                        keep: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
-        if not any(v.name == HIDDEN for v in self.executor.graph.outputs):
+        if not self.hidden_in_forward:
             return None
-        out = self.executor.run(self._feeds(input_ids, position_ids, rows, keep))
-        logits = out["logits"]
-        if 0 < keep < logits.shape[1]:
-            logits = logits[:, -keep:]
-        return logits.float().cpu().numpy(), out[HIDDEN].float().cpu().numpy()
+        return self._run(input_ids, position_ids, rows, keep, True)
 
     def hidden(self, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows = None) -> np.ndarray:
-        if not any(v.name == HIDDEN for v in self.executor.graph.outputs):
+        if not self.hidden_in_forward:
             return super().hidden(input_ids, position_ids, rows)
-        return self.executor.run(self._feeds(input_ids, position_ids, rows, 1))[HIDDEN].float().cpu().numpy()
+        return self._run(input_ids, position_ids, rows, 1, True)[1]
 
 
 class TorchRunner(Runner):

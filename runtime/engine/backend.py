@@ -22,6 +22,7 @@ import numpy as np
 
 from llgraph.builder import DEFAULT_MAX_SEQ
 from llgraph.errors import LlgraphError
+from llgraph.kv_cache import ring_length, ring_step
 
 if TYPE_CHECKING:
     from llgraph.config import LlamaConfig
@@ -51,6 +52,30 @@ def token_rows(rows: Rows, shape: tuple[int, int]) -> np.ndarray | None:
         rows = np.arange(rows.start or 0, rows.stop)
     rows = np.asarray(rows, np.int64)
     return np.ascontiguousarray(np.broadcast_to(rows.reshape(shape[0], -1), shape)).reshape(-1)
+
+
+def in_pieces(run, input_ids: np.ndarray, position_ids: np.ndarray, rows: Rows, keep: int, step: int):
+    """One forward as executions of at most `step` positions along S, in order (each row's tokens stay in order,
+    and a row writes no more than `step` positions an execution: a ring's bound, Backend.pieces).
+    run(input_ids, position_ids, rows, keep) -> (logits [B, K, V], hidden [B, s, H] or None) of a piece; -> the
+    forward's: the logits `keep` asks for (all S when 0) and every position's hidden states (or None)."""
+    batch, seq = input_ids.shape
+    if seq <= step:
+        return run(input_ids, position_ids, rows, keep)
+    flat = token_rows(rows, input_ids.shape)
+    per_token = None if flat is None else flat.reshape(batch, seq)
+    first = seq - (min(keep, seq) if keep > 0 else seq)  # the first position whose logits leave
+    logits, hidden = [], []
+    for a in range(0, seq, step):
+        b = min(seq, a + step)
+        need = b - max(a, first)
+        got, states = run(input_ids[:, a:b], position_ids[:, a:b], None if per_token is None else per_token[:, a:b],
+                          (need if keep > 0 else 0) if need > 0 else 1)
+        if need > 0:
+            logits.append(got[:, got.shape[1] - need:])
+        if states is not None:
+            hidden.append(states)
+    return np.concatenate(logits, axis=1), np.concatenate(hidden, axis=1) if hidden else None
 
 
 def span_of(rows: Rows, batch: int) -> slice | None:
@@ -89,6 +114,12 @@ class Backend(ABC):
     # the longest cache this backend could hold (before allocate: max_seq_len may be planned up to it); None: its
     # cache length is fixed (a TensorRT engine's)
     context_limit: int | None = None
+    # whether its graph's attention takes a windowed layer's cache as a ring (llgraph/kv_cache.py ring_length)
+    takes_ring: bool = False
+    # the slots of a windowed layer's cache where it is a ring (set by allocate, plan_ring); 0: every layer holds
+    # max_seq_len positions
+    ring: int = 0
+    _reach: np.ndarray | None = None  # a ring's cache rows: the highest position each wrote since it wrote position 0
     # diff's (runtime/eval/diff.py): with `record` set, each forward also keeps every value its graph exposes, by IR
     # name, as float32 numpy arrays in `recorded` (the executor: all; an export: its node outputs; an engine: the
     # logits and the present caches) — the same forward that serves, no second execution path
@@ -131,6 +162,47 @@ class Backend(ABC):
         return both (an embedding then takes a forward of its own)."""
         return None
 
+    def planned_ring(self, max_seq_len: int) -> int:
+        """The ring a windowed layer's cache takes for a cache of `max_seq_len` positions: where the graph takes one
+        and it is shorter; never on a diff side (its caches are compared by shape)."""
+        cfg = self.config
+        window = cfg.sliding_window if cfg is not None and self.takes_ring and not self.record else 0
+        return ring_length(window or 0, max_seq_len)
+
+    def plan_ring(self) -> None:
+        """Sets `ring` for an allocation (and forgets what the rows wrote)."""
+        self.ring, self._reach = self.planned_ring(self.max_seq_len), None
+
+    def pieces(self, seq: int) -> int:
+        """The most positions along S one execution writes (a ring's step; else all `seq`)."""
+        if not self.ring or self.config is None or not self.config.sliding_window:
+            return seq
+        return ring_step(self.ring, self.config.sliding_window)
+
+    def track(self, rows: Rows, position_ids: np.ndarray, batch_rows: int) -> None:
+        """Notes the positions a forward writes into each cache row (a ring's: keeps_prefix reads them)."""
+        if not self.ring:
+            return
+        if self._reach is None or len(self._reach) != batch_rows:
+            self._reach = np.full(batch_rows, -1, np.int64)
+        pos = np.asarray(position_ids, np.int64).reshape(-1)
+        flat = token_rows(rows, position_ids.shape)
+        if flat is None:
+            flat = np.repeat(np.arange(position_ids.shape[0], dtype=np.int64), position_ids.shape[1])
+        for row in np.unique(flat).tolist():
+            mine = pos[flat == row]
+            self._reach[row] = mine.max() if mine.min() == 0 else max(int(self._reach[row]), int(mine.max()))
+
+    def keeps_prefix(self, row: int, length: int) -> bool:
+        """Whether cache row `row` still holds the keys a continuation from position `length` reads of positions
+        0..length-1: always with full caches; a ring's window behind `length` is gone once the row wrote a position
+        `ring` past its oldest (llama.cpp drops every reuse past the window unless --swa-full; here a reuse holds
+        while the window it needs is intact)."""
+        if not self.ring or length == 0 or self._reach is None or row >= len(self._reach):
+            return True
+        assert self.config is not None and self.config.sliding_window
+        return int(self._reach[row]) < max(0, length - self.config.sliding_window + 1) + self.ring
+
     def kv_format(self):
         """The cache's format (llgraph/kv_cache.py): the backend's `kv`, else its dtype's floats."""
         from llgraph.kv_cache import of_dtype
@@ -143,6 +215,17 @@ class Backend(ABC):
         if cfg is None:
             return 0
         return self.kv_format().bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+
+    def kv_row_bytes(self, tokens: int) -> int:
+        """The cache's bytes for one row of a `tokens`-position cache: a windowed layer's ring (planned_ring) holds
+        its slots only."""
+        cfg = self.config
+        if cfg is None:
+            return 0
+        ring = self.planned_ring(tokens)
+        layer = self.kv_format().bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim)
+        return layer * sum(min(tokens, ring) if ring and cfg.layer_window(i) else tokens
+                           for i in range(cfg.num_layers))
 
     def caches(self) -> list:
         """The KV cache buffers, [rows, kv_heads, max_seq, row] each (numpy arrays or torch tensors, indexed alike);
@@ -158,8 +241,10 @@ class Backend(ABC):
         this backend cannot (no caches())."""
         caches = self.caches()
         with self.ordered():
-            for t in caches:
+            for t in caches:  # (a ring of fewer slots than `length`: all of them)
                 t[dst, :, :length] = t[src, :, :length]
+        if self._reach is not None and caches:  # dst holds what src held, as far back as src does
+            self._reach[dst] = self._reach[src]
         return bool(caches)
 
     def recorder(self) -> Callable[[], Callable[[dict], dict]]:

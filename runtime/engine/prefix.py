@@ -34,8 +34,10 @@ class CachedRows:
         self.pending: set[int] = set()
 
     def holds(self, row: int, ids: list[int]) -> int:
-        """How many leading prompt tokens the row holds (at most all but the last)."""
-        return common_prefix(self.held[row], ids, len(ids) - 1)
+        """How many leading prompt tokens the row holds (at most all but the last): 0 where a windowed layer's ring
+        no longer holds the window behind them (Backend.keeps_prefix)."""
+        n = common_prefix(self.held[row], ids, len(ids) - 1)
+        return n if self.backend.keeps_prefix(row, n) else 0
 
     def place(self, ids: list[int], free: list[int]) -> int:
         """The free row holding the longest prefix of `ids`, else the lowest (decode steps cover as few rows as they

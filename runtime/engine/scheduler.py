@@ -191,11 +191,11 @@ class Scheduler:
             self._trim_recent(now)
             span = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
             rate = sum(n for _, n in list(self._recent)[1:]) / span if span > 0 else 0.0
-            per_token = self.backend.kv_bytes_per_token()
-            held = sum(min(len(r.ids) + r.decoding.steps, self.backend.max_seq_len) for r in self._active.values())
+            b = self.backend
+            held = sum(b.kv_row_bytes(min(len(r.ids) + r.decoding.steps, b.max_seq_len)) for r in self._active.values())
             return {"queue": len(self._queue), "active": len(self._active), "slots": self.slots,
-                    "tokens_per_second": rate, "kv_cache_bytes": per_token * self.slots * self.backend.max_seq_len,
-                    "kv_cache_bytes_in_use": per_token * held}
+                    "tokens_per_second": rate, "kv_cache_bytes": b.kv_row_bytes(b.max_seq_len) * self.slots,
+                    "kv_cache_bytes_in_use": held}
 
     def _trim_recent(self, now: float) -> None:
         """Keeps the last 10 s of steps (for tokens/s): trimmed as steps are added, so a server nobody scrapes

@@ -49,27 +49,36 @@ def plan(backends: list, slots: int, asked: int | None) -> None:
     is None and they can choose; the first backend's `kv_plan` says how (memory() adds it to the statement). An
     asked length whose caches would not fit is a warning."""
     backend = backends[0]
-    per_token, free = sum(b.kv_bytes_per_token() for b in backends), free_bytes()
+    free = free_bytes()
     limits = [b.context_limit for b in backends]
-    if not per_token or free is None:
+
+    def need(tokens: int) -> int:  # every slot's row of a `tokens`-position cache (windowed layers' rings)
+        return slots * sum(b.kv_row_bytes(tokens) for b in backends)
+    if not need(1) or free is None:
         return
     budget = KV_SHARE * max(0, free - sum(mapped_weight_bytes(b) for b in backends))
     if asked is not None or None in limits:
-        need = slots * backend.max_seq_len * per_token
+        total = need(backend.max_seq_len)
         room = free - sum(mapped_weight_bytes(b) for b in backends)
-        if asked is not None and None not in limits and need > room:  # a host cache that cannot fit even alone
-            raise RequestError(f"{slots} slots x {backend.max_seq_len} tokens need {need / 1e9:.2f} GB of KV cache "
+        if asked is not None and None not in limits and total > room:  # a host cache that cannot fit even alone
+            raise RequestError(f"{slots} slots x {backend.max_seq_len} tokens need {total / 1e9:.2f} GB of KV cache "
                                f"({backend.kv_format().name}), more than the {max(room, 0) / 1e9:.1f} GB free besides "
                                "the weights; lower --slots or --max-seq-len, or use --kv-cache int8")
-        if need > budget:
-            print(f"llgraph serve: warning: {slots} slots x {backend.max_seq_len} tokens need {need / 1e9:.2f} GB of "
+        if total > budget:
+            print(f"llgraph serve: warning: {slots} slots x {backend.max_seq_len} tokens need {total / 1e9:.2f} GB of "
                   f"KV cache, more than {KV_SHARE:.0%} of the {free / 1e9:.1f} GB free; when the slots fill the "
                   "server may run out of memory (lower --slots or --max-seq-len, or --kv-cache int8)",
                   file=sys.stderr, flush=True)
         return
-    tokens = min(*limits, int(budget // (slots * per_token)) // STEP * STEP)
+    longest = min(limits)
+    top = longest // STEP  # the most STEPs that fit (the need grows with the length)
+    lo, hi = 0, top
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid * STEP) <= budget else (lo, mid - 1)
+    tokens = longest if lo == top and need(longest) <= budget else lo * STEP
     if tokens < STEP:
-        raise RequestError(f"{slots} slots of even {STEP} tokens need {slots * STEP * per_token / 1e9:.2f} GB of KV "
+        raise RequestError(f"{slots} slots of even {STEP} tokens need {need(STEP) / 1e9:.2f} GB of KV "
                            f"cache ({backend.kv_format().name}), more than {KV_SHARE:.0%} of the {free / 1e9:.1f} GB "
                            "free; lower --slots, use --kv-cache int8, or free memory")
     for b in backends:
@@ -79,8 +88,10 @@ def plan(backends: list, slots: int, asked: int | None) -> None:
 
 def memory(backend, slots: int) -> str:
     """' x T tokens (KV cache X GB format[, planned ...])': what the server holds for its slots, said at startup."""
-    per_token = backend.kv_bytes_per_token()
-    if not per_token:
+    row = backend.kv_row_bytes(backend.max_seq_len)
+    if not row:
         return ""
-    return (f" x {backend.max_seq_len} tokens (KV cache {per_token * slots * backend.max_seq_len / 1e9:.2f} GB "
-            f"{backend.kv_format().name}{backend.kv_plan})")
+    ring = backend.planned_ring(backend.max_seq_len)
+    rings = f", windowed layers a ring of {ring}" if ring else ""
+    return (f" x {backend.max_seq_len} tokens (KV cache {row * slots / 1e9:.2f} GB "
+            f"{backend.kv_format().name}{rings}{backend.kv_plan})")

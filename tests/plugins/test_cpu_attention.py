@@ -26,8 +26,9 @@ def rotate(x, cos, sin, interleaved):
 
 
 def write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved, rows=None):
-    """The caches (float64) with the step's keys (rotated) and values at their positions, token (b, s) in cache row
-    rows[b, s] (None: b)."""
+    """The caches (float64) with the step's keys (rotated) and values at their positions (position p in slot p mod
+    T, the cache's length: a windowed layer's ring where T is shorter than the positions), token (b, s) in cache
+    row rows[b, s] (None: b)."""
     B, S, _ = qkv.shape
     D = qkv.shape[-1] // (H + 2 * KV)
     k, v = past_k.astype(np.float64), past_v.astype(np.float64)
@@ -36,8 +37,8 @@ def write(qkv, past_k, past_v, pos, cos, sin, H, KV, interleaved, rows=None):
     for b in range(B):
         for s in range(S):
             at, row = pos[b, s], b if rows is None else rows[b, s]
-            k[row, :, at] = rotate(new_k[b, s].astype(np.float64), cos[at], sin[at], interleaved)
-            v[row, :, at] = new_v[b, s]
+            k[row, :, at % k.shape[2]] = rotate(new_k[b, s].astype(np.float64), cos[at], sin[at], interleaved)
+            v[row, :, at % k.shape[2]] = new_v[b, s]
     return k, v
 
 
@@ -55,16 +56,17 @@ def attend(qkv, k, v, pos, cos, sin, H, KV, scale, window, softcap, interleaved,
         for s in range(S):
             at, row = pos[b, s], b if rows is None else rows[b, s]
             lo = max(0, at - window + 1) if window else 0
+            held = np.arange(lo, at + 1) % k.shape[2]  # the slots of positions lo..at
             for h in range(H):
                 g = h // (H // KV)
                 qr = rotate(q[b, s, h], cos[at], sin[at], interleaved)
-                scores = scale * (k[row, g, lo:at + 1] @ qr)
+                scores = scale * (k[row, g, held] @ qr)
                 if softcap:
                     scores = softcap * np.tanh(scores / softcap)
                 top = scores.max() if sinks is None else max(scores.max(), sinks[h])
                 w = np.exp(scores - top)
                 total = w.sum() + (0.0 if sinks is None else np.exp(sinks[h] - top))  # gpt-oss's sink
-                out[b, s, h * D:(h + 1) * D] = (w / total) @ v[row, g, lo:at + 1]
+                out[b, s, h * D:(h + 1) * D] = (w / total) @ v[row, g, held]
     return out
 
 
@@ -102,18 +104,22 @@ isa = ctypes.CDLL(lib).llgraph_cpu_isa
 isa.restype = ctypes.c_char_p
 print(isa().decode())
 f = TensorProto.FLOAT
-# (H, KV, D, positions per row, window, softcap, interleaved, sinks): D 64 takes the vector loops, D 24 their
-# fallback; gpt-oss's sinks (a logit per head in the denominator) last, scaled to matter
-cases = [(6, 2, 64, [[5, 6, 7], [2, 3, 4]], 0, 0.0, 0, 0), (6, 2, 64, [[9]], 3, 0.0, 1, 0),
-         (4, 4, 24, [[0, 1], [6, 7]], 0, 0.5, 0, 0), (6, 3, 64, [[40], [17]], 5, 0.7, 1, 0),
-         (2, 1, 32, [[3, 4, 5, 6, 7]], 2, 0.0, 0, 0), (4, 2, 64, [[150, 151]], 0, 0.0, 0, 0),  # > 64 rows: blocks
-         (6, 2, 64, [[0, 1, 2], [7, 8, 9]], 0, 0.0, 0, 1), (8, 2, 64, [[70], [3]], 4, 0.0, 1, 1)]
-for H, KV, D, positions, window, softcap, interleaved, with_sinks in cases:
+# (H, KV, D, positions per row, window, softcap, interleaved, sinks, ring): D 64 takes the vector loops, D 24 their
+# fallback; gpt-oss's sinks (a logit per head in the denominator), scaled to matter; then windowed layers' rings of
+# T slots shorter than the positions: a window that wraps (two runs of slots), one that does not, a prefill whose
+# row spans all the ring allows beside its window (T = window + span - 1), int8-friendly D 24 on a wrap
+cases = [(6, 2, 64, [[5, 6, 7], [2, 3, 4]], 0, 0.0, 0, 0, 0), (6, 2, 64, [[9]], 3, 0.0, 1, 0, 0),
+         (4, 4, 24, [[0, 1], [6, 7]], 0, 0.5, 0, 0, 0), (6, 3, 64, [[40], [17]], 5, 0.7, 1, 0, 0),
+         (2, 1, 32, [[3, 4, 5, 6, 7]], 2, 0.0, 0, 0, 0), (4, 2, 64, [[150, 151]], 0, 0.0, 0, 0, 0),  # > 64: blocks
+         (6, 2, 64, [[0, 1, 2], [7, 8, 9]], 0, 0.0, 0, 1, 0), (8, 2, 64, [[70], [3]], 4, 0.0, 1, 1, 0),
+         (6, 2, 64, [[37, 38, 39], [20, 21, 22]], 12, 0.0, 0, 0, 16), (6, 2, 64, [[40], [45]], 12, 0.0, 1, 1, 16),
+         (4, 2, 64, [list(range(90, 99))], 8, 0.3, 0, 0, 16), (4, 4, 24, [[33, 34], [47, 48]], 5, 0.0, 0, 0, 8)]
+for H, KV, D, positions, window, softcap, interleaved, with_sinks, ring in cases:
     sinks = (rng.standard_normal(H) * 2).astype(np.float32) if with_sinks else None
     pos = np.array(positions, np.int64)
     B, S = pos.shape
-    T = max(48, int(pos.max()) + 1)
-    P = T + 16
+    T = ring or max(48, int(pos.max()) + 1)
+    P = int(pos.max()) + 16
     qkv = rng.standard_normal((B, S, (H + 2 * KV) * D)).astype(np.float32)
     past_k, past_v = (rng.standard_normal((B, KV, T, D)).astype(np.float32) for _ in range(2))  # noise in every slot
     cos, sin = tables(P, D)
@@ -138,8 +144,9 @@ def test_grouped_attention_equals_float64_on_every_path(library, isa, report):  
     ran, *worst = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
-    assert len(worst) == 8
-    report(f"llgraph GroupedAttention on {ran}, worst of 8 cases, vs float64, relative to max |reference|",
+    assert len(worst) == 12
+    report(f"llgraph GroupedAttention on {ran}, worst of 12 cases (4 on rings), vs float64, relative to max "
+           "|reference|",
            max(map(float, worst)), 1e-5)
 
 
@@ -169,17 +176,30 @@ for bad in (np.array([0, 5], np.int64), np.array([0], np.int64)):  # a row past 
         print("accepted")
     except Exception as e:
         print("refused:" + str(e).split("llgraph GroupedAttention: ")[-1].split(",")[0].replace(" ", "_"))
+# a windowed layer's ring of 8 slots for a window of 5: a row writing 5 positions past the ring's end in one call
+# would overwrite keys its own first query reads (8 < 5 + 5 - 1)
+pos = np.array([[20, 21, 22, 23, 24]], np.int64)
+qkv = rng.standard_normal((1, 5, (H + 2 * KV) * D)).astype(np.float32)
+past_k, past_v = (rng.standard_normal((1, KV, 8, D)).astype(np.float32) for _ in range(2))
+session = node_model(H, KV, 0.125, 5, 0.0, 0, [("qkv", f, qkv.shape), ("past_k", f, past_k.shape),
+                     ("past_v", f, past_v.shape), ("pos", i64, pos.shape)], cos, sin)
+try:
+    session.run(None, {"qkv": qkv, "past_k": past_k, "past_v": past_v, "pos": pos})
+    print("accepted")
+except Exception as e:
+    print("refused:" + str(e).split("llgraph GroupedAttention: ")[-1].split(" (")[0].replace(" ", "_"))
 '''
 
 
 def test_grouped_attention_reads_each_token_s_cache_row(library, report):  # noqa: F811
     """The ragged form (passes.ragged_slots): each token names its cache row; rows interleaved in one batch row and
-    named out of order equal the float64 definition with that row map; a row outside the cache, or a row count that
-    is not one per token, is refused by name."""
+    named out of order equal the float64 definition with that row map; a row outside the cache, a row count that
+    is not one per token, or a step too long for a windowed layer's ring, is refused by name."""
     r = subprocess.run([sys.executable, "-c", REFERENCE + RAGGED, str(library)], capture_output=True, text=True,
                        check=True)
-    *worst, outside, count = r.stdout.split()
+    *worst, outside, count, ring = r.stdout.split()
     assert (outside, count) == ("refused:a_slot_is_outside_the_cache's_rows",
                                 "refused:slots_must_name_one_cache_row_per_token_(B_S_values)"), r.stdout
+    assert ring == "refused:a_row's_positions_in_one_call_span_more_than_its_ring_holds_beside_the_window", r.stdout
     report("llgraph GroupedAttention with slots vs float64 (2 cases), relative to max |reference|",
            max(map(float, worst)), 1e-5)
