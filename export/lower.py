@@ -205,6 +205,10 @@ def to_model(emitter: Emitter, target: Target, metadata: dict[str, str]) -> onnx
     return model
 
 
+RING = "attention.ring"  # Emitter.shared's marks: a windowed layer's attention takes a ring (Manifest.window_ring),
+FULL_WINDOWS = "attention.full_windows"  # or one does not (every layer then holds every position)
+
+
 def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, max_positions: int,
           metadata: dict[str, str], progress: bool = False, options: dict | None = None,
           destination: Path | None = None) -> bool:
@@ -212,8 +216,6 @@ def lower(graph: Graph, source: WeightSource, target: Target, out_dir: Path, *, 
     the progress line names (out_dir is its staged temporary). -> whether every windowed layer's attention takes a
     ring (Manifest.window_ring)."""
     from tqdm import tqdm
-
-    from llgraph.export.onnx import FULL_WINDOWS, RING
 
     missing = sorted({n.op for n in graph.nodes} - set(target.lowerings))
     if missing:

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from llgraph.export.lower import Emitter, Target
+from llgraph.export.lower import RING, Emitter, Target
 from llgraph.export.onnx_moe import moe
 from llgraph.ir import Node
 
@@ -194,10 +194,6 @@ def attention_mask(em: Emitter, pos: str, hint: str) -> tuple[str, str]:
                               em.const(1, "int64")], hint=hint)[0]
     limit = em.node("Unsqueeze", [pos, em.const([1, 3], "int64")], hint=hint)[0]  # [B, 1, S, 1]
     return length, em.node("LessOrEqual", [slots, limit], hint=hint)[0]
-
-
-RING = "attention.ring"  # em.shared's marks: a windowed layer's attention takes a ring (Manifest.window_ring), or
-FULL_WINDOWS = "attention.full_windows"  # one does not (every layer then holds every position)
 
 
 def ring_mask(em: Emitter, pos: str, cache: str, hint: str, window: int) -> tuple[str, str]:

@@ -24,7 +24,7 @@ from onnx import TensorProto
 import llgraph.export.onnx as std
 import llgraph.export.ort_moe as ort_moe
 from llgraph.export.genai import write_genai_config
-from llgraph.export.lower import Emitter, Target
+from llgraph.export.lower import FULL_WINDOWS, RING, Emitter, Target
 from llgraph.export.ort_qlinear import plan_qlinear_fusions, qembedding_llgraph, qlinear_llgraph
 from llgraph.ir import Graph, Node
 from llgraph.passes import expose_hidden, keep_last_positions, ragged_slots
@@ -141,7 +141,7 @@ def group_query_attention(em: Emitter, node: Node, qkv, rotary: tuple[Node, Node
     if a["window"]:  # GroupQueryAttention's window counts the query's own key, as transformers' does (tested); it
         # writes at positions 0.. of its own: every layer holds every position (no ring)
         attrs["local_window_size"] = a["window"]
-        em.shared[std.FULL_WINDOWS] = std.FULL_WINDOWS
+        em.shared[FULL_WINDOWS] = FULL_WINDOWS
     if a["softcap"]:
         attrs["softcap"] = float(a["softcap"])
     if len(node.inputs) > 7 and node.inputs[7] is not None:  # gpt-oss's sinks: GroupQueryAttention's head_sink
@@ -168,7 +168,7 @@ def attention_llgraph(em: Emitter, node: Node, qkv: str, rotary: tuple[Node, Nod
     if sinks is not None:
         inputs.append(em.weight(sinks))
     if a["window"]:  # the kernel takes a windowed layer's ring (slot p mod its length)
-        em.shared[std.RING] = std.RING
+        em.shared[RING] = RING
     em.node("GroupedAttention", inputs, node.outputs, domain=cpu.DOMAIN, hint=node.name, num_heads=a["num_heads"],
             num_kv_heads=a["num_kv_heads"], scale=float(a["scale"]), window=a["window"],
             softcap=float(a["softcap"]), rotary_interleaved=int(rot.attrs["interleaved"]))
