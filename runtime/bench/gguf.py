@@ -230,7 +230,7 @@ def write(size: str, out: Path, vocab: int | None = None, seed: int = 0, layers:
     # (llama.cpp sets Phi-3's special-token attributes by a model *name* holding "phi3", which looks up Phi-3's own
     # tokens; this file carries SmolLM2's vocabulary)
     w.add_name(f"llgraph-bench-{size.replace('phi3', 'phi')}")
-    w.add_context_length(8192)
+    w.add_context_length(32768 if arch == "gemma3" else 8192)  # (Gemma 3 1B's own; its window bites at depth)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
     w.add_feed_forward_length(ffn)

@@ -21,15 +21,15 @@ import numpy as np
 
 
 def synthetic_fill(backend, positions: int) -> None:
-    """Every cache array's first `positions` slots: rows of random normal values in the cache's format (an
-    OrtBackend's arrays), a block of rows at a time."""
+    """Every cache array's first `positions` slots (a windowed layer's ring: all of its slots): rows of random normal
+    values in the cache's format (an OrtBackend's arrays), a block of rows at a time."""
     from llgraph.kv_cache import quantize_int8
 
     rng = np.random.default_rng(0)
     d = backend.config.head_dim
     for array in backend._arrays.values():
-        for start in range(0, positions, 1024):
-            end = min(positions, start + 1024)
+        for start in range(0, min(positions, array.shape[2]), 1024):
+            end = min(positions, array.shape[2], start + 1024)
             rows = rng.standard_normal((*array.shape[:2], end - start, d), dtype=np.float32)
             array[:, :, start:end] = quantize_int8(rows) if array.dtype == np.int8 else rows.astype(array.dtype)
 
@@ -53,9 +53,12 @@ def main(argv=None) -> None:
     runner = open_runner(args.model, "ort", max_seq_len=args.context, threads=args.threads, kv_cache=args.kv_cache)
     b = runner.backend
     b.allocate(1)
+    held = b.kv_row_bytes(args.context)
+    rings = (f" (the windowed layers' rings of {b.ring} slots; {b.kv_bytes_per_token() * args.context / 1e9:.2f} GB "
+             "if every layer held every position)") if b.ring else ""
     print(f"{args.model}: opened in {time.perf_counter() - t0:.1f} s; KV cache {b.kv_format().name}, "
-          f"{b.kv_bytes_per_token():,} bytes a token, {b.kv_bytes_per_token() * args.context / 1e9:.2f} GB at "
-          f"{args.context} positions", flush=True)
+          f"{b.kv_bytes_per_token():,} bytes a token, {held / 1e9:.3f} GB at {args.context} positions{rings}",
+          flush=True)
     rng = np.random.default_rng(0)
     fill = args.context - args.steps
     ids = rng.integers(0, b.vocab_size, (1, args.context), dtype=np.int64)
@@ -81,7 +84,7 @@ def main(argv=None) -> None:
     print(f"context of {fill} tokens {written}; decode at depth {fill}: "
           f"{args.steps / decode:.2f} tok/s; peak RSS {peak / 1e9:.2f} GB (weights read a token "
           f"{weights / 1e9:.2f} GB, "
-          f"KV cache {b.kv_bytes_per_token() * args.context / 1e9:.2f} GB)")
+          f"KV cache {held / 1e9:.3f} GB)")
 
 
 if __name__ == "__main__":
