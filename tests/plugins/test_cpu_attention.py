@@ -113,7 +113,11 @@ cases = [(6, 2, 64, [[5, 6, 7], [2, 3, 4]], 0, 0.0, 0, 0, 0), (6, 2, 64, [[9]], 
          (2, 1, 32, [[3, 4, 5, 6, 7]], 2, 0.0, 0, 0, 0), (4, 2, 64, [[150, 151]], 0, 0.0, 0, 0, 0),  # > 64: blocks
          (6, 2, 64, [[0, 1, 2], [7, 8, 9]], 0, 0.0, 0, 1, 0), (8, 2, 64, [[70], [3]], 4, 0.0, 1, 1, 0),
          (6, 2, 64, [[37, 38, 39], [20, 21, 22]], 12, 0.0, 0, 0, 16), (6, 2, 64, [[40], [45]], 12, 0.0, 1, 1, 16),
-         (4, 2, 64, [list(range(90, 99))], 8, 0.3, 0, 0, 16), (4, 4, 24, [[33, 34], [47, 48]], 5, 0.0, 0, 0, 8)]
+         (4, 2, 64, [list(range(90, 99))], 8, 0.3, 0, 0, 16), (4, 4, 24, [[33, 34], [47, 48]], 5, 0.0, 0, 0, 8),
+         # deep queries, their keys in several blocks of 256: a decode's blocks on their own threads, a prefill's in
+         # turn (over 64 queries), on a ring too
+         (8, 2, 64, [[700], [299]], 0, 0.0, 0, 1, 0), (4, 1, 32, [list(range(530, 600))], 0, 0.4, 1, 0, 0),
+         (4, 1, 64, [[1000, 1001]], 300, 0.0, 0, 0, 320)]
 for H, KV, D, positions, window, softcap, interleaved, with_sinks, ring in cases:
     sinks = (rng.standard_normal(H) * 2).astype(np.float32) if with_sinks else None
     pos = np.array(positions, np.int64)
@@ -144,8 +148,8 @@ def test_grouped_attention_equals_float64_on_every_path(library, isa, report):  
     ran, *worst = r.stdout.split()
     if ran != isa:
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
-    assert len(worst) == 12
-    report(f"llgraph GroupedAttention on {ran}, worst of 12 cases (4 on rings), vs float64, relative to max "
+    assert len(worst) == 15
+    report(f"llgraph GroupedAttention on {ran}, worst of 15 cases (5 on rings), vs float64, relative to max "
            "|reference|",
            max(map(float, worst)), 1e-5)
 
@@ -203,3 +207,28 @@ def test_grouped_attention_reads_each_token_s_cache_row(library, report):  # noq
     assert ring == "refused:a_row's_positions_in_one_call_span_more_than_its_ring_holds_beside_the_window", r.stdout
     report("llgraph GroupedAttention with slots vs float64 (2 cases), relative to max |reference|",
            max(map(float, worst)), 1e-5)
+
+
+# argv: the library. One row's 600 queries written whole, then its last 70 again (a prefill chunk: over 64 queries,
+# each query's key blocks in turn) and its last one again (a decode: its blocks on threads of their own): the
+# outputs of the same queries, and the caches, as bits
+BLOCKS = r'''
+f, i64 = TensorProto.FLOAT, TensorProto.INT64
+H, KV, D, T, n = 8, 2, 64, 640, 600
+qkv = rng.standard_normal((1, n, (H + 2 * KV) * D)).astype(np.float32)
+cos, sin = tables(T, D)
+session = node_model(H, KV, 0.125, 0, 0.0, 0, [("qkv", f, [1, "s", qkv.shape[2]]), ("past_k", f, [1, KV, T, D]),
+                     ("past_v", f, [1, KV, T, D]), ("pos", i64, [1, "s"])], cos, sin)
+zero = np.zeros((1, KV, T, D), np.float32)
+whole, k, v = session.run(None, {"qkv": qkv, "past_k": zero, "past_v": zero, "pos": np.arange(n)[None]})
+for start in (n - 70, n - 1):
+    part, k2, v2 = session.run(None, {"qkv": qkv[:, start:], "past_k": k, "past_v": v,
+                                      "pos": np.arange(start, n)[None]})
+    print(int((part != whole[:, start:]).sum() + (k2 != k).sum() + (v2 != v).sum()))
+'''
+
+
+def test_a_query_is_the_same_bits_whether_its_blocks_run_in_turn_or_apart(library):  # noqa: F811
+    r = subprocess.run([sys.executable, "-c", REFERENCE + BLOCKS, str(library)], capture_output=True, text=True,
+                       check=True)
+    assert r.stdout.split() == ["0", "0"], r.stdout
