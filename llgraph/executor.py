@@ -276,9 +276,8 @@ def _attend(a, q, positions, past_key, past_value, length: int):
     b, s, _ = q.shape
     hq, hkv = a["num_heads"], a["num_kv_heads"]
     d = q.shape[-1] // hq
-    ring = past_key.shape[2]
-    length = min(length, ring)
-    slots = torch.arange(length, device=q.device)
+    ring = past_key.shape[2]  # (a ring's slots: length caps at them)
+    slots = torch.arange(length := min(length, ring), device=q.device)
     limit = positions if a["causal"] else positions.max(dim=1, keepdim=True).values.expand(b, s)
     held = slots[None, None, :]  # [B, S, L]: the position slot j holds for query (b, s)
     if length == ring:  # every slot in use: the latest position at or before the query's limit in slot j

@@ -13,7 +13,10 @@ A windowed layer (Gemma 2/3's local layers, Mistral's, gpt-oss's) needs only its
 export's attention takes it (Manifest.window_ring), its cache is a ring of `ring_length` slots holding position p in
 slot p mod ring (llgraph/ops.py GroupedAttention), and a forward writes at most `ring_step` positions of a row
 (longer ones run in pieces, runtime/engine/backend.py). A 32k-token Gemma 3 context then holds about a sixth of the
-keys and values it would in full (five local layers in six).
+keys and values it would in full (five local layers in six). Rings run on the torch executor, llgraph's CPU kernels
+and the `onnx` target (ONNX's circular TensorScatter); ONNX Runtime's GroupQueryAttention (an `ort` export on
+standard kernels) and TensorRT engines keep every position. A cached prefix is reused while the window behind it is
+intact in its row (Backend.keeps_prefix; llama.cpp drops every reuse past the window unless --swa-full).
 
 The format is a run-time choice (`--kv-cache`), not an export's: the weights do not change with it. An export's ONNX
 graph declares a float32 cache; `retype` gives its cache inputs and outputs another format's type when a runner
@@ -71,6 +74,13 @@ def ring_length(window: int, max_seq_len: int) -> int:
         return 0
     ring = -(-(window + RING_STEP - 1) // RING_ALIGN) * RING_ALIGN
     return ring if ring < max_seq_len else 0
+
+
+def row_bytes(cfg, fmt: KvFormat, tokens: int, ring: int = 0) -> int:
+    """One row's cache bytes for a `tokens`-position cache in format `fmt`: a windowed layer's ring (`ring` slots,
+    0: none) holds no more than its slots."""
+    layer = fmt.bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim)
+    return layer * sum(min(tokens, ring) if ring and cfg.layer_window(i) else tokens for i in range(cfg.num_layers))
 
 
 def ring_step(ring: int, window: int) -> int:

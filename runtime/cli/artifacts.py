@@ -15,7 +15,7 @@ from llgraph.runtime.cli.args import weights_of
 
 def cmd_inspect(args) -> None:
     from llgraph.builder import build_graph
-    from llgraph.kv_cache import FORMATS, ring_length
+    from llgraph.kv_cache import FORMATS, ring_length, row_bytes
     from llgraph.passes import DEFAULT_PASSES, run_passes
 
     if (args.model is None) == (args.config is None):
@@ -45,8 +45,7 @@ def cmd_inspect(args) -> None:
     local = sum(1 for i in range(cfg.num_layers) if cfg.layer_window(i)) if ring else 0
     for kv in FORMATS.values():
         per_token = kv.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-        layer = kv.bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim)
-        held = layer * ((cfg.num_layers - local) * context + local * ring)
+        held = row_bytes(cfg, kv, context, ring)
         rings = f" ({held / 2**30:.2f} GiB with the {local} windowed layers' rings of {ring})" if ring else ""
         print(f"KV cache ({kv.name}): {per_token:,} bytes/token, "
               f"{per_token * context / 2**30:.2f} GiB at {context} tokens{rings}")

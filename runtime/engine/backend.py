@@ -22,7 +22,7 @@ import numpy as np
 
 from llgraph.builder import DEFAULT_MAX_SEQ
 from llgraph.errors import LlgraphError
-from llgraph.kv_cache import ring_length, ring_step
+from llgraph.kv_cache import ring_length, ring_step, row_bytes
 
 if TYPE_CHECKING:
     from llgraph.config import LlamaConfig
@@ -222,10 +222,7 @@ class Backend(ABC):
         cfg = self.config
         if cfg is None:
             return 0
-        ring = self.planned_ring(tokens)
-        layer = self.kv_format().bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim)
-        return layer * sum(min(tokens, ring) if ring and cfg.layer_window(i) else tokens
-                           for i in range(cfg.num_layers))
+        return row_bytes(cfg, self.kv_format(), tokens, self.planned_ring(tokens))
 
     def caches(self) -> list:
         """The KV cache buffers, [rows, kv_heads, max_seq, row] each (numpy arrays or torch tensors, indexed alike);
