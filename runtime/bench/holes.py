@@ -20,20 +20,19 @@ import numpy as np
 
 def step_ms(runner, slots: list[int], position: int, steps: int, ragged: bool) -> float:
     """ms per engine step of rows decoding in `slots` after `position` prompt tokens."""
-    from llgraph.runtime.engine.decoding import Decoding
-    from llgraph.runtime.engine.step import Engine, Row
+    from llgraph.runtime.engine.row import Params, Row
+    from llgraph.runtime.engine.step import Engine
 
     backend = runner.backend
     backend.ragged = ragged
     rng = np.random.default_rng(0)
-    rows = [Row(rng.integers(100, 1000, position).tolist(), Decoding(runner.text_of, steps + 2), slot=s)
-            for s in slots]
+    rows = [Row(Params(rng.integers(100, 1000, position).tolist(), steps + 2), slot=s) for s in slots]
     engine = Engine(backend)
     for r in rows:
-        engine.advance([r])
+        engine.step([r])
     start = time.perf_counter()
     for _ in range(steps):
-        engine.advance(rows)
+        engine.step(rows)
     elapsed = time.perf_counter() - start
     if any(r.error for r in rows):
         raise SystemExit(f"a row failed: {[r.error for r in rows if r.error][0]}")

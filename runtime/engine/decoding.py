@@ -1,26 +1,42 @@
-"""One sequence's decoding state: its tokens, the finish rule (an EOS token, a stop string, max_new_tokens) and the
-text a stream may show so far, never splitting a multi-byte character or a possible stop string.
+"""The text a consumer of the engine's outputs makes: one sequence's tokens as they come (runtime/engine/row.py's
+Output), its text so far — never splitting a multi-byte character or a possible stop string — and the stop strings,
+which end it where the engine's own rules (an EOS token, max_new_tokens) did not. The engine returns token ids only;
+this runs wherever the outputs are read (the server's event loop, a queue's reader, Runner's loop), not on the thread
+that drives the engine, which learns of a stop string from its consumer (Scheduler.finish, Engine.finish) and may
+have taken a token or two beyond it by then: they are not part of the answer.
 
 The text grows incrementally, as vLLM's and TGI's detokenizers do: each token decodes a short window of the tokens
 since the last whole character (`text_of(tokens[prefix:])` against `text_of(tokens[prefix:read])`, both starting at
 the same token, so a tokenizer's handling of a leading space cancels out), and a stop string is looked for in the
-text's tail only. A step costs the same at token 8,000 as at token 8 (re-decoding the whole output each step cost
-0.8 ms a token at 8,000 tokens, on the thread that drives the engine). The finished text is decoded whole, once."""
+text's tail only. A token costs the same at token 8,000 as at token 8 (re-decoding the whole output each step cost
+0.8 ms a token at 8,000 tokens). The finished text is decoded whole, once."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llgraph.runtime.engine.logprobs import TokenLogprob
+from llgraph.runtime.engine.row import Output
+
+
+@dataclass
+class Event:
+    """What a consumer reads of its request, a token at a time."""
+    kind: str  # "token" (one taken), "done" (finished: see the Decoding's finish_reason) or "error" (it failed)
+    text: str = ""  # the new text it completes (often "" inside a multi-byte character or a possible stop string)
+    token: int | None = None
+    logprob: TokenLogprob | None = None  # the token's, when the request asked for logprobs
 
 
 class Decoding:
-    """One request's decoding state, shared by Runner's batch loop and the scheduler: its tokens, the finish rule
-    (an EOS token, a stop string, max_new_tokens) and the text a stream may show so far."""
+    """One request's output as its consumer sees it: its tokens, its text so far, and why it finished: the engine's
+    reason ("eos", "length"; the scheduler's "timeout", "cancelled", "error", "shutdown") or a stop string's "stop"."""
 
-    def __init__(self, text_of, max_new_tokens: int, stop=(), eos=()):
-        self.text_of, self.max_new_tokens, self.stop, self.eos = text_of, max_new_tokens, tuple(stop), set(eos)
+    def __init__(self, text_of, stop=()):
+        self.text_of, self.stop = text_of, tuple(stop)
         self.tokens: list[int] = []
-        self.steps = 0
-        # "eos", "stop", "length"; the scheduler's "timeout", "cancelled", "error", "shutdown"
+        self.steps = 0  # the tokens taken (an EOS token too: usage counts it)
         self.finish_reason: str | None = None
         self._shown = 0  # characters of the text new_text() has given
         self._text = ""  # the text of tokens[:read] (whole characters)
@@ -28,19 +44,40 @@ class Decoding:
         self._final: str | None = None  # the finished text, decoded whole once
         self._longest_stop = max((len(s) for s in self.stop), default=0)
 
-    def push(self, token: int) -> str | None:
-        """A sampled token -> the finish reason, once finished (an EOS token is not kept)."""
+    def take(self, out: Output) -> list[Event]:
+        """A step's output for this sequence -> its events, a token each (the last one "done" once finished); none
+        once finished (the tokens an engine took past a stop string before it heard of it)."""
+        if self.finish_reason is not None:
+            return []
+        if out.error is not None:
+            self.finish_reason = out.finish_reason or "error"
+            return [Event("error", out.error)]
+        events = []
+        for i, token in enumerate(out.tokens):
+            self.push(token, out.finish_reason if i == len(out.tokens) - 1 else None)
+            logprob = out.logprobs[i] if out.logprobs else None
+            events.append(Event("token" if self.finish_reason is None else "done", self.new_text(), token, logprob))
+            if self.finish_reason is not None:
+                return events
+        if out.finish_reason is not None:  # finished with no token this step (scored, embedded, cancelled, ...)
+            self.finish_reason = out.finish_reason
+            events.append(Event("done", self.new_text()))
+        return events
+
+    def push(self, token: int, finish_reason: str | None = None) -> str | None:
+        """A taken token, the engine's `finish_reason` if it was the last -> the finish reason, once finished (an EOS
+        token is not kept; a stop string in the text finishes it "stop")."""
         self.steps += 1
-        if token in self.eos:
+        if finish_reason == "eos":
             self.finish_reason = "eos"
-        else:
-            self.tokens.append(token)
-            grown = self._advance()
-            tail = self._text[-(self._longest_stop + grown):] if grown else ""
-            if self.stop and tail and any(s in tail for s in self.stop):
-                self.finish_reason = "stop"
-        if self.finish_reason is None and self.steps == self.max_new_tokens:
-            self.finish_reason = "length"
+            return self.finish_reason
+        self.tokens.append(token)
+        grown = self._advance()
+        tail = self._text[-(self._longest_stop + grown):] if grown else ""
+        if self.stop and tail and any(s in tail for s in self.stop):
+            self.finish_reason = "stop"
+        elif finish_reason is not None:
+            self.finish_reason = finish_reason
         return self.finish_reason
 
     def _advance(self) -> int:

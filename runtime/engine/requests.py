@@ -1,16 +1,20 @@
-"""What a caller of the scheduler holds (scheduler.py): a submitted request's Handle and the Events it receives, the
-row the scheduler keeps of it (_Request), and the scheduler's refusals (QueueFull, ShuttingDown)."""
+"""What a caller of the scheduler holds (scheduler.py): a submitted request's Handle, whose events are made on the
+caller's side from the engine's outputs (the text by runtime/engine/decoding.py, in the reader's thread or event loop,
+not on the decode thread); what the scheduler keeps of a request (_Request: its engine row and where its outputs go);
+and the scheduler's refusals (QueueFull, ShuttingDown)."""
 
 from __future__ import annotations
 
 import asyncio
+import queue
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from llgraph.errors import RequestError
-from llgraph.runtime.engine.decoding import Decoding
+from llgraph.runtime.engine.decoding import Decoding, Event
 from llgraph.runtime.engine.logprobs import TokenLogprob
-from llgraph.runtime.engine.step import Row
+from llgraph.runtime.engine.row import Output, Row
 
 
 class QueueFull(RequestError):
@@ -21,36 +25,28 @@ class ShuttingDown(RequestError):
     """The scheduler is stopping and admits nothing new (HTTP 503)."""
 
 
-@dataclass
-class Event:
-    kind: str  # "token" (one sampled), "done" (finished: see decoding.finish_reason) or "error" (it ended failed)
-    text: str = ""  # the new text it completes (often "" inside a multi-byte character or a possible stop string)
-    decoding: Decoding | None = None
-    token: int | None = None
-    logprob: TokenLogprob | None = None  # the token's, when the request asked for logprobs
-
-
 @dataclass(eq=False)  # compared by identity (the queue removes a cancelled one)
-class _Request(Row):
-    """A submitted request: its row (the engine's) and what the scheduler keeps of it."""
-    slot: int = -1  # its cache row, once admitted
-    events: Any = None  # its consumer's queue: a queue.Queue, or an asyncio.Queue of `loop`
+class _Request:
+    """A submitted request as the scheduler keeps it: its engine row, where its outputs go (a queue.Queue, or an
+    asyncio.Queue of `loop`), its deadline, and the reason its consumer ended it (a cancel, a stop string)."""
+    row: Row
+    outputs: Any = None
     loop: asyncio.AbstractEventLoop | None = None
     deadline: float | None = None
     id: int = 0
-    cancelled: bool = False
+    ended: str | None = None  # "cancelled" or "stop", set by the consumer's thread; the decode thread acts on it
 
 
-def hand_over(items: list[tuple[_Request, Event]]) -> None:
-    """Events to their consumers, in order: a thread's queue at once, an asyncio queue through one call into its
-    loop for all of them (a step's events cross to the server's loop together, not one call a token). A closed loop
+def hand_over(items: list[tuple[_Request, Output]]) -> None:
+    """Outputs to their consumers, in order: a thread's queue at once, an asyncio queue through one call into its
+    loop for all of them (a step's outputs cross to the server's loop together, not one call a row). A closed loop
     drops them: nobody is left to tell."""
-    loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Event]]] = {}
-    for r, event in items:
+    loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Output]]] = {}
+    for r, out in items:
         if r.loop is None:
-            r.events.put(event)
+            r.outputs.put(out)
         else:
-            loops.setdefault(r.loop, []).append((r.events, event))
+            loops.setdefault(r.loop, []).append((r.outputs, out))
     for loop, batch in loops.items():
         try:
             loop.call_soon_threadsafe(_put_all, batch)
@@ -58,46 +54,47 @@ def hand_over(items: list[tuple[_Request, Event]]) -> None:
             pass
 
 
-def _put_all(batch: list[tuple[asyncio.Queue, Event]]) -> None:
-    for events, event in batch:
-        events.put_nowait(event)
+def _put_all(batch: list[tuple[asyncio.Queue, Output]]) -> None:
+    for outputs, out in batch:
+        outputs.put_nowait(out)
 
 
 class Handle:
-    """A submitted request: its events, and `cancel()`."""
+    """A submitted request: its events (`events.get()`: a token at a time, made here from the engine's outputs) and
+    `cancel()`. `decoding` holds its output as the events have made it so far."""
 
-    def __init__(self, scheduler, request: _Request, events):  # scheduler: the Scheduler that admitted it
-        self._scheduler, self._request, self.events = scheduler, request, events
-        self.prompt_tokens = len(request.ids)
-        self.prompt_ids = request.ids
-
-    @property
-    def prompt_logprobs(self) -> list[TokenLogprob] | None:
-        """Tokens 1.. of the prompt, each scored given those before it (submit(prompt_logprobs=True)); ready once
-        the first event arrived."""
-        return self._request.prompt_scores
-
-    @property
-    def cached(self) -> int:
-        """The prompt tokens a reused prefix held (0 until the prompt is written)."""
-        return self._request.cached
-
-    @property
-    def decoding(self) -> Decoding:
-        return self._request.decoding
-
-    @property
-    def embedding(self):
-        """An embedding request's vector (float32 [hidden]), once done."""
-        return self._request.embedding
+    def __init__(self, scheduler, request: _Request, stop=()):  # scheduler: the Scheduler that admitted it
+        self._scheduler, self._request = scheduler, request
+        self.decoding = Decoding(scheduler.runner.text_of, stop)
+        self.prompt_ids = request.row.ids
+        self.prompt_tokens = len(self.prompt_ids)
+        self.prompt_logprobs: list[TokenLogprob] | None = None  # the prompt's scores (prompt_logprobs=True), with
+        self.embedding = None  # an embedding request's vector (float32 [hidden]), with its last event
+        self.cached = 0  # the prompt tokens a reused prefix held (once the prompt is written)
+        self.events: Events | AsyncEvents = AsyncEvents(self) if request.loop is not None else Events(self)
 
     def cancel(self) -> None:
         self._scheduler.cancel(self)
 
+    def _take(self, out: Output) -> list[Event]:
+        """An output of the engine -> its events (decoding.py); a stop string found here ends the row."""
+        self.cached = out.cached
+        if out.prompt_scores is not None:
+            self.prompt_logprobs = out.prompt_scores
+        if out.embedding is not None:
+            self.embedding = out.embedding
+        events = self.decoding.take(out)
+        if self.decoding.finish_reason == "stop" and out.finish_reason is None:
+            self._scheduler.finish(self, "stop")
+        return events
+
     def text(self, timeout: float | None = None):
-        """Text pieces as they come (a queue consumer); raises RequestError if the backend failed."""
+        """Text pieces as they come (a thread's reader: submit() without a loop); raises RequestError if the
+        backend failed."""
+        events = self.events
+        assert isinstance(events, Events), "an event loop's request is read with `await handle.events.get()`"
         while True:
-            event = self.events.get(timeout=timeout)
+            event = events.get(timeout=timeout)
             if event.kind == "error":
                 raise RequestError(event.text)
             if event.text:
@@ -108,4 +105,30 @@ class Handle:
     def result(self, timeout: float | None = None) -> Decoding:
         for _ in self.text(timeout):
             pass
-        return self._request.decoding
+        return self.decoding
+
+
+class Events:
+    """A thread's reader of a request's events: get(timeout) -> the next Event (queue.Empty after `timeout`)."""
+
+    def __init__(self, handle: Handle):
+        self._handle, self._pending = handle, deque[Event]()
+        self._outputs: queue.Queue = handle._request.outputs
+
+    def get(self, timeout: float | None = None) -> Event:
+        while not self._pending:
+            self._pending.extend(self._handle._take(self._outputs.get(timeout=timeout)))
+        return self._pending.popleft()
+
+
+class AsyncEvents:
+    """An event loop's reader of a request's events: `await get()` -> the next Event."""
+
+    def __init__(self, handle: Handle):
+        self._handle, self._pending = handle, deque[Event]()
+        self._outputs: asyncio.Queue = handle._request.outputs
+
+    async def get(self) -> Event:
+        while not self._pending:
+            self._pending.extend(self._handle._take(await self._outputs.get()))
+        return self._pending.popleft()

@@ -19,9 +19,10 @@ from llgraph.errors import RequestError
 from llgraph.generation_config import recommended
 from llgraph.runtime.engine.backend import Backend
 from llgraph.runtime.engine.decoding import Decoding
+from llgraph.runtime.engine.row import Output, Params, Row
 from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_mode
-from llgraph.runtime.engine.step import Engine, Metrics, Row
+from llgraph.runtime.engine.step import Engine, Metrics
 from llgraph.runtime.engine.tools import chat_inputs
 
 EMBED_ROWS = 8  # texts Runner.embed writes in one step (each in a cache row of its own)
@@ -76,13 +77,14 @@ class Runner:
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed, frequency_penalty, presence_penalty,
                           tuple((logit_bias or {}).items()), min_p)
-        rows: list[Row] = []
-        for rows in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,  # noqa: B007
-                                 self._speculation(speculative), draft_max=check_draft_max(draft_max)):
-            pass  # the rows after the last step
-        if single and rows[0].error:
-            raise RequestError(rows[0].error)
-        results = [Generation(r.decoding.text(), r.decoding.tokens, r.decoding.finish_reason, r.error) for r in rows]
+        texts: list[Decoding] = []
+        for texts, _ in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,  # noqa: B007
+                                     self._speculation(speculative), draft_max=check_draft_max(draft_max)):
+            pass  # the texts after the last step
+        errors = [t.error for t in texts]
+        if single and errors[0]:
+            raise RequestError(errors[0])
+        results = [Generation(t.text(), t.tokens, t.finish_reason or "error", e) for t, e in zip(texts, errors)]
         return results[0] if single else results
 
     def chat(self, messages: list[dict], max_new_tokens: int = 64, **kwargs) -> Generation:
@@ -147,19 +149,19 @@ class Runner:
         speculative = self._speculation(kwargs.pop("speculative", "off"))
         draft_max = check_draft_max(kwargs.pop("draft_max", MAX_DRAFT))
         start = first = time.perf_counter()
-        row, counts = None, _Counts()
+        text, counts, events = None, _Counts(), []
         kwargs["logit_bias"] = tuple((kwargs.get("logit_bias") or {}).items())
-        for (row,) in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar, speculative,
-                                   counts, draft_max):
-            if row.error:
-                raise RequestError(row.error)
-            if row.decoding.steps <= 1:
+        for (text,), events in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar,
+                                            speculative, counts, draft_max):
+            if text.error:
+                raise RequestError(text.error)
+            if text.steps <= 1:
                 first = time.perf_counter()  # prefill done and its token sampled
-            piece = row.decoding.new_text()
-            if piece:
-                yield piece
-        if stats is not None and row is not None:
-            stats.update(prompt_tokens=len(row.ids), prefill_s=first - start, new_tokens=row.decoding.steps,
+            for event in events:
+                if event.text:
+                    yield event.text
+        if stats is not None and text is not None:
+            stats.update(prompt_tokens=len(text.prompt), prefill_s=first - start, new_tokens=text.steps,
                          decode_s=time.perf_counter() - first, **counts.as_dict())
 
     # -- scoring (runtime/engine/score.py) ----------------------------------------------------------------------------
@@ -191,17 +193,16 @@ class Runner:
             if len(p) > self.backend.max_seq_len:
                 raise RequestError(f"a text of {len(p)} tokens exceeds the cache ({self.backend.max_seq_len} "
                                    "tokens); shorten it or raise --max-seq-len")
-        rows = [Row(p, Decoding(self.text_of, 0, (), set()), slot=i % EMBED_ROWS, pooling=pooling,
-                    normalize=normalize) for i, p in enumerate(ids)]
-        engine = Engine(self.backend)
+        rows = [Row(Params(p, 0, pooling=pooling, normalize=normalize), slot=i % EMBED_ROWS)
+                for i, p in enumerate(ids)]
+        engine, vectors = Engine(self.backend), {}
         self.backend.allocate(min(len(rows), EMBED_ROWS))
         for first in range(0, len(rows), EMBED_ROWS):  # a batch of texts a step, each in its own cache row
-            batch = rows[first:first + EMBED_ROWS]
-            engine.advance(batch)
-            for r in batch:
-                if r.error:
-                    raise RequestError(r.error)
-        out = np.stack([r.embedding for r in rows])
+            for out in engine.step(rows[first:first + EMBED_ROWS]):
+                if out.error:
+                    raise RequestError(out.error)
+                vectors[out.row] = out.embedding
+        out = np.stack([vectors[r] for r in rows])
         return out[0] if single else out
 
     def perplexity(self, text, window: int | None = None, stride: int | None = None) -> Perplexity:
@@ -248,29 +249,37 @@ class Runner:
 
     def _decode(self, prompts, max_new_tokens, params: Sampling, stop, eos_token_ids, grammar=None,
                 speculative="off", metrics: Metrics | None = None, draft_max: int = MAX_DRAFT):
-        """Yields the batch's rows after its prefill and after each engine step, until every row has finished.
+        """Yields each prompt's output so far (a Decoding, made here from the engine's outputs: this loop is their
+        consumer) and the step's events, after the prefill and after each engine step, until every row has finished.
         `speculative`: "off", "ngram" or a draft model's runner (its cache gets a row per prompt)."""
         ids = [self.encode(p) for p in prompts]
-        eos = self.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
+        eos = frozenset(self.eos_token_ids if eos_token_ids is None else eos_token_ids)
         b = self.backend
         self.check_room(max(len(p) for p in ids), max_new_tokens)
         mode, draft = (speculative, None) if isinstance(speculative, str) else ("draft", speculative.backend)
-        rows = [Row(p, Decoding(self.text_of, max_new_tokens, stop, eos), slot=r, speculative=mode,
-                    draft_max=draft_max, sampling=params if params.seed is None or r == 0 else
-                    dataclasses.replace(params, seed=params.seed + r)) for r, p in enumerate(ids)]
+        rows = [Row(Params(p, max_new_tokens, params if params.seed is None or r == 0 else
+                           dataclasses.replace(params, seed=params.seed + r), eos, mode, draft_max), slot=r)
+                for r, p in enumerate(ids)]
+        texts = {r: _Text(self.text_of, stop, r.ids) for r in rows}
         engine = Engine(b, metrics, draft)
         for r in rows:  # a row's grammar: its own failure (a bad schema is refused before this)
-            r.matcher = engine._own(r, grammar.matcher, self.tokenizer, b.vocab_size, eos) if grammar else None
+            r.matcher = engine._own(r, grammar.matcher, self.tokenizer, b.vocab_size, set(eos)) if grammar else None
+            if r.error:
+                texts[r].take(Output(r, finish_reason="error", error=r.error))
         b.allocate(len(ids))
         if draft is not None:
             draft.allocate(len(ids))
         if self.reuse_prefixes:
             engine.share_prefix([r for r in rows if not r.finished])
-        engine.advance(rows)  # every prompt whole, each row's first token
-        yield rows
-        while not all(r.finished for r in rows):
-            engine.advance(rows)
-            yield rows
+        while True:
+            events = []
+            for out in engine.step(rows):  # the first: every prompt whole, each row's first token
+                events += texts[out.row].take(out)
+                if texts[out.row].finish_reason == "stop":  # its text reached a stop string
+                    engine.finish(out.row, "stop")
+            yield list(texts.values()), events
+            if all(t.finish_reason for t in texts.values()):
+                return
 
     def check_room(self, prompt_tokens: int, max_new_tokens) -> None:
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -298,6 +307,18 @@ class Runner:
 
     def text_of(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
+
+
+class _Text(Decoding):
+    """A Runner row's output: its Decoding, with its prompt and the error that ended it (if one did)."""
+
+    def __init__(self, text_of, stop, prompt: list[int]):
+        super().__init__(text_of, stop)
+        self.prompt, self.error = prompt, None
+
+    def take(self, out: Output):
+        self.error = self.error or out.error
+        return super().take(out)
 
 
 class _Counts(Metrics):

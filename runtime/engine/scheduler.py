@@ -31,8 +31,11 @@ Speculative decoding (runtime/engine/speculative.py) verifies a speculating requ
 prompt lookup ("ngram"), or by the scheduler's draft model ("draft": `Scheduler(runner, draft=draft_runner)`),
 whose cache has a row per slot, written from the request's first token on.
 The thread that calls `start()` keeps the caller free: the decode loop runs on one background thread, and
-`submit`/`cancel` are thread-safe; events reach a consumer through a queue (or an asyncio loop's queue), a step's
-events handed over together when it ends (one call into each event loop a step, not one a token).
+`submit`/`cancel`/`finish` are thread-safe. Each step (Engine.step: schedule -> execute -> update) returns token ids
+per row; they reach a consumer through a queue (or an asyncio loop's queue), a step's outputs handed over together
+when it ends (one call into each event loop a step, not one a token), and the consumer's Handle makes the text
+(runtime/engine/decoding.py: detokenizing and stop strings off the decode thread), telling the scheduler when a stop
+string ended a request (`finish`), which frees its slot before the next step.
 """
 
 from __future__ import annotations
@@ -46,15 +49,14 @@ from collections import deque
 from collections.abc import Callable
 
 from llgraph.errors import RequestError, described
-from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.embed import check_pooling
-from llgraph.runtime.engine.logprobs import TokenLogprob
 from llgraph.runtime.engine.prefix import CachedRows
-from llgraph.runtime.engine.requests import Event, Handle, QueueFull, ShuttingDown, _Request, hand_over
+from llgraph.runtime.engine.requests import Handle, QueueFull, ShuttingDown, _Request, hand_over
+from llgraph.runtime.engine.row import Output, Params, Row, State
 from llgraph.runtime.engine.runner import Runner
 from llgraph.runtime.engine.sampling import Sampling
 from llgraph.runtime.engine.speculative import MAX_DRAFT, check_draft, check_draft_max, check_served_mode
-from llgraph.runtime.engine.step import Engine, Metrics, State
+from llgraph.runtime.engine.step import Engine, Metrics
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
 STEP_SECONDS = 0.5  # while rows decode, a step that also writes prompt tokens takes about this long at most
@@ -85,12 +87,11 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of the last steps, for tokens/s
         self._rows = CachedRows(self.backend, slots, reuse_prefixes)  # prefix reuse: what each slot's row holds
-        self._outbox: list[tuple[_Request, Event]] = []  # the step's events, handed over when it ends
+        self._outbox: list[tuple[_Request, Output]] = []  # the step's outputs, handed over when it ends
         if draft is not None:
             check_draft(runner, draft)
         self.draft = draft
-        self.engine = Engine(self.backend, metrics, draft.backend if draft is not None else None,
-                             on_error=self._failed)
+        self.engine = Engine(self.backend, metrics, draft.backend if draft is not None else None, cache=self._rows)
 
     @property
     def metrics(self) -> Metrics:
@@ -138,13 +139,12 @@ class Scheduler:
             self.runner.check_room(len(ids), max_new_tokens)
         eos = self.runner.eos_token_ids if eos_token_ids is None else set(eos_token_ids)
         matcher = grammar.matcher(self.runner.tokenizer, self.backend.vocab_size, eos) if grammar else None
-        events: queue.Queue | asyncio.Queue = queue.Queue() if loop is None else asyncio.Queue()
+        outputs: queue.Queue | asyncio.Queue = queue.Queue() if loop is None else asyncio.Queue()
         timeout = timeout if timeout is not None else self.timeout
-        request = _Request(ids, Decoding(self.runner.text_of, max_new_tokens, stop, eos), sampling,
-                           matcher=matcher, speculative=speculative, draft_max=draft_max, logprobs=logprobs,
-                           prompt_logprobs=prompt_logprobs, pooling=pooling, normalize=normalize,
-                           emit=self._emit, events=events, loop=loop,
-                           deadline=None if timeout is None else time.monotonic() + timeout, id=next(self._ids))
+        params = Params(ids, max_new_tokens, sampling, frozenset(eos), speculative, draft_max, logprobs,
+                        prompt_logprobs, pooling, normalize)
+        request = _Request(Row(params, slot=-1, matcher=matcher), outputs, loop,
+                           None if timeout is None else time.monotonic() + timeout, next(self._ids))
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down; send the request to another replica")
@@ -153,17 +153,23 @@ class Scheduler:
                                 "retry later")
             self._queue.append(request)
             self._cond.notify()
-        return Handle(self, request, events)
+        return Handle(self, request, stop)
 
     def cancel(self, handle: Handle) -> None:
         """The request ends: a queued one leaves the queue now (its place goes to the next client), a running one
         frees its slot before the next step."""
+        self.finish(handle, "cancelled")
+
+    def finish(self, handle: Handle, reason: str) -> None:
+        """The consumer ends the request (`reason`: "cancelled", or "stop": its text reached a stop string): a queued
+        one leaves the queue now, a running one frees its slot before the next step (the tokens the steps take
+        until then are not part of the answer: runtime/engine/decoding.py)."""
         with self._cond:
             r = handle._request
-            r.cancelled = True
+            r.ended = r.ended or reason
             if r in self._queue:
                 self._queue.remove(r)
-                self._finish(r, "cancelled")
+                self._deliver(r, self.engine.finish(r.row, reason))
             self._cond.notify()
 
     def drain(self, grace: float = 0.0) -> None:
@@ -192,7 +198,7 @@ class Scheduler:
             span = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
             rate = sum(n for _, n in list(self._recent)[1:]) / span if span > 0 else 0.0
             b = self.backend
-            held = sum(b.kv_row_bytes(min(len(r.ids) + r.decoding.steps, b.max_seq_len)) for r in self._active.values())
+            held = sum(b.kv_row_bytes(min(len(r.row.ids) + r.row.steps, b.max_seq_len)) for r in self._active.values())
             return {"queue": len(self._queue), "active": len(self._active), "slots": self.slots,
                     "tokens_per_second": rate, "kv_cache_bytes": b.kv_row_bytes(b.max_seq_len) * self.slots,
                     "kv_cache_bytes_in_use": held}
@@ -211,11 +217,10 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping and (self._stop_deadline is None or time.monotonic() >= self._stop_deadline or
                                        not (self._queue or self._active)):
-                    for r, stage in [*((r, "started") for r in self._queue),
-                                     *((r, "finished") for r in self._active.values())]:
-                        r.decoding.finish_reason = "shutdown"
-                        self._deliver(r, Event("error", f"the server shut down before this request {stage}",
-                                               r.decoding))
+                    for stage, requests in (("started", list(self._queue)), ("finished", list(self._active.values()))):
+                        message = f"the server shut down before this request {stage}"
+                        for r, out in zip(requests, self.engine.fail([r.row for r in requests], message, "shutdown")):
+                            self._deliver(r, out)
                     self._queue.clear()
                     self._active.clear()
                     self._hand_over()
@@ -224,38 +229,40 @@ class Scheduler:
                 free = [s for s in range(self.slots) if s not in self._active]
                 while self._queue and free:
                     r = self._queue.popleft()
-                    if r.cancelled or (r.deadline is not None and time.monotonic() > r.deadline):
-                        self._finish(r, "cancelled" if r.cancelled else "timeout")
+                    if r.ended or (r.deadline is not None and time.monotonic() > r.deadline):
+                        self._deliver(r, self.engine.finish(r.row, r.ended or "timeout"))
                         continue
-                    r.slot = self._rows.place(r.ids, free)
-                    free.remove(r.slot)
-                    self._active[r.slot] = r
+                    slot = r.row.slot = self._rows.place(r.row.ids, free)
+                    free.remove(slot)
+                    self._active[slot] = r
                     admit.append(r)
             try:  # one engine step: decode tokens, drafts and prompt pieces (runtime/engine/packed.py)
+                self._retire()  # what its consumer ended since the last step (a stop string) takes no step more
                 for r in admit:
                     self._admit(r)
                 self._advance()
                 self._retire()
             except Exception as e:  # the batch's forward failed: no row can tell whose fault it was
                 with self._cond:
-                    for r in list(self._active.values()):
-                        r.error = described(e)
-                        r.decoding.finish_reason = "error"
-                        self._failed(r)
+                    requests = list(self._active.values())
+                    for r, out in zip(requests, self.engine.fail([r.row for r in requests], described(e))):
+                        self._deliver(r, out)
                     self._active.clear()
             self._hand_over()  # the step's events (and the admission's refusals), together
 
     def _admit(self, r: _Request) -> None:
         """Its slot's longest cached prefix of its prompt: the rest is written by the steps, as
         much of it a step as the token budget (`prefill_chunk`) leaves."""
-        r.start = self._rows.reuse(r.slot, r.ids[:r.written], allowed=not (r.prompt_logprobs or r.pooling == "mean"))
-        self._rows.held[r.slot] = r.ids[:r.start]
+        row, p = r.row, r.row.params
+        row.start = self._rows.reuse(row.slot, p.ids[:p.written], allowed=not (p.prompt_logprobs or
+                                                                               p.pooling == "mean"))
+        self._rows.held[row.slot] = p.ids[:row.start]
 
     def _budget(self) -> int:
         """The prompt tokens a step may write: prefill_chunk, or fewer where this machine's measured pace would make
         the step longer than STEP_SECONDS while other rows wait for their next token (a chunk by time, not only by
         tokens: on a slow host or a large model 128 tokens took 4-8 s a step)."""
-        waiting = any(r.state is State.DECODING for r in self._active.values())
+        waiting = any(r.row.state is State.DECODING for r in self._active.values())
         if not self.prefill_chunk or self._pace is None or not waiting:
             return self.prefill_chunk
         return max(MIN_CHUNK, min(self.prefill_chunk, int(STEP_SECONDS / self._pace)))
@@ -267,23 +274,16 @@ class Scheduler:
             self._pace = pace if self._pace is None else 0.7 * self._pace + 0.3 * pace
 
     def _advance(self) -> None:
-        """One engine step of every active request (Engine.advance), then what each row's cache holds."""
-        before = {slot: (r.token, r.state is State.DECODING) for slot, r in self._active.items()}
-        starts = {slot: r.start for slot, r in self._active.items() if r.state is State.PROMPT}
+        """One engine step of every active request (Engine.step), its outputs to their consumers."""
+        rows = {r.row: r for r in self._active.values()}
+        decoding = sum(row.state is State.DECODING for row in rows)
+        starts = {row: row.start for row in rows if row.state is State.PROMPT}
         begun = self._clock()
-        self.engine.advance(list(self._active.values()), self._budget())
-        written = sum(self._active[slot].start - start for slot, start in starts.items())
-        self._paced(written + sum(decoding for _, decoding in before.values()), written, self._clock() - begun)
-        for slot, r in self._active.items():
-            if r.error is not None:
-                continue
-            token, decoding = before[slot]
-            if not decoding:  # its prompt grew into its row; scored or embedded and done: nothing generated
-                self._rows.held[slot] = r.ids[:r.start]
-                if r.state is State.DONE and r.only_written:
-                    self._finish(r, "length")
-            elif r.taken:  # the inputs this step wrote: its last token and the drafts kept
-                self._rows.held[slot] += [token, *r.taken[:-1]]
+        outputs = self.engine.step(list(rows), self._budget())
+        written = sum(row.start - start for row, start in starts.items())
+        self._paced(written + decoding, written, self._clock() - begun)
+        for out in outputs:
+            self._deliver(rows[out.row], out)
         self._record_step()
 
     def _record_step(self) -> None:
@@ -292,44 +292,26 @@ class Scheduler:
             self._recent.append((now, len(self._active)))
             self._trim_recent(now)
 
-    def _emit(self, r: _Request, token: int, scored: TokenLogprob | None) -> None:
-        """A token the engine emitted for `r`: its event."""
-        piece = r.decoding.new_text()
-        self._deliver(r, Event("token" if r.decoding.finish_reason is None else "done", piece, r.decoding, token,
-                               scored))
-
     def _retire(self) -> None:
-        """Frees the slots of finished, cancelled and timed-out requests."""
+        """Frees the slots of finished requests, and of those their consumer ended (a cancel, a stop string) or
+        whose time ran out."""
         now = time.monotonic()
         with self._cond:
             for slot, r in list(self._active.items()):
-                if r.decoding.finish_reason is not None:
+                if not r.row.finished and (r.ended or (r.deadline is not None and now > r.deadline)):
+                    self._deliver(r, self.engine.finish(r.row, r.ended or "timeout"))
+                if r.row.finished:
                     del self._active[slot]
-                elif r.cancelled or (r.deadline is not None and now > r.deadline):
-                    self._finish(r, "cancelled" if r.cancelled else "timeout")
-                    del self._active[slot]
 
-    def _failed(self, r: _Request) -> None:
-        """`r` ended with an error (the engine's on_error): its cache row holds nothing reusable any more, and its
-        client is told (an error event with finish_reason "error")."""
-        if r.slot >= 0:
-            self._rows.held[r.slot] = []
-            self._rows.pending.discard(r.slot)
-        self._deliver(r, Event("error", r.error or "the request failed", r.decoding))
-
-    def _finish(self, r: _Request, reason: str) -> None:
-        r.decoding.finish_reason = reason
-        self._deliver(r, Event("done", "", r.decoding))
-
-    def _deliver(self, r: _Request, event: Event) -> None:
-        """An event for r's consumer: on the decode thread held until the step ends (_hand_over), from another
+    def _deliver(self, r: _Request, out: Output) -> None:
+        """An output for r's consumer: on the decode thread held until the step ends (_hand_over), from another
         thread (a cancel) handed over at once."""
         if threading.current_thread() is self._thread:
-            self._outbox.append((r, event))
+            self._outbox.append((r, out))
         else:
-            hand_over([(r, event)])
+            hand_over([(r, out)])
 
     def _hand_over(self) -> None:
-        """The step's events to their consumers, one call into each event loop (requests.hand_over)."""
+        """The step's outputs to their consumers, one call into each event loop (requests.hand_over)."""
         held, self._outbox = self._outbox, []
         hand_over(held)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from llgraph.errors import RequestError
 from llgraph.runtime.engine.backend import Backend
-from llgraph.runtime.engine.decoding import Decoding
-from llgraph.runtime.engine.step import Engine, Row
+from llgraph.runtime.engine.row import Params, Row
+from llgraph.runtime.engine.step import Engine
 
 LOGITS_BYTES = 1 << 29  # the float32 logits a step of perplexity windows may keep (each window keeps all of its)
 
@@ -51,13 +51,14 @@ def score(backend: Backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]
         for c, x in chunk:
             check_pair(backend, c, x)
         backend.allocate(batch_size)  # kept as it is when the size is the same
-        rows = [Row([*c, *x], Decoding(lambda ids: "", 0), slot=i, prompt_logprobs=True, logprobs=1)
-                for i, (c, x) in enumerate(chunk)]
-        engine.advance(rows)
+        rows = [Row(Params([*c, *x], 0, logprobs=1, prompt_logprobs=True), slot=i) for i, (c, x) in enumerate(chunk)]
+        outputs = {out.row: out for out in engine.step(rows)}
         for r, (_, x) in zip(rows, chunk):
-            if r.error is not None:
-                raise RequestError(r.error)
-            mine = r.prompt_scores[-len(x):]  # token t's log-probability where it was predicted
+            scored = outputs[r]
+            if scored.error is not None:
+                raise RequestError(scored.error)
+            assert scored.prompt_scores is not None  # a scored prompt's last output carries its scores
+            mine = scored.prompt_scores[-len(x):]  # token t's log-probability where it was predicted
             out.append(Score(sum(s.logprob for s in mine), all(s.logprob >= s.top[0][1] for s in mine), len(x)))
     return out
 

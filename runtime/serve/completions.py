@@ -105,7 +105,7 @@ class Choice:
                     entries = [(self.handle.prompt_ids[0], None), *((s.token, s) for s in scores)]
             elif self.offsets is not None:
                 self.offsets.skip(self.prompt_text())
-        kept = not (event.kind == "done" and event.decoding.finish_reason == "eos")  # EOS is not in the output
+        kept = not (event.kind == "done" and self.handle.decoding.finish_reason == "eos")  # EOS is not in the output
         if event.logprob is not None and event.token is not None and kept:
             entries.append((event.token, event.logprob))
         text += event.text

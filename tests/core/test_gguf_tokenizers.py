@@ -79,7 +79,7 @@ def test_streamed_text_is_the_whole_text(tokenizers, name):
     tok = tokenizers(name)
     for ids, want in zip(LLAMA_CPP[name], LLAMA_CPP_TEXT[name]):
         body = ids[1:] if ids and ids[0] == tok.token_id(tok.bos_token) else ids  # an answer holds no BOS
-        d = Decoding(tok.decode, len(body) + 1)
+        d = Decoding(tok.decode)
         pieces = []
         for t in body:
             d.push(t)

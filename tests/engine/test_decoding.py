@@ -26,10 +26,10 @@ def test_pieces_concatenate_to_the_whole_decode_and_stop_where_it_cuts(tokenizer
         windows.append(len(tokens))
         return tokenizer.decode(tokens)
 
-    d = Decoding(text_of, len(ids), stop, ())
+    d = Decoding(text_of, stop)
     pieces = []
-    for token in ids:
-        reason = d.push(token)
+    for i, token in enumerate(ids):  # the engine's own rule ends it at its length
+        reason = d.push(token, "length" if i == len(ids) - 1 else None)
         pieces.append(d.new_text())
         if reason:
             break
@@ -47,7 +47,7 @@ def test_a_step_decodes_a_window_however_long_the_output(tokenizer):
 
     ids = tokenizer.encode("word " * 4000, False)
     decoded = []
-    d = Decoding(lambda tokens: decoded.append(len(tokens)) or tokenizer.decode(tokens), len(ids) + 1, (), ())
+    d = Decoding(lambda tokens: decoded.append(len(tokens)) or tokenizer.decode(tokens))
     for token in ids:
         d.push(token)
         d.new_text()

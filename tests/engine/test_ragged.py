@@ -7,11 +7,11 @@ import pytest
 from conftest import max_diff
 
 from llgraph.runtime.engine.backend import Backend
-from llgraph.runtime.engine.decoding import Decoding
 from llgraph.runtime.engine.packed import Packed
+from llgraph.runtime.engine.row import Params, Row
 from llgraph.runtime.engine.runner import Runner
 from llgraph.runtime.engine.scheduler import Scheduler
-from llgraph.runtime.engine.step import Engine, Row
+from llgraph.runtime.engine.step import Engine
 
 PROMPTS = [[5, 9, 2, 41, 7], [3, 88], [17, 4, 4, 60, 23, 11, 9, 31]]
 SLOTS = [3, 0, 2]  # of four: slot 1 stays free, and slot 0 leaves after its prefill
@@ -34,7 +34,7 @@ def test_packed_prefill_and_steps_with_holes_equal_each_row_alone(tiny_runners, 
     follow = [[11, 12, 13], [21, 22, 23], [31, 32, 33]]
     want = [_solo(runner, p, f) for p, f in zip(PROMPTS, follow)]
     b.allocate(4, zeroed=True)
-    rows = [Row(p, Decoding(Runner(None).text_of, 4), slot=s) for p, s in zip(PROMPTS, SLOTS)]
+    rows = [Row(Params(p, 4), slot=s) for p, s in zip(PROMPTS, SLOTS)]
     batch = Packed()
     for r in rows:
         batch.add(r.slot, r.ids, 0, kept=1)
@@ -80,11 +80,10 @@ def test_a_step_runs_only_the_busy_rows_on_a_ragged_backend(tiny_runners, backen
     b = Recording(inner)
     b.allocate(4)
     engine = Engine(b)
-    text_of = Runner(None).text_of
-    rows = [Row(PROMPTS[0], Decoding(text_of, 3), slot=3), Row(PROMPTS[1], Decoding(text_of, 3), slot=1)]
-    engine.advance(rows)
+    rows = [Row(Params(PROMPTS[0], 3), slot=3), Row(Params(PROMPTS[1], 3), slot=1)]
+    engine.step(rows)
     prefills, b.calls = b.calls, []
-    engine.advance(rows)
+    engine.step(rows)
     assert [r.error for r in rows] == [None, None]
     (shape, ran), = b.calls
     if inner.ragged:

@@ -88,7 +88,7 @@ def test_stop_with_grace_finishes_running_requests(tiny_runners):
     handles = [scheduler.submit([1, 2], 20), scheduler.submit([3], 20)]
     time.sleep(0.05)
     scheduler.stop(grace=30)  # returns once both finished on their own
-    assert [h.decoding.finish_reason for h in handles] == ["length", "length"]
+    assert [h.result().finish_reason for h in handles] == ["length", "length"]  # the events were all handed over
     assert all(len(h.decoding.tokens) == 20 for h in handles)
 
 
