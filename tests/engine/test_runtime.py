@@ -118,6 +118,38 @@ def test_stop_strings_end_generation_and_are_not_emitted(smol_tokenizer):
     assert "".join(runner.stream([1], len(script), stop=["END"])) == "Answer: 42. "
 
 
+def test_a_stop_string_its_reader_finds_ends_a_scheduled_request(smol_tokenizer):
+    """The scheduler's engine returns token ids; the reader of a request's events makes its text and finds the stop
+    string (runtime/engine/decoding.py), then tells the scheduler, which frees the slot: the answer equals Runner's
+    (whose own loop stops at once), the row ended "stop" well before its length, and the slot serves again."""
+    import time
+
+    from llgraph.runtime.engine.scheduler import Scheduler
+
+    script = smol_tokenizer.encode("Answer: 42. END of story")
+
+    class Paced(ScriptedBackend):  # a step takes a few ms, as a model's would
+        def forward(self, input_ids, position_ids, rows=None, keep=0):
+            time.sleep(0.005)
+            return super().forward(input_ids, position_ids, rows, keep)
+
+    runner = Runner(Paced(script, 1, 49152), smol_tokenizer)
+    want = runner.generate([1], 200, stop=["END"])
+    scheduler = Scheduler(runner, slots=1).start()
+    try:
+        handle = scheduler.submit([1], 200, stop=["END"])
+        got = handle.result(timeout=60)
+        assert (got.text(), got.tokens, got.finish_reason) == (want.text, want.token_ids, "stop") == \
+            ("Answer: 42. ", got.tokens, "stop")
+        again = scheduler.submit([1], 3).result(timeout=60)
+        row = handle._request.row
+        print(f"answer {len(got.tokens)} tokens; the engine took {row.steps} before it heard of the stop")
+        assert row.finish_reason == "stop" and row.steps < 100
+        assert again.tokens == script[:3]
+    finally:
+        scheduler.stop()
+
+
 def test_interrupted_stream_leaves_the_runner_usable(tiny_runners):
     cfg, source, runners = tiny_runners
     backend = TorchBackend(cfg, source, max_seq_len=64)
