@@ -77,7 +77,7 @@ class Runner:
         batch = [prompts] if single else list(prompts)
         params = Sampling(temperature, top_k, top_p, repetition_penalty, seed, frequency_penalty, presence_penalty,
                           tuple((logit_bias or {}).items()), min_p)
-        texts: list[Decoding] = []
+        texts: list[_Text] = []
         for texts, _ in self._decode(batch, max_new_tokens, params, stop, eos_token_ids, grammar,  # noqa: B007
                                      self._speculation(speculative), draft_max=check_draft_max(draft_max)):
             pass  # the texts after the last step
