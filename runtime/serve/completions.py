@@ -73,7 +73,7 @@ async def answer(request: Request, ask: Ask, runner, scheduler, meta: dict):
             return JSONResponse({}, status_code=499)
         return {**meta, "object": "chat.completion" if ask.chat else "text_completion",
                 "choices": [c.whole() for c in choices], "usage": _usage(handles, ask.n)}
-    return StreamingResponse(_sse(first, events, choices, handles, meta, ask), media_type="text/event-stream")
+    return Chunks(_chunks(first, events, choices, handles, meta, ask))
 
 
 class Choice:
@@ -258,20 +258,27 @@ async def _merged(handles):
             h.cancel()  # a no-op once finished; frees the slot (or the queue place) of an abandoned request
 
 
-async def parsed_chunks(body):
-    """A streamed chat completion's SSE body (bytes or text) -> its chunks as dicts, [DONE] left out: what the
-    Responses and Messages APIs translate into their own events."""
-    async for raw in body:
-        for line in (raw.decode() if isinstance(raw, bytes) else raw).splitlines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                yield json.loads(line[6:])
+class Chunks(StreamingResponse):
+    """A streamed completion: its chunks as dicts (`chunks`: what the Responses and Messages APIs translate into
+    their own events, never re-read from text), sent as server-sent events where it is the answer itself."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+        super().__init__(_sse(chunks), media_type="text/event-stream")
 
 
-async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: Ask):
+async def _sse(chunks):
+    async for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _chunks(first, events, choices: list[Choice], handles, meta: dict, ask: Ask):
+    """The chunks of a streamed completion (an error, once one happens, as {"error": ...})."""
     kind = "chat.completion.chunk" if ask.chat else "text_completion"
 
     def chunk(k: int, text: str | None, reason: str | None, entries=None, opening: bool = False,
-              stop: str | None = None, reasoning: str | None = None) -> str:
+              stop: str | None = None, reasoning: str | None = None) -> dict:
         logprobs = choices[k].logprobs(entries) if entries else None
         if ask.chat:
             delta = ({"role": "assistant", "content": ""} if opening else {} if text is None else {"content": text})
@@ -285,15 +292,15 @@ async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: A
         body = {**meta, "object": kind, "choices": [choice]}
         if ask.usage:
             body["usage"] = _usage(handles, ask.n) if ask.every_usage else None
-        return f"data: {json.dumps(body)}\n\n"
+        return body
 
-    def tool_calls(k: int, calls: list) -> str:
+    def tool_calls(k: int, calls: list) -> dict:
         delta = {"tool_calls": [call.openai(i) for i, call in enumerate(calls)]}
         body = {**meta, "object": kind, "choices": [{"index": k, "delta": delta, "logprobs": None,
                                                      "finish_reason": None}]}
         if ask.usage:
             body["usage"] = _usage(handles, ask.n) if ask.every_usage else None
-        return f"data: {json.dumps(body)}\n\n"
+        return body
 
     if ask.chat:
         for c in choices:
@@ -320,9 +327,8 @@ async def _sse(first, events, choices: list[Choice], handles, meta: dict, ask: A
                 yield chunk(k, None, choices[k].reason(calls), stop=choices[k].handle.decoding.stop_string())
             pending = await anext(events, None)
     except ApiError as e:
-        yield f"data: {json.dumps({'error': {'message': str(e), 'type': e.kind, 'code': e.code}})}\n\n"
+        yield {"error": {"message": str(e), "type": e.kind, "code": e.code}}
     finally:
         await events.aclose()
     if ask.usage:
-        yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': _usage(handles, ask.n)})}\n\n"
-    yield "data: [DONE]\n\n"
+        yield {**meta, "object": kind, "choices": [], "usage": _usage(handles, ask.n)}

@@ -25,7 +25,7 @@ import uuid
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from llgraph.runtime.serve.ask import parse
-from llgraph.runtime.serve.completions import parsed_chunks
+from llgraph.runtime.serve.completions import Chunks
 from llgraph.runtime.serve.request import ApiError, prompt_ids
 
 _TAKEN = {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p", "top_k", "tools",
@@ -45,8 +45,8 @@ async def respond(read, answer_chat, name: str):
     except ApiError as e:  # in Anthropic's shape, which its SDK reads
         return JSONResponse(error_body(e), status_code=e.status)
     message_id = f"msg_{uuid.uuid4().hex}"
-    if isinstance(answered, StreamingResponse):
-        return StreamingResponse(events(answered.body_iterator, message_id, name), media_type="text/event-stream")
+    if isinstance(answered, Chunks):
+        return StreamingResponse(events(answered.chunks, message_id, name), media_type="text/event-stream")
     return message_of(answered, message_id, name) if isinstance(answered, dict) else answered
 
 
@@ -228,14 +228,14 @@ def _usage(usage: dict | None) -> dict:
 
 
 async def events(chunks, message_id: str, model: str):
-    """A streamed chat completion's SSE chunks -> the Messages API's events (SSE)."""
+    """A streamed chat completion's chunks (dicts) -> the Messages API's events (SSE)."""
     def event(kind: str, **fields) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
 
     index, text_open, thinking_open, finished, usage = 0, False, False, None, None
     calls: list[dict] = []
     started = False
-    async for chunk in parsed_chunks(chunks):
+    async for chunk in chunks:
         if "error" in chunk:
             yield event("error", error={"type": "api_error", "message": chunk["error"]["message"]})
             return

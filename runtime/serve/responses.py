@@ -30,7 +30,7 @@ from collections import OrderedDict
 
 from fastapi.responses import StreamingResponse
 
-from llgraph.runtime.serve.completions import parsed_chunks
+from llgraph.runtime.serve.completions import Chunks
 from llgraph.runtime.serve.request import ApiError
 
 STORE_SIZE = 1024  # responses kept for previous_response_id and retrieval
@@ -88,8 +88,8 @@ async def respond(body: dict, store: Store, answer_chat, name: str):
     def keep(response: dict) -> None:
         if body.get("store") is not False:
             store.put(response, conversation)
-    if isinstance(answered, StreamingResponse):
-        return StreamingResponse(events(answered.body_iterator, body, response_id, name, keep),
+    if isinstance(answered, Chunks):
+        return StreamingResponse(events(answered.chunks, body, response_id, name, keep),
                                  media_type="text/event-stream")
     if not isinstance(answered, dict):
         return answered
@@ -278,7 +278,7 @@ def _call_item(call: dict) -> dict:
 
 
 async def events(chunks, body: dict, response_id: str, model: str, done=None):
-    """A streamed chat completion's SSE chunks -> the Responses API's typed events (SSE); `done(response)` is called
+    """A streamed chat completion's chunks (dicts) -> the Responses API's typed events (SSE); `done(response)` is called
     with the completed response (the Store's put)."""
     number = 0
 
@@ -301,7 +301,7 @@ async def events(chunks, body: dict, response_id: str, model: str, done=None):
                     text=reasoning)
         output.append(_reasoning_item(reasoning or "", item_id=reasoning_id))
         yield event("response.output_item.done", output_index=0, item=output[-1])
-    async for chunk in parsed_chunks(chunks):
+    async for chunk in chunks:
         if "error" in chunk:
             yield event("error", message=chunk["error"]["message"], code=chunk["error"].get("code"))
             return
