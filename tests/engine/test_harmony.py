@@ -106,7 +106,7 @@ def test_a_streamed_chat_answer_sends_each_channel_s_deltas(pieces):
     import asyncio
     import json
 
-    from llgraph.runtime.serve.completions import _sse
+    from llgraph.runtime.serve.completions import Chunks, _chunks
 
     c, evs, handle, ask = _choices(pieces=pieces)(ANSWER.replace("<|end|>", ""))
     ask.stream = True
@@ -116,7 +116,8 @@ def test_a_streamed_chat_answer_sends_each_channel_s_deltas(pieces):
             yield 0, e
 
     async def run():
-        return [chunk async for chunk in _sse((0, evs[0]), rest(), [c], [handle], {"id": "x"}, ask)]
+        sent = Chunks(_chunks((0, evs[0]), rest(), [c], [handle], {"id": "x"}, ask))  # as the wire carries it
+        return [chunk async for chunk in sent.body_iterator]
     deltas = [json.loads(line[6:])["choices"][0]["delta"] for chunk in asyncio.run(run())
               for line in chunk.splitlines() if line.startswith("data: {")]
     reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
