@@ -186,10 +186,9 @@ def test_anthropic_s_api_gets_the_reasoning_as_a_thinking_block():
 
     async def chunks():
         for d in deltas:
-            yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]})}\n\n"
-        done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": None}],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 9}}
-        yield f"data: {json.dumps(done)}\n\n"
+            yield {"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+        yield {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": None}],
+               "usage": {"prompt_tokens": 5, "completion_tokens": 9}}
 
     async def run():
         return [e async for e in events(chunks(), "msg_1", "m")]
@@ -234,9 +233,8 @@ def test_the_responses_api_gets_the_reasoning_as_a_reasoning_item():
 
     async def chunks():
         for d in deltas:
-            yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]})}\n\n"
-        done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage}
-        yield f"data: {json.dumps(done)}\n\n"
+            yield {"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+        yield {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage}
 
     async def run():
         return [e async for e in events(chunks(), {}, "resp_1", "m")]
