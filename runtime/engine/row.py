@@ -63,6 +63,7 @@ class Row:
     state: State = State.PROMPT
     finish_reason: str | None = None  # "eos", "length"; a consumer's "stop"; "error"; the scheduler's own
     error: str | None = None
+    exception: BaseException | None = None  # the bug behind `error`, where it was one (not llgraph's one-line kind)
     token: int = 0
     position: int = 0
     steps: int = 0

@@ -83,7 +83,7 @@ class Runner:
             pass  # the texts after the last step
         errors = [t.error for t in texts]
         if single and errors[0]:
-            raise RequestError(errors[0])
+            raise texts[0].failure()
         results = [Generation(t.text(), t.tokens, t.finish_reason or "error", e) for t, e in zip(texts, errors)]
         return results[0] if single else results
 
@@ -154,7 +154,7 @@ class Runner:
         for (text,), events in self._decode([prompt], max_new_tokens, Sampling(**kwargs), stop, eos, grammar,
                                             speculative, counts, draft_max):
             if text.error:
-                raise RequestError(text.error)
+                raise text.failure()
             if text.steps <= 1:
                 first = time.perf_counter()  # prefill done and its token sampled
             for event in events:
@@ -261,7 +261,7 @@ class Runner:
                            dataclasses.replace(params, seed=params.seed + r), eos, mode, draft_max), slot=r)
                 for r, p in enumerate(ids)]
         texts = {r: _Text(self.text_of, stop, r.ids) for r in rows}
-        engine = Engine(b, metrics, draft)
+        engine = Engine(b, metrics, draft, log_bugs=len(rows) > 1)  # one prompt's bug is raised, not logged
         for r in rows:  # a row's grammar: its own failure (a bad schema is refused before this)
             r.matcher = engine._own(r, grammar.matcher, self.tokenizer, b.vocab_size, set(eos)) if grammar else None
             if r.error:
@@ -314,11 +314,17 @@ class _Text(Decoding):
 
     def __init__(self, text_of, stop, prompt: list[int]):
         super().__init__(text_of, stop)
-        self.prompt, self.error = prompt, None
+        self.prompt, self.error, self.exception = prompt, None, None
 
     def take(self, out: Output):
-        self.error = self.error or out.error
+        if out.error is not None and self.error is None:
+            self.error, self.exception = out.error, out.row.exception
         return super().take(out)
+
+    def failure(self) -> BaseException:
+        """What a single prompt's failure raises: a bug as itself (its traceback kept: errors.py's rule), else the
+        one-line RequestError."""
+        return self.exception if self.exception is not None else RequestError(self.error or "the request failed")
 
 
 class _Counts(Metrics):

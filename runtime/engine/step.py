@@ -77,11 +77,12 @@ class Plan:
 
 class Engine:
     def __init__(self, backend: Backend, metrics: Metrics | None = None, draft_backend: Backend | None = None,
-                 cache: CachedRows | None = None):
+                 cache: CachedRows | None = None, log_bugs: bool = True):
         """`draft_backend`: a draft model's backend (rows that speculate "draft" draft with it, each from the cache
-        row of its own slot); `cache`: what each cache row holds, kept by `update` (the scheduler's prefix reuse)."""
+        row of its own slot); `cache`: what each cache row holds, kept by `update` (the scheduler's prefix reuse);
+        `log_bugs` False: a bug in a row's work is not printed here (its caller raises it: Runner's one prompt)."""
         self.backend, self.metrics, self.draft_backend = backend, metrics or Metrics(), draft_backend
-        self.cache = cache
+        self.cache, self.log_bugs = cache, log_bugs
 
     # -- the step ------------------------------------------------------------------------------------------------
     def step(self, rows: list[Row], budget: int = 0) -> list[Output]:
@@ -295,7 +296,9 @@ class Engine:
             return work(*args)
         except Exception as e:
             if not isinstance(e, LlgraphError):
-                traceback.print_exception(e, file=sys.stderr)
+                r.exception = e
+                if self.log_bugs:
+                    traceback.print_exception(e, file=sys.stderr)
             r.finish("error", described(e))
             return None
 

@@ -150,6 +150,28 @@ def test_a_stop_string_its_reader_finds_ends_a_scheduled_request(smol_tokenizer)
         scheduler.stop()
 
 
+def test_a_bug_in_a_row_s_work_is_raised_as_itself_alone_and_logged_in_a_batch(smol_tokenizer, monkeypatch, capfd):
+    """errors.py's rule: a bug keeps its traceback. One prompt's generate raises the bug itself (not a one-line
+    RequestError, which the CLI would answer with exit 2 as if the user were at fault); in a batch the failing row
+    ends with its error and the bug's traceback is on stderr."""
+    from llgraph.runtime.engine import speculative
+
+    script = smol_tokenizer.encode("Answer: 42.")
+    runner = Runner(ScriptedBackend(script, 1, 49152), smol_tokenizer)
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+    monkeypatch.setattr(speculative, "accept", broken)
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        runner.generate([1], 4)
+    with pytest.raises(ZeroDivisionError):
+        list(runner.stream([1], 4))
+    assert "Traceback" not in capfd.readouterr().err  # raised, not printed twice
+    batch = runner.generate([[1], [1, 2]], 4)
+    assert [g.finish_reason for g in batch] == ["error", "error"] and "ZeroDivisionError" in batch[0].error
+    assert capfd.readouterr().err.count("Traceback") == 2
+
+
 def test_interrupted_stream_leaves_the_runner_usable(tiny_runners):
     cfg, source, runners = tiny_runners
     backend = TorchBackend(cfg, source, max_seq_len=64)
