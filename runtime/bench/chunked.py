@@ -3,7 +3,7 @@ going, a long prompt (`--prompt-tokens`, from the shipped passage) arrives. The 
 consecutive tokens of any running stream while that prompt is prefilled, with whole prefills (chunk 0) and with
 `--chunks` (same runner, one process, the settings in turn `--repeats` times, the best of each), beside the time to
 the long request's first token (or end). On a ragged backend (an export on llgraph's CPU kernels) each setting runs
-twice: one packed forward a step (Engine.advance: the streams' tokens and the chunk together) and, as a backend
+twice: one packed forward a step (Engine.step: the streams' tokens and the chunk together) and, as a backend
 without slot ids steps, a chunk's forward then a decode step. `--kinds`: what the long request is — a prompt to
 answer, an embedding of 3 inputs of that length, or a prompt scored alone (prompt log-probabilities) — each written in
 chunks alike.

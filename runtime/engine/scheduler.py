@@ -10,7 +10,7 @@ because the client left, or their timeout).
     scheduler.stop(grace=10)                             # no new requests; the running ones get `grace` seconds
 
 Why it is exact: the static cache is indexed by position, so each slot's row holds that request's keys and values
-whatever the others do. A step is one engine step (Engine.advance, runtime/engine/packed.py): every running
+whatever the others do. A step is one engine step (Engine.step, runtime/engine/step.py): every running
 request's next token and draft, and as many prompt tokens of the admitted requests as `prefill_chunk` (the step's
 prompt-token budget) allows, on every backend — one packed forward where the backend's attention reads each token's
 cache row (an export on llgraph's CPU kernels, the torch executor), where a free slot costs nothing; elsewhere the

@@ -42,7 +42,7 @@ def check_pair(backend: Backend, context: Sequence[int], continuation: Sequence[
 
 def score(backend: Backend, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
     """Each pair's Score, through the engine's step on any backend: a pair is a row like any other — a prompt whose
-    log-probabilities are kept (Row.prompt_logprobs) — and `batch_size` pairs are one step, on the cache rows the
+    log-probabilities are kept (Params.prompt_logprobs) — and `batch_size` pairs are one step, on the cache rows the
     backend holds (rows are rewritten from position 0)."""
     out: list[Score] = []
     engine = Engine(backend)

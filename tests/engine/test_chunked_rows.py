@@ -1,7 +1,7 @@
 """One prefill path for every prompt (issue 48 item 1): a long embedding input and a long scored prompt are written
 a chunk at a time between a running stream's decode steps, like any prompt, and give the same bits as written whole
 (Runner.embed; the scheduler without chunks): no forward beside a running stream writes more than a chunk — on a
-ragged backend the chunk and the stream's token are one forward (Engine.advance)."""
+ragged backend the chunk and the stream's token are one forward (Engine.step)."""
 
 import numpy as np
 import pytest
@@ -69,7 +69,7 @@ def test_a_long_embedding_is_written_in_chunks_and_equals_runner_embed(runner):
         worst = max(float(np.abs(h.embedding - w).max()) for h, w in zip(handles, whole))
         print(f"{pooling} pooling in chunks of {CHUNK} beside a stream: {len(calls)} forwards, the largest "
               f"{max(rows * seq for rows, seq in calls)} tokens; max|diff| from Runner.embed = {worst:.3e}")
-        # on a ragged backend the stream's decode token rides in the same forward as the chunk (Engine.advance)
+        # on a ragged backend the stream's decode token rides in the same forward as the chunk (Engine.step)
         largest = max(rows * seq for rows, seq in calls)
         assert largest == CHUNK + 1 if runner.backend.ragged else largest <= CHUNK
         assert worst == 0.0
@@ -87,7 +87,7 @@ def test_a_long_scored_prompt_is_written_in_chunks_and_scores_as_written_whole(r
                                                          s.submit(prompt, 3, prompt_logprobs=True)])
     print(f"a {len(prompt)}-token scored prompt in chunks of {CHUNK}: {len(calls)} forwards, the largest "
           f"{max(rows * seq for rows, seq in calls)} tokens")
-    # on a ragged backend the stream's decode token rides in the same forward as the chunk (Engine.advance)
+    # on a ragged backend the stream's decode token rides in the same forward as the chunk (Engine.step)
     largest = max(rows * seq for rows, seq in calls)
     assert largest == CHUNK + 1 if runner.backend.ragged else largest <= CHUNK
     assert len(handles[0].prompt_logprobs) == len(prompt) - 1
