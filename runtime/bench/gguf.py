@@ -46,6 +46,31 @@ kernels' pace on one thread is issue 50's work. Mean KL from the float64 referen
 (`python -m llgraph.runtime.bench.kl GGUF --text README.md --ctx 256 --chunks 2 --llama-perplexity PATH`, the Q8_0
 files): Gemma 3 270M llgraph 0.00002, llama.cpp 0.00010; Qwen2.5-0.5B 0.00003 and 0.00019 — both engines read the
 files alike.
+
+Whole models on these files, `llgraph bench FILE -p P -n N --repeats 2 --threads T --peer llama-bench=PATH` (and
+`--peer 'llama-bench=IK_PATH -rtr 1'`, ik_llama.cpp, where named), one run each; tg / pp tok/s, llgraph's over the
+peer's (2 cores of an AMD EPYC with AVX-512 VNNI; the read probe beside each):
+- 1B shapes made Q3_K_M / Q2_K / IQ4_XS by `llama-quantize`, 1 thread, -p 512 -n 64 (probes 27.8 / 26.4 / 25.9 GB/s):
+  tg 37.7 / 40.7 / 41.8, pp 80.1 / 70.7 / 107.1; over llama.cpp tg 1.46 / 1.37 / 1.94, pp 0.93 / 1.35 / 0.91; over
+  ik_llama.cpp tg 1.08 / 1.01 / 1.11, pp 0.85 / 0.74 / 0.96.
+- 8B shapes made the same (3.52 / 2.74 / 3.94 GB a token), 1 thread, -p 128 -n 32 (25.0 / 24.0 / 30.0 GB/s): tg
+  3.8 / 4.8 / 5.6, pp 9.9 / 10.3 / 17.6; over llama.cpp tg 1.30 / 1.27 / 1.84, pp 1.05 / 1.50 / 0.98; over
+  ik_llama.cpp tg 0.96 / 0.94 / 0.87, pp 0.93 / 0.84 / 1.07.
+- Gemma 3 1B Q4_K_M shapes, 1 / 2 threads, -p 128 -n 64 (28.6 / 32.3 GB/s): tg 21.8 / 31.0, pp 123.4 / 235.3; over
+  llama.cpp tg 1.10 / 1.06, pp 1.83 / 1.72.
+- SmolLM2-135M-Instruct Q4_1 (bundled), 1 / 2 threads, -p 512 -n 128 (30.7 / 33.1 GB/s): tg 119.8 / 188.2, pp 296.8
+  / 551.7; over llama.cpp tg 1.64 / 1.63, pp 1.73 / 1.74. Its Q4_K_M from F16 by `llama-quantize` (27.7 / 34.5
+  GB/s): tg 114.6 / 170.5, pp 496.4 / 944.3; tg 1.28 / 1.38, pp 1.45 / 1.56.
+- OLMoE-1B-7B shapes Q4_K_M (64 experts, 8 a token), 1 / 2 threads, -p 128 -n 32 (30.4 / 59.4 GB/s): tg 33.9 / 48.2,
+  pp 80.2 / 127.9; over llama.cpp tg 1.21 / 1.26, pp 1.79 / 1.47.
+- Qwen3-30B-A3B shapes, 12 of its 48 layers (`qwen3-30b-a3b --layers 12`), Q4_K_M (128 experts, 8 a token), with
+  ik_llama.cpp `-rtr 1 -fmoe 1` (29.3 / 49.6 GB/s): tg 35.2 / 40.3, pp 112.1 / 199.2; over llama.cpp tg 1.20 /
+  0.99, pp 1.64 / 1.58; over ik_llama.cpp tg 0.87 / 0.86, pp 0.85 / 0.82 (three more runs: tg 0.99-1.03, pp
+  0.81-0.86 against ik_llama.cpp: this host's memory moves decode by 15% from run to run).
+- gpt-oss-20b shapes, 8 of its 24 layers (`gpt-oss-20b --layers 8`: MXFP4 experts, 32 of 2,880, 4 a token; Q8_0
+  elsewhere; 1.27 GB a token, half of it the 201,088-row head), ik_llama.cpp `-rtr 1 -fmoe 1` (25.4 / 34.6 GB/s): tg
+  22.1 / 24.1, pp 89.8 / 165.7; over llama.cpp tg 1.47 / 0.91, pp 2.86 / 2.77; over ik_llama.cpp tg 2.36 / 1.48, pp
+  1.63 / 1.55 (another 1-thread run: tg 19.7 against llama.cpp's 14.8, 1.33).
 """
 
 from __future__ import annotations

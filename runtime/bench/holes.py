@@ -7,7 +7,12 @@ the lowest busy one to the highest, a free one between them attending its whole 
                                           [--steps 40] [--threads 2] [--repeats 3]
 
 Each row decodes after a `--position`-token prompt; ms per step is the median over `--repeats` runs of `--steps`
-steps. Only the export's own kernels decide `ragged` (an ort export on llgraph's CPU kernels has it)."""
+steps. Only the export's own kernels decide `ragged` (an ort export on llgraph's CPU kernels has it).
+
+Measured (SmolLM2, 8 slots of 8,192, defaults; probes 25.5 / 26.9 GB/s): one row in slot 7, 6.74 ms a step (1.01x
+one row in slot 0); rows in slots 0 and 7, 9.02 ms (1.35x); as contiguous rows (the range of busy slots) 6.85 ms
+(1.07x) and 91.4 ms (14.2x: the six free rows between attend their whole rows).
+"""
 
 from __future__ import annotations
 
