@@ -48,7 +48,8 @@ class CachedRows:
 
     def reuse(self, row: int, ids: list[int], allowed: bool = True) -> int:
         """Puts the longest cached prefix of `ids` in `row` (its own, or one copied from another row: a finished
-        request's or a running one's) -> the positions it need not prefill; the row then holds `ids`."""
+        request's or a running one's) -> the positions it need not prefill; the row then holds that prefix (the
+        engine's steps extend it as they write: Engine.update)."""
         self.pending.discard(row)
         length = 0
         if self.enabled and allowed:
@@ -56,5 +57,10 @@ class CachedRows:
             length, source = max((self.holds(s, ids), s == row, s) for s in sources)[::2]
             if source != row and (length < MIN_REUSE or not self.backend.copy_prefix(source, row, length)):
                 length = self.holds(row, ids)
-        self.held[row] = list(ids)
+        self.held[row] = list(ids[:length])
         return length
+
+    def forget(self, row: int) -> None:
+        """The row holds nothing reusable (its request failed mid-write)."""
+        self.held[row] = []
+        self.pending.discard(row)

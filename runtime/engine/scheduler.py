@@ -237,9 +237,9 @@ class Scheduler:
                     self._active[slot] = r
                     admit.append(r)
             try:  # one engine step: decode tokens, drafts and prompt pieces (runtime/engine/packed.py)
-                self._retire()  # what its consumer ended since the last step (a stop string) takes no step more
                 for r in admit:
                     self._admit(r)
+                self._retire()  # what its consumer ended since the last step (a stop string) takes no step more
                 self._advance()
                 self._retire()
             except Exception as e:  # the batch's forward failed: no row can tell whose fault it was
@@ -256,7 +256,6 @@ class Scheduler:
         row, p = r.row, r.row.params
         row.start = self._rows.reuse(row.slot, p.ids[:p.written], allowed=not (p.prompt_logprobs or
                                                                                p.pooling == "mean"))
-        self._rows.held[row.slot] = p.ids[:row.start]
 
     def _budget(self) -> int:
         """The prompt tokens a step may write: prefill_chunk, or fewer where this machine's measured pace would make

@@ -166,9 +166,8 @@ class Engine:
 
     def _failed(self, r: Row) -> Output:
         """A row that ended in an error: its cache row holds nothing reusable any more."""
-        if self.cache is not None and 0 <= r.slot < len(self.cache.held):
-            self.cache.held[r.slot] = []
-            self.cache.pending.discard(r.slot)
+        if self.cache is not None and 0 <= r.slot < len(self.cache.held):  # (a queued request has no slot yet)
+            self.cache.forget(r.slot)
         return Output(r, finish_reason=r.finish_reason, error=r.error or "the request failed", cached=r.cached)
 
     def share_prefix(self, rows: list[Row]) -> None:
