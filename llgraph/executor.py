@@ -260,13 +260,25 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value, slo
         return out.view(b, s, -1), past_key, past_value
     out = torch.empty_like(q)
     flat_q, flat_pos = q.reshape(b * s, -1), positions.reshape(-1)
-    for row in flat_rows.unique().tolist():  # a prompt's many tokens: each cache row's as one batch row
-        mine = (flat_rows == row).nonzero()[:, 0]
-        pos = flat_pos[mine][None]
-        span = int(pos.max()) + 1
-        out.view(b * s, -1)[mine] = _attend(a, flat_q[mine][None], pos, past_key[row:row + 1],
+    for row, mine, span in _row_groups(slots, positions):  # a prompt's many tokens: each cache row's as a batch row
+        out.view(b * s, -1)[mine] = _attend(a, flat_q[mine][None], flat_pos[mine][None], past_key[row:row + 1],
                                             past_value[row:row + 1], span)[0]
     return out, past_key, past_value
+
+
+def _row_groups(slots: torch.Tensor, positions: torch.Tensor) -> list[tuple[int, torch.Tensor, int]]:
+    """A ragged step's tokens by cache row: (row, the tokens' indices on the device, max position + 1), in order of
+    first appearance. Read off the device once per step (one copy of slots and positions), kept on `slots` like
+    _cache_span's span, and not once per layer: on a GPU each read waits for the queued kernels."""
+    groups = getattr(slots, "_llgraph_groups", None)
+    if groups is None:
+        rows, pos = torch.stack((slots.reshape(-1), positions.reshape(-1))).cpu()
+        groups = []
+        for row in dict.fromkeys(rows.tolist()):
+            mine = (rows == row).nonzero()[:, 0]
+            groups.append((row, mine.to(slots.device), int(pos[mine].max()) + 1))
+        slots._llgraph_groups = groups
+    return groups
 
 
 def _attend(a, q, positions, past_key, past_value, length: int):

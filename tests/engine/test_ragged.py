@@ -126,3 +126,51 @@ def test_a_draft_model_drafts_every_row_in_one_forward_a_position(tiny_runners):
     print(f"draft model forwards: {len(recording.calls)}, rows in each: {rows_a_call}")
     assert max(rows_a_call) == len(PROMPTS)  # the rows' drafts, and their catching up, in one forward
     assert len(recording.calls) <= 16 * 4  # not a forward per row and drafted position
+
+
+def test_a_long_packed_prefill_on_the_executor_reads_the_device_once_a_step(tmp_path, report):
+    """Prompts of more tokens together than the executor gathers (executor.GATHERED_TOKENS) attend cache row by
+    cache row. Which tokens are whose, and each row's span, are read off the device once a step — as many reads
+    with 4 layers as with 1 (on a GPU each read waits for every queued kernel) — and each row's logits equal its
+    own prefill alone."""
+    import collections
+
+    from reference import tiny, write_hf_checkpoint
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from llgraph.checkpoint import random_weights
+    from llgraph.executor import GATHERED_TOKENS
+    from llgraph.runtime import TorchRunner
+
+    class Reads(TorchDispatchMode):
+        """Counts the ops that copy a value off a tensor's device to Python."""
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("_local_scalar_dense", "nonzero", "_unique2", "unique_consecutive"):
+                self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    prompts = [list(range(3 + i, 40 + 2 * i)) for i in range(3)]  # 37 + 39 + 41 tokens, in slots 2, 0, 1
+    assert sum(map(len, prompts)) > GATHERED_TOKENS
+    reads = {}
+    for layers in (1, 4):
+        cfg = tiny(num_layers=layers)
+        b = TorchRunner(write_hf_checkpoint(tmp_path / str(layers), cfg, random_weights(cfg, seed=2, std=0.25)),
+                        max_seq_len=64).backend
+        alone = []
+        for p in prompts:
+            b.allocate(1, zeroed=True)
+            alone.append(b.forward(np.array([p]), np.arange(len(p))[None], keep=1)[0, -1])
+        b.allocate(3, zeroed=True)
+        batch = Packed()
+        for slot, p in zip([2, 0, 1], prompts):
+            batch.add(slot, p, 0, kept=1)
+        with Reads() as counted:
+            got = [x[-1] for x in batch.run(b)]
+        reads[layers] = dict(counted.ops)
+        report(f"{layers} layers: packed prefill of {sum(map(len, prompts))} tokens in 3 rows vs each alone",
+               max(max_diff(g, w) for g, w in zip(got, alone)), 1e-5)
+    assert reads[1] == reads[4], reads
