@@ -3,7 +3,6 @@ as a Q4_K_M file stores them) runs as ops.py's QMoE: the executor dequantizes ea
 kernels read the experts as stored (plugins/cpu/moe.inc), ONNX Runtime's own ops and standard ONNX read them
 dequantized — every one held to float64 on the file's float twin (its experts dequantized by gguf itself)."""
 
-import os
 import subprocess
 import sys
 
@@ -43,7 +42,7 @@ def test_the_graph_carries_the_experts_as_stored(files, tmp_path):
     assert found == FORMATS and not any(n.op == "MoE" for n in model.graph.nodes)
     out = subprocess.run([sys.executable, "-m", "llgraph", "export", "--checkpoint", str(q), "-o",
                           str(tmp_path / "ort"), "--kernels", "llgraph", "--max-seq-len", "64"],
-                         capture_output=True, text=True, env={**os.environ, "LLGRAPH_CACHE_DIR": str(tmp_path)})
+                         capture_output=True, text=True)
     assert out.returncode == 0 and "widened" not in out.stderr, out.stderr
     graph = onnx.load(str(tmp_path / "ort" / "model.onnx"), load_external_data=False).graph
     moe = [n for n in graph.node if n.op_type == "MoE"]
@@ -56,7 +55,7 @@ def test_the_graph_carries_the_experts_as_stored(files, tmp_path):
     assert carried == stored
     std = subprocess.run([sys.executable, "-m", "llgraph", "export", "--checkpoint", str(q), "-o",
                           str(tmp_path / "std"), "--kernels", "standard", "--max-seq-len", "64"],
-                         capture_output=True, text=True, env={**os.environ, "LLGRAPH_CACHE_DIR": str(tmp_path)})
+                         capture_output=True, text=True)
     notes = [line for line in std.stderr.splitlines() if "widened to float32" in line]
     assert std.returncode == 0 and len(notes) == 1 and "Q4_K/Q5_K/Q6_K" in notes[0], std.stderr
 
@@ -154,7 +153,7 @@ def test_gpt_oss_mxfp4_experts_are_carried_at_their_bits(mxfp4, tmp_path):
         (n.attrs["format"], n.attrs["down_format"], n.attrs["limit"]) == ("MXFP4", "MXFP4", 7.0) for n in moe)
     out = subprocess.run([sys.executable, "-m", "llgraph", "export", "--checkpoint", str(q), "-o",
                           str(tmp_path / "ort"), "--kernels", "llgraph", "--max-seq-len", "64"],
-                         capture_output=True, text=True, env={**os.environ, "LLGRAPH_CACHE_DIR": str(tmp_path)})
+                         capture_output=True, text=True)
     assert out.returncode == 0 and "widened" not in out.stderr, out.stderr
     graph = onnx.load(str(tmp_path / "ort" / "model.onnx"), load_external_data=False).graph
     nodes = [n for n in graph.node if n.op_type == "MoE" and n.domain == "llgraph"]
