@@ -1,0 +1,91 @@
+"""What a step of the PyTorch executor dispatches, beside transformers' eager LlamaForCausalLM of the same config:
+the aten ops of one decode step (and of one prefill) per layer, by name. On a GPU each compute op is a kernel launch
+and an eager decode step is bound by them, so this counts, on any machine, what `llgraph bench --backend torch
+--device cuda` times there (views and no-op casts launch nothing; they are listed apart or counted as their op).
+
+    python -m llgraph.runtime.bench.torch_ops [CONFIG] [--prefill 100] [--dtype bfloat16]
+
+CONFIG: a preset (`llama-3.2-1b`, `8b`, `tiny`, ...) or config file; random weights, cut to 2 layers (a layer's ops
+do not depend on how many there are)."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+VIEWS = {"view", "_unsafe_view", "transpose", "expand", "slice", "select", "unsqueeze", "squeeze", "permute", "t",
+         "alias", "as_strided", "detach", "split", "split_with_sizes", "reshape", "unbind", "lift_fresh",
+         "_reshape_alias", "unflatten", "flatten", "promote_types"}
+
+
+def counted(fn) -> collections.Counter:
+    """The aten ops `fn()` dispatches, by name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: collections.Counter = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count() as mode:
+        fn()
+    return mode.ops
+
+
+def line(name: str, ops: collections.Counter, layers: int) -> str:
+    compute = {k: v for k, v in ops.items() if k not in VIEWS}
+    top = ", ".join(f"{k} {v}" for k, v in sorted(compute.items(), key=lambda kv: -kv[1])[:12])
+    return (f"{name}: {sum(compute.values()) / layers:.1f} compute ops a layer "
+            f"({sum(ops.values()) - sum(compute.values())} views in all); {top}")
+
+
+def main(argv=None) -> None:
+    import torch
+
+    from llgraph.checkpoint import load_config
+    from llgraph.runtime.backends.pytorch import TorchRunner
+    from llgraph.runtime.engine.packed import step_logits
+
+    p = argparse.ArgumentParser(prog="python -m llgraph.runtime.bench.torch_ops", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="?", default="llama-3.2-1b")
+    p.add_argument("--prefill", type=int, default=100, help="prompt tokens of the counted prefill")
+    p.add_argument("--dtype", default="bfloat16")
+    args = p.parse_args(argv)
+    cfg = dataclasses.replace(load_config(args.config), num_layers=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(cfg.to_json())
+        b = TorchRunner(None, config=Path(tmp) / "config.json", max_seq_len=args.prefill + 8, dtype=args.dtype).backend
+    b.allocate(1, zeroed=True)
+    step_logits(b, np.arange(5), 0)  # a cache to decode after
+    print(line("llgraph decode step", counted(lambda: step_logits(b, [4], 5)), cfg.num_layers))
+    print(line(f"llgraph prefill of {args.prefill}", counted(
+        lambda: step_logits(b, np.arange(args.prefill) % cfg.vocab_size, 0)), cfg.num_layers))
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                     num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                     num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
+                     tie_word_embeddings=cfg.tie_word_embeddings, rope_theta=cfg.rope.theta)
+    model = LlamaForCausalLM(hf).to(getattr(torch, args.dtype)).eval()
+    with torch.inference_mode():
+        past = model(input_ids=torch.arange(5)[None], use_cache=True, logits_to_keep=1).past_key_values
+
+        def decode():
+            out = model(input_ids=torch.tensor([[4]]), past_key_values=past, use_cache=True, logits_to_keep=1)
+            out.logits[:, -1].float().cpu()
+        print(line("transformers decode step", counted(decode), cfg.num_layers))
+
+
+if __name__ == "__main__":
+    main()
