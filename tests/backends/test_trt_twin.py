@@ -39,11 +39,12 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2(tmp_path_factory, smollm2_export):
+    """(SmolLM2's trt export, 128 positions, with an engine built by TensorRT-RTX; the session's float32 ort export)"""
     path = bundled_model("smollm2")
     root = tmp_path_factory.mktemp("twin-smollm2")
     trt = built(export_model(path, checkpoint=path, out=root / "trt", target="trt", max_seq_len=128), max_batch=4)
-    yield trt, export_model(path, checkpoint=path, out=root / "ort", target="ort", max_seq_len=128)
+    yield trt, smollm2_export("ort", max_seq_len=128)
     shutil.rmtree(root)  # 650 MB the rest of the session does not need
 
 
