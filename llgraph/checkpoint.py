@@ -218,22 +218,29 @@ def _say_widened_experts(source, graph) -> None:
 
 def _say_widened_blocks(source) -> None:
     """GGUF Linears in a block type llgraph has no kernel for (llgraph/quant_grid.py): one line saying they run read
-    exactly as 8-bit blocks, and the cost."""
+    exactly as 8-bit blocks, and the cost; another for those (and experts) that run as the super-blocks whose
+    weights they are."""
     from llgraph.gguf_source import GGUFSource
-    from llgraph.quant_grid import GRID_TYPES, widened_line
-    from llgraph.weights import QUANTIZABLE
+    from llgraph.quant_grid import GRID_TYPES, superblocks_line, widened_line
+    from llgraph.weights import EXPERTS, QUANTIZABLE
 
     base = getattr(source, "base", source)
     if not isinstance(base, GGUFSource):
         return
     kinds: dict[str, tuple[int, int]] = {}
+    superblocks: dict[str, tuple[int, int]] = {}
     for name in base.names():
         kind = base.tensor_type(name)
-        if kind in GRID_TYPES and QUANTIZABLE.fullmatch(name):
-            stored, n = kinds.get(kind, (0, 0))
-            kinds[kind] = (stored + base.stored_bytes(name), n + math.prod(base.shape(name)))
+        if kind not in GRID_TYPES or not (QUANTIZABLE.fullmatch(name) or EXPERTS.fullmatch(name)):
+            continue
+        into = superblocks if base._as_superblocks(name) else kinds if QUANTIZABLE.fullmatch(name) else None
+        if into is not None:
+            stored, n = into.get(kind, (0, 0))
+            into[kind] = (stored + base.stored_bytes(name), n + math.prod(base.shape(name)))
     if kinds:
         print(widened_line(kinds), file=sys.stderr)
+    if superblocks:
+        print(superblocks_line(superblocks), file=sys.stderr)
 
 
 def _check_stored_formats(source) -> None:

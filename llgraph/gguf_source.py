@@ -23,7 +23,7 @@ import numpy as np
 from llgraph.config import ConfigError, LlamaConfig, MoeConfig, RopeConfig
 from llgraph.ops import EXPERT_FORMATS
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
-from llgraph.quant_grid import GRID_FORMATS, widen_grid
+from llgraph.quant_grid import AS_SUPERBLOCKS, GRID_FORMATS, halves_exactly, iq3xxs_as_q6k, widen_grid
 from llgraph.weights import CARRIED, EXPERTS, WeightError, WeightSource
 
 # general.architecture values read (Mistral GGUFs are 'llama'), as llama.cpp's converter writes them
@@ -132,6 +132,7 @@ class GGUFSource(WeightSource):
     def __init__(self, path: str | Path, rope_layout: str | None = None):
         self.path = Path(path)
         self._recent: dict = {}
+        self._halves: dict[str, bool] = {}  # _as_superblocks, by tensor
         try:
             self._reader = gguf_reader(self.path)
         except OSError as e:
@@ -168,10 +169,20 @@ class GGUFSource(WeightSource):
         return int(self._tensors[name].n_bytes)
 
     def quant_format(self, name):
-        fmt = GGUF_FORMATS.get(self.tensor_type(name)) or GRID_FORMATS.get(self.tensor_type(name))
+        kind = self.tensor_type(name)
+        fmt = GGUF_FORMATS.get(AS_SUPERBLOCKS[kind] if self._as_superblocks(name) else kind) or GRID_FORMATS.get(kind)
         if EXPERTS.fullmatch(name):  # stacked experts: their super-blocks (QMoE); other blocks are read widened
             return fmt if fmt is not None and fmt.format in EXPERT_FORMATS else None
         return fmt if CARRIED.fullmatch(name) else None
+
+    def _as_superblocks(self, name) -> bool:
+        """Whether the tensor's grid blocks run as the super-block type whose weights they are (quant_grid's
+        AS_SUPERBLOCKS; decided once a tensor, from its scales)."""
+        if self.tensor_type(name) not in AS_SUPERBLOCKS:
+            return False
+        if name not in self._halves:
+            self._halves[name] = halves_exactly(np.asarray(self._tensors[name].data))
+        return self._halves[name]
 
     def load_quantized(self, name):
         """A tensor's blocks; the last few are kept, as an export reads codes, scales and mins one after another."""
@@ -187,6 +198,8 @@ class GGUFSource(WeightSource):
             return super().load_quantized(name)
         raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
         kind = t.tensor_type.name
+        if self._as_superblocks(name):  # (IQ3_XXS as Q6_K, the only such type)
+            raw, kind = iq3xxs_as_q6k(raw), AS_SUPERBLOCKS[kind]
         q = (widen_grid if kind in GRID_FORMATS else from_gguf_blocks)(raw, kind, self.shape(name))
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             heads = self._heads if m[1] == "q" else self._kv_heads

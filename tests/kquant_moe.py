@@ -20,8 +20,9 @@ HIDDEN, FFN, EXPERTS, TOP_K, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 256, 256
 FORMATS = [("Q4_K", "Q6_K"), ("Q5_K", "Q4_K")]  # (gate and up, down) per layer
 
 
-def write(path: Path, seed: int = 0, dequantized: bool = False) -> Path:
-    """The K-quant file (or, `dequantized`, its float32 twin) at `path`."""
+def write(path: Path, seed: int = 0, dequantized: bool = False, formats=FORMATS) -> Path:
+    """The K-quant file (or, `dequantized`, its float32 twin) at `path`; `formats`: each layer's (gate and up, down)
+    block types."""
     import gguf
     from gguf.quants import dequantize
 
@@ -43,7 +44,7 @@ def write(path: Path, seed: int = 0, dequantized: bool = False) -> Path:
     dense("token_embd.weight", VOCAB, HIDDEN, scale=1.0)
     dense("output.weight", VOCAB, HIDDEN)
     dense("output_norm.weight", HIDDEN, scale=0.1)
-    for i, (gate_kind, down_kind) in enumerate(FORMATS):
+    for i, (gate_kind, down_kind) in enumerate(formats):
         p = f"blk.{i}"
         for norm in ("attn_norm", "ffn_norm"):
             w.add_tensor(f"{p}.{norm}.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))

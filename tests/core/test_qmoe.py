@@ -103,6 +103,30 @@ def test_the_standard_lowering_dequantizes_the_experts(files, target, tmp_path, 
                       report, "onnx QMoE", tol=TOL)
 
 
+@pytest.mark.parametrize("backend", ["torch", "ort-llgraph", "ort-standard"])
+def test_iq3_xxs_experts_run_as_q6k(tmp_path, backend, capfd, report):
+    """Experts stored as IQ3_XXS (as the small files of 30B mixtures store many) are carried as the Q6_K super-blocks
+    whose weights they are (llgraph/quant_grid.py's AS_SUPERBLOCKS), not widened to float; one line says so; the
+    executor, llgraph's kernels (exact) and ONNX Runtime's MoE op (on them widened, as on any K-quant experts) match
+    float64 of gguf's dequantization."""
+    formats = [("IQ3_XXS", "IQ3_XXS"), ("Q4_K", "IQ3_XXS")]
+    q, f = write(tmp_path / "q.gguf", formats=formats), write(tmp_path / "f.gguf", dequantized=True, formats=formats)
+    cfg = load_config(q)
+    target, _, kernels = backend.partition("-")
+    weights = Weights(kernels=kernels or "auto", accuracy_level=0 if kernels == "llgraph" else None)
+    model = open_model(q, q, weights)
+    found = [(n.attrs["format"], n.attrs["down_format"]) for n in model.graph.nodes if n.op == "QMoE"]
+    assert found == [("Q6_K", "Q6_K"), ("Q4_K", "Q6_K")], found
+    if backend == "torch":
+        ours = Stepper(cfg, GGUFSource(q), batch=2, max_seq=64, graph=model.graph)
+    else:
+        ours = OrtStepper(export_model(q, checkpoint=q, out=tmp_path / backend, max_seq_len=64, weights=weights), cfg,
+                          batch=2, max_seq=64)
+    err = capfd.readouterr().err  # (ONNX Runtime's MoE op takes float experts: widened, as K-quant ones are)
+    assert "as Q6_K super-blocks" in err and ("widened to float32" in err) == (backend == "ort-standard"), err
+    compare_steps(cfg, truth(cfg, (q, f)), ours, report, f"IQ3_XXS experts as Q6_K on {backend}", tol=TOL)
+
+
 def test_a_row_chooses_its_experts_alone(files):
     """Batch invariance on the kernels: a row's logits are the same bits alone as beside rows that chose others."""
     q, _ = files
