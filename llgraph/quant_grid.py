@@ -10,7 +10,8 @@ product is exact in float32 (a half-float d times at most 10 more bits), so the 
 gives are integer codes times a float32 scale, bit for bit: this module takes the scales from the blocks' bytes,
 divides, and checks that codes * scale gives back every weight exactly (a block that does not is refused). The codes
 are held one a byte (zero_point 128): 8 bits a weight plus a float32 scale per block, against the file's 1.56-4.5 —
-the cost a user is told in one line (`widened_line`).
+the cost a user is told in one line (`widened_line`). IQ3_XXS, whose weights are exactly Q6_K's, runs as Q6_K
+super-blocks instead (AS_SUPERBLOCKS, `superblocks_line`).
 """
 
 from __future__ import annotations
