@@ -51,7 +51,8 @@ def load_config(ref: str | Path | dict | LlamaConfig) -> LlamaConfig:
             raise ConfigError(f"{ref} is a folder with neither config.json nor an llgraph export's manifest.json; "
                               "give a checkpoint (an HF folder, a .gguf file), an export folder or 'smollm2'")
     if path.suffix == ".gguf":
-        from llgraph.gguf_source import gguf_config, gguf_reader
+        from llgraph.gguf_config import gguf_config
+        from llgraph.gguf_source import gguf_reader
         from llgraph.gguf_tokenizer import check
 
         config = gguf_config(path)

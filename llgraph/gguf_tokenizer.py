@@ -19,7 +19,8 @@ renders them. `add_bos_token`/`add_eos_token` are honoured by the post-processor
 from __future__ import annotations
 
 from llgraph.errors import LlgraphError
-from llgraph.gguf_source import EOG_TEXTS, FIM_TEXTS, SPECIAL_TYPES, end_is_text, metadata
+from llgraph.gguf_config import EOG_TEXTS, FIM_TEXTS, SPECIAL_TYPES, end_is_text
+from llgraph.gguf_source import metadata
 
 # the regexes of each pre-tokenizer (byte-level BPE), in the order they split
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -121,7 +122,7 @@ IGNORE_MERGES = {*_LLAMA3_GROUP, "tekken", "glm4", "glm5", "minicpm5"}
 ADD_BOS = {*_LLAMA3_GROUP, "tekken", "chameleon"}  # llama.cpp adds a BOS for these unless the file says otherwise
 USER_DEFINED, BYTE = 4, 6  # token types: a piece rendered as written; a byte-fallback piece <0xNN>
 # gpt-oss's harmony marks, control tokens that llama.cpp always renders (its "quick hack for gpt-oss"), and <|end|>
-# where it is no end of turn (gguf_source.end_is_text): an answer's text holds its channels, which the server splits
+# where it is no end of turn (gguf_config.end_is_text): an answer's text holds its channels, which the server splits
 # into reasoning and content (runtime/engine/harmony.py)
 HARMONY_TEXT = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 

@@ -13,7 +13,8 @@ import pytest
 from gguf_vocab import CORPUS, DATA, PRE_TYPES, SENTENCEPIECE, relabelled, with_weights
 from test_quant import llgraph
 
-from llgraph.gguf_source import end_of_generation, gguf_reader
+from llgraph.gguf_config import end_of_generation
+from llgraph.gguf_source import gguf_reader
 from llgraph.tokenizer import Tokenizer
 
 LLAMA_CPP = json.loads((DATA / "llama_cpp_ids.json").read_text())

@@ -5,7 +5,8 @@ renders them) and the turn ends at <|return|>/<|call|>, not at the <|end|> that 
 import pytest
 from gguf_vocab import HARMONY_MARKS, harmony
 
-from llgraph.gguf_source import end_of_generation, gguf_reader
+from llgraph.gguf_config import end_of_generation
+from llgraph.gguf_source import gguf_reader
 from llgraph.runtime.engine import harmony as hm
 from llgraph.tokenizer import Tokenizer
 
