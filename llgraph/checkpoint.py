@@ -234,7 +234,7 @@ def _say_widened_blocks(source) -> None:
         kind = base.tensor_type(name)
         if kind not in GRID_TYPES or not (QUANTIZABLE.fullmatch(name) or EXPERTS.fullmatch(name)):
             continue
-        into = superblocks if base._as_superblocks(name) else kinds if QUANTIZABLE.fullmatch(name) else None
+        into = superblocks if base.runs_as_superblocks(name) else kinds if QUANTIZABLE.fullmatch(name) else None
         if into is not None:
             stored, n = into.get(kind, (0, 0))
             into[kind] = (stored + base.stored_bytes(name), n + math.prod(base.shape(name)))

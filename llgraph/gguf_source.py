@@ -119,7 +119,7 @@ class GGUFSource(WeightSource):
     def __init__(self, path: str | Path, rope_layout: str | None = None):
         self.path = Path(path)
         self._recent: dict = {}
-        self._halves: dict[str, bool] = {}  # _as_superblocks, by tensor
+        self._halves: dict[str, bool] = {}  # runs_as_superblocks, by tensor
         try:
             self._reader = gguf_reader(self.path)
         except OSError as e:
@@ -157,12 +157,13 @@ class GGUFSource(WeightSource):
 
     def quant_format(self, name):
         kind = self.tensor_type(name)
-        fmt = GGUF_FORMATS.get(AS_SUPERBLOCKS[kind] if self._as_superblocks(name) else kind) or GRID_FORMATS.get(kind)
+        kind = AS_SUPERBLOCKS[kind] if self.runs_as_superblocks(name) else kind
+        fmt = GGUF_FORMATS.get(kind) or GRID_FORMATS.get(kind)
         if EXPERTS.fullmatch(name):  # stacked experts: their super-blocks (QMoE); other blocks are read widened
             return fmt if fmt is not None and fmt.format in EXPERT_FORMATS else None
         return fmt if CARRIED.fullmatch(name) else None
 
-    def _as_superblocks(self, name) -> bool:
+    def runs_as_superblocks(self, name) -> bool:
         """Whether the tensor's grid blocks run as the super-block type whose weights they are (quant_grid's
         AS_SUPERBLOCKS; decided once a tensor, from its scales)."""
         if self.tensor_type(name) not in AS_SUPERBLOCKS:
@@ -185,7 +186,7 @@ class GGUFSource(WeightSource):
             return super().load_quantized(name)
         raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
         kind = t.tensor_type.name
-        if self._as_superblocks(name):  # (IQ3_XXS as Q6_K, the only such type)
+        if self.runs_as_superblocks(name):  # (IQ3_XXS as Q6_K, the only such type)
             raw, kind = iq3xxs_as_q6k(raw), AS_SUPERBLOCKS[kind]
         q = (widen_grid if kind in GRID_FORMATS else from_gguf_blocks)(raw, kind, self.shape(name))
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):

@@ -108,10 +108,15 @@ def iq3xxs_as_q6k(raw: np.ndarray) -> np.ndarray:
     """A tensor's IQ3_XXS blocks -> the same weights as Q6_K super-blocks (ggml's block_q6_K: ql[128], qh[64],
     scales[16], d), checked against gguf's dequantization of both (ValueError where they differ: a damaged file, or
     a d that does not halve: halves_exactly first)."""
+    blocks = np.asarray(raw).reshape(-1, 98)
+    step = 1 << 16  # blocks at a time (16M weights): a mixture's stacked experts hold billions
+    return np.concatenate([_iq3xxs_as_q6k(blocks[i:i + step]) for i in range(0, len(blocks), step)]).reshape(-1)
+
+
+def _iq3xxs_as_q6k(blocks: np.ndarray) -> np.ndarray:
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 
-    blocks = np.asarray(raw).reshape(-1, 98)
     n = blocks.shape[0]
     w = dequantize(blocks, T.IQ3_XXS).reshape(n, 8, 32)
     scale = _scales(blocks[None], "IQ3_XXS")[0]  # [n, 8]: d (2 ls + 1) / 4
@@ -127,7 +132,7 @@ def iq3xxs_as_q6k(raw: np.ndarray) -> np.ndarray:
     out = out.astype(np.uint8)
     if not (np.abs(g) <= 62).all() or not np.array_equal(dequantize(out, T.Q6_K).reshape(n, 8, 32), w):
         raise ValueError("IQ3_XXS blocks that are not Q6_K's weights exactly (a damaged file?)")
-    return out.reshape(-1)
+    return out
 
 
 def widened_line(kinds: dict[str, tuple[int, int]]) -> str:
