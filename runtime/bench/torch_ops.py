@@ -6,7 +6,12 @@ and an eager decode step is bound by them, so this counts, on any machine, what 
     python -m llgraph.runtime.bench.torch_ops [CONFIG] [--prefill 100] [--dtype bfloat16]
 
 CONFIG: a preset (`llama-3.2-1b`, `8b`, `tiny`, ...) or config file; random weights, cut to 2 layers (a layer's ops
-do not depend on how many there are)."""
+do not depend on how many there are). Today: llgraph's decode step 78 compute ops a layer, transformers' 52.5.
+
+Measured on a lent H200 (2026-11-29, torch 2.11+cu130; `python -m llgraph.runtime.bench.speed llama-3.2-1b --backend
+torch --device cuda --dtype bfloat16 -p 512 -n 128 --repeats 3 --peer transformers`, random weights): llgraph pp512
+19,270 / tg128 53.1 tok/s, transformers 41,896 / 85.3 (0.46x / 0.62x; 0.77x / 0.78x on 2026-11-27, before the ragged
+step; a long prefill then read the device three times a layer, once a step since, not yet measured there)."""
 
 from __future__ import annotations
 
