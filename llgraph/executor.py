@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from llgraph.attention_torch import attend, cache_span, row_groups, step_masks, to_cache
 from llgraph.dequant_torch import dequantize, dequantize_superblocks
 from llgraph.ir import Graph, Node
 from llgraph.weights import DTYPES, WeightSource, iter_params
@@ -180,102 +181,23 @@ def _grouped_attention(node: Node, q, k, v, positions, past_key, past_value, slo
     hkv, d = a["num_kv_heads"], q.shape[-1] // a["num_heads"]
     ragged = slots is not None and slots.numel() > 0
     rows = slots.view(b, s) if ragged else torch.arange(b, device=q.device)[:, None]
-    at = positions if _cache_span(positions) <= past_key.shape[2] else positions % past_key.shape[2]  # a ring
+    span, masks = cache_span(positions), step_masks(positions)
+    at = positions if span <= past_key.shape[2] else positions % past_key.shape[2]  # a ring
     for cache, x in ((past_key, k), (past_value, v)):  # cache[row, :, slot of positions[b, s]] = x[b, s], its format
-        cache.transpose(1, 2)[rows, at] = _to_cache(x.view(b, s, hkv, d), cache.dtype)
+        cache.transpose(1, 2)[rows, at] = to_cache(x.view(b, s, hkv, d), cache.dtype)
     if not ragged:
-        return _attend(a, q, positions, past_key[:b], past_value[:b], _cache_span(positions)), past_key, past_value
+        return attend(a, q, positions, past_key[:b], past_value[:b], span, masks), past_key, past_value
     flat_rows = rows.reshape(-1)
     if a["causal"] and b * s <= GATHERED_TOKENS:  # a decode step's few tokens: each a batch row, its row's keys
-        span = _cache_span(positions)
         keys, values = (c[flat_rows, :, :span] for c in (past_key, past_value))  # (a ring: all its slots)
-        out = _attend(a, q.reshape(b * s, 1, -1), positions.reshape(-1, 1), keys, values, span)
+        out = attend(a, q.reshape(b * s, 1, -1), positions.reshape(-1, 1), keys, values, span, masks, "tokens")
         return out.view(b, s, -1), past_key, past_value
     out = torch.empty_like(q)
     flat_q, flat_pos = q.reshape(b * s, -1), positions.reshape(-1)
-    for row, mine, span in _row_groups(slots, positions):  # a prompt's many tokens: each cache row's as a batch row
-        out.view(b * s, -1)[mine] = _attend(a, flat_q[mine][None], flat_pos[mine][None], past_key[row:row + 1],
-                                            past_value[row:row + 1], span)[0]
+    for row, mine, row_span in row_groups(slots, positions):  # a prompt's many tokens: each cache row's as a batch row
+        out.view(b * s, -1)[mine] = attend(a, flat_q[mine][None], flat_pos[mine][None], past_key[row:row + 1],
+                                           past_value[row:row + 1], row_span, masks, row)[0]
     return out, past_key, past_value
-
-
-def _row_groups(slots: torch.Tensor, positions: torch.Tensor) -> list[tuple[int, torch.Tensor, int]]:
-    """A ragged step's tokens by cache row: (row, the tokens' indices on the device, max position + 1), in order of
-    first appearance. Read off the device once per step (one copy of slots and positions), kept on `slots` like
-    _cache_span's span, and not once per layer: on a GPU each read waits for the queued kernels."""
-    groups = getattr(slots, "_llgraph_groups", None)
-    if groups is None:
-        rows, pos = torch.stack((slots.reshape(-1), positions.reshape(-1))).cpu()
-        groups = []
-        for row in dict.fromkeys(rows.tolist()):
-            mine = (rows == row).nonzero()[:, 0]
-            groups.append((row, mine.to(slots.device), int(pos[mine].max()) + 1))
-        slots._llgraph_groups = groups
-    return groups
-
-
-def _attend(a, q, positions, past_key, past_value, length: int):
-    """q [B, S, Hq*D] of cache rows past_key/value [B, ...] at `positions` [B, S] -> [B, S, Hq*D] over positions
-    0..length-1 of each row, masked causally (or by the row's last position) and by the window. A cache shorter
-    than `length` is a ring (a windowed layer's): position p in slot p mod its length."""
-    b, s, _ = q.shape
-    hq, hkv = a["num_heads"], a["num_kv_heads"]
-    d = q.shape[-1] // hq
-    ring = past_key.shape[2]  # (a ring's slots: length caps at them)
-    slots = torch.arange(length := min(length, ring), device=q.device)
-    limit = positions if a["causal"] else positions.max(dim=1, keepdim=True).values.expand(b, s)
-    held = slots[None, None, :]  # [B, S, L]: the position slot j holds for query (b, s)
-    if length == ring:  # every slot in use: the latest position at or before the query's limit in slot j
-        held = limit[:, :, None] - torch.remainder(limit[:, :, None] - held, ring)
-    mask = (held <= limit[:, :, None]) & (held >= 0)  # key slot j visible to query (b, s)
-    if a["window"]:  # and within the last `window` positions of the query's own
-        mask &= held > positions[:, :, None] - a["window"]
-    qh = q.view(b, s, hq, d).transpose(1, 2)
-    keys, values = (_from_cache(t[:, :, :length], q.dtype) for t in (past_key, past_value))
-    sinks = a.get("sinks")
-    if a["softcap"] or sinks is not None:  # SDPA has neither: the scores spelled out, as transformers' eager
-        keys, values = (t.repeat_interleave(hq // hkv, dim=1) for t in (keys, values))
-        scores = (qh @ keys.transpose(-1, -2)) * a["scale"]
-        if a["softcap"]:  # Gemma 2
-            scores = a["softcap"] * torch.tanh(scores / a["softcap"])
-        scores = scores.masked_fill(~mask[:, None], float("-inf")).float()
-        if sinks is not None:  # gpt-oss: one more logit a head in the softmax, its probability dropped
-            column = sinks.float().view(1, hq, 1, 1).expand(b, hq, s, 1)
-            probs = torch.cat([scores, column], -1).softmax(-1)[..., :-1]
-        else:
-            probs = scores.softmax(-1)
-        out = probs.to(q.dtype) @ values
-    else:
-        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask[:, None], scale=a["scale"],
-                                             enable_gqa=hq != hkv)
-    return out.transpose(1, 2).reshape(b, s, hq * d)
-
-
-def _to_cache(x, dtype):
-    """Rows [..., D] in the cache format of `dtype` (llgraph/kv_cache.py): its floats, or int8 codes + scale."""
-    if dtype != torch.int8:
-        return x.to(dtype)
-    x = x.float()
-    scale = x.abs().amax(-1, keepdim=True) / 127
-    codes = torch.where(scale > 0, torch.round(x / torch.where(scale > 0, scale, 1)), 0).to(torch.int8)
-    return torch.cat((codes, scale.view(torch.int8)), dim=-1)
-
-
-def _from_cache(rows, dtype):
-    """Cache rows in their format -> [..., D] in `dtype`."""
-    if rows.dtype != torch.int8:
-        return rows.to(dtype)
-    return (rows[..., :-4].float() * rows[..., -4:].contiguous().view(torch.float32)).to(dtype)
-
-
-def _cache_span(positions: torch.Tensor) -> int:
-    """The cache slots a step's attention reads: max(positions) + 1. Read off the device once per step, not once per
-    layer (every layer gets the same positions tensor): on a GPU each read waits for the queued kernels."""
-    span = getattr(positions, "_llgraph_span", None)  # kept on the tensor: it lives as long as the step's feeds
-    if span is None:
-        span = int(positions.max()) + 1
-        positions._llgraph_span = span
-    return span
 
 
 @torch_impl("SwiGLU")

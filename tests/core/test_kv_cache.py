@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from llgraph.attention_torch import from_cache, to_cache
 from llgraph.errors import LlgraphError
-from llgraph.executor import _from_cache, _to_cache
 from llgraph.kv_cache import dequantize_int8, kv_format, quantize_int8
 
 # mean KL(f32 cache || format) along a 1,024-token greedy generation of SmolLM2 (runtime/bench/kv_cache.py measures
@@ -32,9 +32,9 @@ def test_int8_rows_hold_codes_then_the_float32_scale():
 def test_the_executor_writes_the_definitions_bytes():
     """The torch executor's int8 and float16 rows equal numpy's of the definition, byte for byte."""
     x = torch.randn(2, 4, 3, 64) * 5
-    assert np.array_equal(_to_cache(x, torch.int8).numpy(), quantize_int8(x.numpy()))
-    assert np.array_equal(_to_cache(x, torch.float16).numpy(), x.numpy().astype(np.float16))
-    np.testing.assert_allclose(_from_cache(_to_cache(x, torch.int8), torch.float32).numpy(),
+    assert np.array_equal(to_cache(x, torch.int8).numpy(), quantize_int8(x.numpy()))
+    assert np.array_equal(to_cache(x, torch.float16).numpy(), x.numpy().astype(np.float16))
+    np.testing.assert_allclose(from_cache(to_cache(x, torch.int8), torch.float32).numpy(),
                                dequantize_int8(quantize_int8(x.numpy())), rtol=1e-6, atol=1e-6)
 
 
