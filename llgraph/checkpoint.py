@@ -222,7 +222,8 @@ def _say_widened_blocks(source) -> None:
     exactly as 8-bit blocks, and the cost; another for those (and experts) that run as the super-blocks whose
     weights they are."""
     from llgraph.gguf_source import GGUFSource
-    from llgraph.quant_grid import GRID_TYPES, superblocks_line, widened_line
+    from llgraph.grid_superblocks import superblocks_line
+    from llgraph.quant_grid import GRID_TYPES, widened_line
     from llgraph.weights import EXPERTS, QUANTIZABLE
 
     base = getattr(source, "base", source)

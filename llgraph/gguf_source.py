@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from llgraph.config import ConfigError
+from llgraph.grid_superblocks import AS_SUPERBLOCKS, as_superblocks, fits
 from llgraph.ops import EXPERT_FORMATS
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
-from llgraph.quant_grid import AS_SUPERBLOCKS, GRID_FORMATS, halves_exactly, iq3xxs_as_q6k, widen_grid
+from llgraph.quant_grid import GRID_FORMATS, widen_grid
 from llgraph.weights import CARRIED, EXPERTS, WeightError, WeightSource
 
 
@@ -119,7 +120,7 @@ class GGUFSource(WeightSource):
     def __init__(self, path: str | Path, rope_layout: str | None = None):
         self.path = Path(path)
         self._recent: dict = {}
-        self._halves: dict[str, bool] = {}  # runs_as_superblocks, by tensor
+        self._fits: dict[str, bool] = {}  # runs_as_superblocks, by tensor
         try:
             self._reader = gguf_reader(self.path)
         except OSError as e:
@@ -164,13 +165,13 @@ class GGUFSource(WeightSource):
         return fmt if CARRIED.fullmatch(name) else None
 
     def runs_as_superblocks(self, name) -> bool:
-        """Whether the tensor's grid blocks run as the super-block type whose weights they are (quant_grid's
+        """Whether the tensor's grid blocks run as the super-block type whose weights they are (grid_superblocks'
         AS_SUPERBLOCKS; decided once a tensor, from its scales)."""
         if self.tensor_type(name) not in AS_SUPERBLOCKS:
             return False
-        if name not in self._halves:
-            self._halves[name] = halves_exactly(np.asarray(self._tensors[name].data))
-        return self._halves[name]
+        if name not in self._fits:
+            self._fits[name] = fits(np.asarray(self._tensors[name].data), self.tensor_type(name))
+        return self._fits[name]
 
     def load_quantized(self, name):
         """A tensor's blocks; the last few are kept, as an export reads codes, scales and mins one after another."""
@@ -186,8 +187,8 @@ class GGUFSource(WeightSource):
             return super().load_quantized(name)
         raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
         kind = t.tensor_type.name
-        if self.runs_as_superblocks(name):  # (IQ3_XXS as Q6_K, the only such type)
-            raw, kind = iq3xxs_as_q6k(raw), AS_SUPERBLOCKS[kind]
+        if self.runs_as_superblocks(name):  # IQ3_XXS as Q6_K, IQ3_S as Q5_K
+            raw, kind = as_superblocks(raw, kind), AS_SUPERBLOCKS[kind]
         q = (widen_grid if kind in GRID_FORMATS else from_gguf_blocks)(raw, kind, self.shape(name))
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             heads = self._heads if m[1] == "q" else self._kv_heads

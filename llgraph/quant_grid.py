@@ -10,8 +10,8 @@ product is exact in float32 (a half-float d times at most 10 more bits), so the 
 gives are integer codes times a float32 scale, bit for bit: this module takes the scales from the blocks' bytes,
 divides, and checks that codes * scale gives back every weight exactly (a block that does not is refused). The codes
 are held one a byte (zero_point 128): 8 bits a weight plus a float32 scale per block, against the file's 1.56-4.5 —
-the cost a user is told in one line (`widened_line`). IQ3_XXS, whose weights are exactly Q6_K's, runs as Q6_K
-super-blocks instead (AS_SUPERBLOCKS, `superblocks_line`).
+the cost a user is told in one line (`widened_line`). IQ3_XXS and IQ3_S, whose weights are exactly Q6_K's and
+Q5_K's, run as those super-blocks instead (llgraph/grid_superblocks.py).
 """
 
 from __future__ import annotations
@@ -88,69 +88,9 @@ def widen_grid(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> QuantTenso
     return QuantTensor((q + 128).astype(np.uint8), scales, None, GRID_FORMATS[kind])
 
 
-# Grid types whose every weight is exactly a carried super-block type's, and run as it: IQ3_XXS's
-# w = d (2 ls + 1) g / 4, g in ±{4, 12, 20, 28, 36, 44, 52, 62} (every one even), is Q6_K's d' sc (q - 32) with
-# d' = d / 2, sc = 2 ls + 1 for both 16-weight halves of its 32, q - 32 = g / 2: 6.56 bits a weight (3.06 stored;
-# the blocked form's 9), on every kernel Q6_K has, experts too. d / 2 is a float16 for every d but an odd subnormal
-# one: a tensor holding such a d is read as 8-bit blocks instead.
-AS_SUPERBLOCKS = {"IQ3_XXS": "Q6_K"}
-
-
-def halves_exactly(raw: np.ndarray) -> bool:
-    """Whether every IQ3_XXS block's float16 d in `raw` (a tensor's bytes) is twice a float16: its exponent field is
-    2..30, or its mantissa is even (subnormal, or the smallest normal exponent, where halving drops a bit)."""
-    d = np.ascontiguousarray(np.asarray(raw).reshape(-1, 98)[:, 0:2]).view("<u2")[:, 0]
-    exponent, mantissa = (d >> 10) & 31, d & 1023
-    return bool(np.all((exponent != 31) & ((exponent >= 2) | (mantissa % 2 == 0))))
-
-
-def iq3xxs_as_q6k(raw: np.ndarray) -> np.ndarray:
-    """A tensor's IQ3_XXS blocks -> the same weights as Q6_K super-blocks (ggml's block_q6_K: ql[128], qh[64],
-    scales[16], d), checked against gguf's dequantization of both (ValueError where they differ: a damaged file, or
-    a d that does not halve: halves_exactly first)."""
-    blocks = np.asarray(raw).reshape(-1, 98)
-    step = 1 << 16  # blocks at a time (16M weights): a mixture's stacked experts hold billions
-    return np.concatenate([_iq3xxs_as_q6k(blocks[i:i + step]) for i in range(0, len(blocks), step)]).reshape(-1)
-
-
-def _iq3xxs_as_q6k(blocks: np.ndarray) -> np.ndarray:
-    from gguf import GGMLQuantizationType as T
-    from gguf.quants import dequantize
-
-    n = blocks.shape[0]
-    w = dequantize(blocks, T.IQ3_XXS).reshape(n, 8, 32)
-    scale = _scales(blocks[None], "IQ3_XXS")[0]  # [n, 8]: d (2 ls + 1) / 4
-    g = np.rint(w / np.where(scale == 0, np.float32(1), scale)[..., None])
-    q = (g / 2 + 32).astype(np.int32).reshape(n, 2, 4, 32)  # element 128 h + 32 t + l: half h, quarter t
-    words = np.stack([blocks[:, 66 + 4 * i:70 + 4 * i] for i in range(8)], 1)
-    sc = np.repeat(2 * (np.ascontiguousarray(words).view("<u4")[..., 0] >> 28) + 1, 2, axis=1).astype(np.uint8)
-    d = (_half(blocks[:, 0:2]) / np.float32(2)).astype(np.float16)
-    ql = np.concatenate(((q[:, :, 0] & 15) | ((q[:, :, 2] & 15) << 4), (q[:, :, 1] & 15) | ((q[:, :, 3] & 15) << 4)),
-                        -1)  # [n, 2, 64]: ql[64 h + l (+ 32 for quarters 1, 3)], quarters 2, 3 in the high nibble
-    qh = sum(((q[:, :, t] >> 4) & 3) << (2 * t) for t in range(4))  # [n, 2, 32]: quarter t's bits 4, 5 at 2t
-    out = np.concatenate((ql.reshape(n, 128), qh.reshape(n, 64), sc, d.view(np.uint8).reshape(n, 2)), 1)
-    out = out.astype(np.uint8)
-    if not (np.abs(g) <= 62).all() or not np.array_equal(dequantize(out, T.Q6_K).reshape(n, 8, 32), w):
-        raise ValueError("IQ3_XXS blocks that are not Q6_K's weights exactly (a damaged file?)")
-    return out
-
-
 def widened_line(kinds: dict[str, tuple[int, int]]) -> str:
     """One line: these types' tensors (type -> (bytes stored, weights)) run as 8-bit blocks, and the cost."""
     stored = sum(b for b, _ in kinds.values())
     wide = sum(n + 4 * n // GRID_TYPES[k] for k, (_, n) in kinds.items())
     return (f"llgraph: this GGUF's {'/'.join(sorted(kinds))} tensors ({stored / 1e9:.2f} GB) have no llgraph kernel; "
             f"they run read exactly as 8-bit blocks ({wide / 1e9:.2f} GB, {wide / stored:.1f}x the bytes a token)")
-
-
-def superblocks_line(kinds: dict[str, tuple[int, int]]) -> str:
-    """One line: these types' tensors (type -> (bytes stored, weights)) run as the super-blocks of AS_SUPERBLOCKS,
-    and the cost."""
-    from llgraph.ops import SUPERBLOCK_BYTES
-
-    stored = sum(b for b, _ in kinds.values())
-    wide = sum(n * SUPERBLOCK_BYTES[AS_SUPERBLOCKS[k]] // 256 for k, (_, n) in kinds.items())
-    targets = "/".join(sorted({AS_SUPERBLOCKS[k] for k in kinds}))
-    return (f"llgraph: this GGUF's {'/'.join(sorted(kinds))} tensors ({stored / 1e9:.2f} GB) have no llgraph kernel; "
-            f"they run read exactly as {targets} super-blocks ({wide / 1e9:.2f} GB, {wide / stored:.1f}x the bytes a "
-            "token)")

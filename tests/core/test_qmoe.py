@@ -17,6 +17,7 @@ from llgraph.checkpoint import load_config, open_model
 from llgraph.export import export_model, get_target
 from llgraph.export.lower import export
 from llgraph.gguf_source import GGUFSource
+from llgraph.grid_superblocks import AS_SUPERBLOCKS
 from llgraph.weight_request import Weights
 
 TOL = 1e-4
@@ -103,28 +104,30 @@ def test_the_standard_lowering_dequantizes_the_experts(files, target, tmp_path, 
                       report, "onnx QMoE", tol=TOL)
 
 
-@pytest.mark.parametrize("backend", ["torch", "ort-llgraph", "ort-standard"])
-def test_iq3_xxs_experts_run_as_q6k(tmp_path, backend, capfd, report):
-    """Experts stored as IQ3_XXS (as the small files of 30B mixtures store many) are carried as the Q6_K super-blocks
-    whose weights they are (llgraph/quant_grid.py's AS_SUPERBLOCKS), not widened to float; one line says so; the
-    executor, llgraph's kernels (exact) and ONNX Runtime's MoE op (on them widened, as on any K-quant experts) match
-    float64 of gguf's dequantization."""
-    formats = [("IQ3_XXS", "IQ3_XXS"), ("Q4_K", "IQ3_XXS")]
+@pytest.mark.parametrize("kind, backend", [("IQ3_XXS", "torch"), ("IQ3_XXS", "ort-llgraph"),
+                                           ("IQ3_XXS", "ort-standard"), ("IQ3_S", "ort-llgraph")])
+def test_iq3_experts_run_as_superblocks(tmp_path, kind, backend, capfd, report):
+    """Experts stored as IQ3_XXS or IQ3_S (as the small files of 30B mixtures store many) are carried as the Q6_K or
+    Q5_K super-blocks whose weights they are (llgraph/grid_superblocks.py), not widened to float; one line says so;
+    the executor, llgraph's kernels (exact) and ONNX Runtime's MoE op (on them widened, as on any K-quant experts)
+    match float64 of gguf's dequantization."""
+    target = AS_SUPERBLOCKS[kind]
+    formats = [(kind, kind), ("Q4_K", kind)]
     q, f = write(tmp_path / "q.gguf", formats=formats), write(tmp_path / "f.gguf", dequantized=True, formats=formats)
     cfg = load_config(q)
-    target, _, kernels = backend.partition("-")
+    export, _, kernels = backend.partition("-")
     weights = Weights(kernels=kernels or "auto", accuracy_level=0 if kernels == "llgraph" else None)
     model = open_model(q, q, weights)
     found = [(n.attrs["format"], n.attrs["down_format"]) for n in model.graph.nodes if n.op == "QMoE"]
-    assert found == [("Q6_K", "Q6_K"), ("Q4_K", "Q6_K")], found
+    assert found == [(target, target), ("Q4_K", target)], found
     if backend == "torch":
         ours = Stepper(cfg, GGUFSource(q), batch=2, max_seq=64, graph=model.graph)
     else:
         ours = OrtStepper(export_model(q, checkpoint=q, out=tmp_path / backend, max_seq_len=64, weights=weights), cfg,
                           batch=2, max_seq=64)
     err = capfd.readouterr().err  # (ONNX Runtime's MoE op takes float experts: widened, as K-quant ones are)
-    assert "as Q6_K super-blocks" in err and ("widened to float32" in err) == (backend == "ort-standard"), err
-    compare_steps(cfg, truth(cfg, (q, f)), ours, report, f"IQ3_XXS experts as Q6_K on {backend}", tol=TOL)
+    assert f"as {target} super-blocks" in err and ("widened to float32" in err) == (backend == "ort-standard"), err
+    compare_steps(cfg, truth(cfg, (q, f)), ours, report, f"{kind} experts as {target} on {backend}", tol=TOL)
 
 
 def test_a_row_chooses_its_experts_alone(files):

@@ -11,7 +11,8 @@ from test_quant import K_CFG, tiny_gguf
 from llgraph.checkpoint import load_config
 from llgraph.export import export_model
 from llgraph.gguf_source import GGUFSource
-from llgraph.quant_grid import GRID_TYPES, halves_exactly, iq3xxs_as_q6k, widen_grid
+from llgraph.grid_superblocks import AS_SUPERBLOCKS, as_superblocks, fits
+from llgraph.quant_grid import GRID_TYPES, widen_grid
 from llgraph.weight_request import Weights
 
 T = gguf.GGMLQuantizationType
@@ -37,7 +38,7 @@ def test_a_block_that_is_not_scale_times_codes_is_refused():
         widen_grid(raw, "IQ2_XXS", (16, 256))
 
 
-@pytest.mark.parametrize("kind", ["IQ2_XXS", "IQ3_S", "IQ1_M", "TQ1_0"])
+@pytest.mark.parametrize("kind", ["IQ2_XXS", "IQ2_S", "IQ1_M", "TQ1_0"])
 def test_a_grid_gguf_exports_and_matches_the_executor(kind, tmp_path, capfd, report):
     """A tiny GGUF whose Linears are `kind` exports on llgraph's kernels (no --dequantize), says in one line that
     those tensors run as 8-bit blocks and what that costs, and matches the float64 executor on gguf's dequantization:
@@ -53,53 +54,65 @@ def test_a_grid_gguf_exports_and_matches_the_executor(kind, tmp_path, capfd, rep
     compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"ort llgraph {kind}", tol=1e-3)
 
 
-def test_iq3_xxs_blocks_are_q6k_weights_exactly(report):
-    """Random IQ3_XXS blocks as Q6_K super-blocks (quant_grid.AS_SUPERBLOCKS): gguf's dequantization of the Q6_K bytes
-    equals its dequantization of the IQ3_XXS ones bit for bit, at 210 bytes a block of 256 for 98. A d that does not
-    halve in float16 (odd and subnormal) is found before, and refused by the repacking."""
-    raw = random_k_blocks((48, 512), T.IQ3_XXS, seed=7)
-    q6k = iq3xxs_as_q6k(raw)
-    want = gguf.quants.dequantize(raw, T.IQ3_XXS)
-    got = gguf.quants.dequantize(q6k.reshape(48, -1), T.Q6_K)
-    assert halves_exactly(raw) and q6k.size * 98 == raw.size * 210 and want.std() > 0
-    report("IQ3_XXS as Q6_K vs gguf.dequantize of the IQ3_XXS blocks", float(np.abs(got - want).max()), 0.0)
-    blocks = raw.reshape(-1, 98).copy()
-    blocks[5, 0:2] = (4, 0)  # d = 4 x 2^-24: halves
-    assert halves_exactly(blocks) and np.array_equal(
-        gguf.quants.dequantize(iq3xxs_as_q6k(blocks).reshape(48, -1), T.Q6_K),
-        gguf.quants.dequantize(blocks.reshape(48, -1), T.IQ3_XXS))
-    blocks[5, 0:2] = (3, 0)  # 3 x 2^-24: its half is no float16
-    assert not halves_exactly(blocks)
-    with pytest.raises(ValueError, match="not Q6_K's weights exactly"):
-        iq3xxs_as_q6k(blocks)
+# a block's d that keeps its scale, and one that does not (IQ3_XXS: d / 2 no float16; IQ3_S: 16 d past 65,504)
+D_BYTES = {"IQ3_XXS": ((4, 0), (3, 0)), "IQ3_S": (np.float16(4094).tobytes(), np.float16(4096).tobytes())}
 
 
-@pytest.mark.parametrize("backend", ["ort-llgraph", "ort-standard", "onnx"])
-def test_an_iq3_xxs_gguf_runs_as_q6k(backend, tmp_path, capfd, report):
-    """A tiny GGUF whose Linears are IQ3_XXS: every one but the tensor whose d was made odd and subnormal runs as
-    Q6_K (the graph's QLinear formats), that one as 8-bit blocks; a line says each; prefill + 8 decode steps match
-    the float64 executor on gguf's dequantization of the file — on llgraph's Q6_K kernels (exact, level 0), and
-    on ONNX Runtime's and ONNX's standard ops (Q6_K widened to blocks). Q6_K at level 4 is the kernels' own test's."""
+@pytest.mark.parametrize("kind", list(AS_SUPERBLOCKS))
+def test_iq3_blocks_are_superblock_weights_exactly(kind, report):
+    """Random IQ3_XXS / IQ3_S blocks as Q6_K / Q5_K super-blocks (grid_superblocks.AS_SUPERBLOCKS): gguf's
+    dequantization of the repacked bytes equals its dequantization of the file's bit for bit, at the target's bytes a
+    block of 256. A d whose scale the target cannot hold is found before (`fits`), and refused by the repacking."""
+    target = AS_SUPERBLOCKS[kind]
+    raw = random_k_blocks((48, 512), T[kind], seed=7)
+    packed = as_superblocks(raw, kind)
+    want = gguf.quants.dequantize(raw, T[kind])
+    got = gguf.quants.dequantize(packed.reshape(48, -1), T[target])
+    (_, size), (_, target_size) = gguf.GGML_QUANT_SIZES[T[kind]], gguf.GGML_QUANT_SIZES[T[target]]
+    assert fits(raw, kind) and packed.size * size == raw.size * target_size and want.std() > 0
+    report(f"{kind} as {target} vs gguf.dequantize of the {kind} blocks", float(np.abs(got - want).max()), 0.0)
+    blocks = raw.reshape(-1, size).copy()
+    keeps, loses = D_BYTES[kind]
+    blocks[5, 0:2] = np.frombuffer(bytes(keeps), np.uint8)
+    assert fits(blocks, kind) and np.array_equal(
+        gguf.quants.dequantize(as_superblocks(blocks, kind).reshape(48, -1), T[target]),
+        gguf.quants.dequantize(blocks.reshape(48, -1), T[kind]))
+    blocks[5, 0:2] = np.frombuffer(bytes(loses), np.uint8)
+    assert not fits(blocks, kind)
+    with pytest.raises(ValueError, match=f"not {target}'s weights exactly"):
+        as_superblocks(blocks, kind)
+
+
+@pytest.mark.parametrize("kind, backend", [("IQ3_XXS", "ort-llgraph"), ("IQ3_XXS", "ort-standard"),
+                                           ("IQ3_XXS", "onnx"), ("IQ3_S", "ort-llgraph"), ("IQ3_S", "onnx")])
+def test_an_iq3_gguf_runs_as_superblocks(kind, backend, tmp_path, capfd, report):
+    """A tiny GGUF whose Linears are IQ3_XXS (IQ3_S) runs as Q6_K (Q5_K) (the graph's QLinear formats); for IQ3_XXS,
+    the tensor whose first d was made odd and subnormal as 8-bit blocks instead; a line says each; prefill + 8
+    decode steps match the float64 executor on gguf's dequantization of the file — on llgraph's kernels (exact,
+    level 0), and on ONNX Runtime's and ONNX's standard ops (super-blocks widened to blocks). The targets at level 4
+    are the kernels' own test's."""
     from llgraph.checkpoint import open_model
 
-    path = tmp_path / "t.gguf"
-    tiny_gguf(path, T.IQ3_XXS, tiny(**K_CFG))
+    target, path = AS_SUPERBLOCKS[kind], tmp_path / "t.gguf"
+    tiny_gguf(path, T[kind], tiny(**K_CFG))
     odd = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.0.attn_q.weight")
-    assert odd.tensor_type == T.IQ3_XXS
-    with open(path, "r+b") as f:  # its first block's d: 3 x 2^-24
-        f.seek(odd.data_offset)
-        f.write(bytes((3, 0)))
+    assert odd.tensor_type == T[kind]
+    if kind == "IQ3_XXS":  # (IQ3_S's non-fitting d, 4,096, would make weights of millions: the unit test has it)
+        with open(path, "r+b") as f:  # its first block's d: 3 x 2^-24
+            f.seek(odd.data_offset)
+            f.write(bytes((3, 0)))
     cfg = load_config(path)
-    target, _, kernels = backend.partition("-")
+    export, _, kernels = backend.partition("-")
     weights = Weights(kernels=kernels or "auto", accuracy_level=0 if kernels == "llgraph" else None)
     formats = [n.attrs["format"] for n in open_model(path, path, weights).graph.nodes if n.op == "QLinear"]
-    assert formats.count("blocks") == 1 and formats.count("Q6_K") == len(formats) - 1, formats
-    folder = export_model(path, checkpoint=path, out=tmp_path / backend, target=target, max_seq_len=64,
+    odd_ones = 1 if kind == "IQ3_XXS" else 0
+    assert formats.count("blocks") == odd_ones and formats.count(target) == len(formats) - odd_ones, formats
+    folder = export_model(path, checkpoint=path, out=tmp_path / backend, target=export, max_seq_len=64,
                           weights=weights)
     said = [line for line in capfd.readouterr().err.splitlines() if "no llgraph kernel" in line]
     print(said)
-    assert any("IQ3_XXS" in line and "as Q6_K super-blocks" in line for line in said)
-    assert any("IQ3_XXS" in line and "8-bit blocks" in line for line in said)
+    assert any(kind in line and f"as {target} super-blocks" in line for line in said)
+    assert any(kind in line and "8-bit blocks" in line for line in said) == (kind == "IQ3_XXS")
     truth = Stepper(cfg, GGUFSource(path), batch=2, max_seq=64, dtype="float64")
-    compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"{backend} IQ3_XXS as Q6_K",
+    compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"{backend} {kind} as {target}",
                   tol=1e-3)
