@@ -56,6 +56,14 @@ peer's (2 cores of an AMD EPYC with AVX-512 VNNI; the read probe beside each):
 - 8B shapes made the same (3.52 / 2.74 / 3.94 GB a token), 1 thread, -p 128 -n 32 (25.0 / 24.0 / 30.0 GB/s): tg
   3.8 / 4.8 / 5.6, pp 9.9 / 10.3 / 17.6; over llama.cpp tg 1.30 / 1.27 / 1.84, pp 1.05 / 1.50 / 0.98; over
   ik_llama.cpp tg 0.96 / 0.94 / 0.87, pp 0.93 / 0.84 / 1.07.
+- 1B shapes made IQ3_S by `llama-quantize --allow-requantize` (97 IQ3_S tensors, run as Q5_K: 0.752 GB a token
+  against the file's 0.503), 1 / 2 threads, -p 128 -n 64 (29.2 / 28.9 GB/s): tg 32.5 / 41.2, pp 97.8 / 178.7; over
+  llama.cpp tg 3.59 / 2.48, pp 0.99 / 0.94 (ggml's IQ3_S dot product decodes its grid at 4.6-8.4 GB/s: the exact Q5_K
+  repacking reads 1.5x the bytes and decodes 2.5-3.6x faster, so no kernel of IQ3_S's own bits is worth writing).
+  Made IQ3_XXS (with an imatrix: 48 IQ3_XXS, 17 IQ3_S, 32 IQ2_S tensors; this random model's IQ3_XXS scales sit
+  near float16's smallest normals, where d / 2 is no float16, so its IQ3_XXS tensors ran as 8-bit blocks: 1.138 GB
+  a token against 0.443; a real SmolLM2's all run as Q6_K), 1 / 2 threads (32.1 / 35.7 GB/s): tg 20.7 / 40.7, pp
+  90.8 / 171.5; over llama.cpp tg 1.96 / 2.08, pp 1.00 / 0.99.
 - Gemma 3 1B Q4_K_M shapes, 1 / 2 threads, -p 128 -n 64 (28.6 / 32.3 GB/s): tg 21.8 / 31.0, pp 123.4 / 235.3; over
   llama.cpp tg 1.10 / 1.06, pp 1.83 / 1.72.
 - SmolLM2-135M-Instruct Q4_1 (bundled), 1 / 2 threads, -p 512 -n 128 (30.7 / 33.1 GB/s): tg 119.8 / 188.2, pp 296.8
