@@ -159,7 +159,7 @@ def _rotary(node: Node, x, cos, sin):
     n = node.attrs["num_heads"]
     xh = x.view(b, s, n, nd // n)
     half = cos.shape[-1]
-    c, si = cos.to(x.dtype)[:, :, None, :], sin.to(x.dtype)[:, :, None, :]
+    c, si = _as(cos, x.dtype)[:, :, None, :], _as(sin, x.dtype)[:, :, None, :]
     if node.attrs["interleaved"]:
         x1, x2 = xh[..., 0:2 * half:2], xh[..., 1:2 * half:2]
         rot = torch.stack((x1 * c - x2 * si, x2 * c + x1 * si), dim=-1).flatten(-2)
@@ -167,6 +167,19 @@ def _rotary(node: Node, x, cos, sin):
         x1, x2 = xh[..., :half], xh[..., half:2 * half]
         rot = torch.cat((x1 * c - x2 * si, x2 * c + x1 * si), dim=-1)
     return (torch.cat((rot, xh[..., 2 * half:]), dim=-1).view(b, s, nd),)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in `dtype`, converted once and kept on `t`: a step's RoPE table is made once and read by every layer's q
+    and k (on a GPU each conversion is a kernel launch, and an eager decode step is bound by them)."""
+    if t.dtype == dtype:
+        return t
+    kept = getattr(t, "_llgraph_as", None)
+    if kept is None:
+        kept = t._llgraph_as = {}
+    if dtype not in kept:
+        kept[dtype] = t.to(dtype)
+    return kept[dtype]
 
 
 GATHERED_TOKENS = 64  # a ragged step of at most this many tokens gathers each token's keys: no loop, no device read

@@ -6,8 +6,8 @@ and an eager decode step is bound by them, so this counts, on any machine, what 
     python -m llgraph.runtime.bench.torch_ops [CONFIG] [--prefill 100] [--dtype bfloat16]
 
 CONFIG: a preset (`llama-3.2-1b`, `8b`, `tiny`, ...) or config file; random weights, cut to 2 layers (a layer's ops
-do not depend on how many there are). Today: llgraph's decode step 74.5 compute ops a layer, transformers' 52.5 (the
-mask is built once a step since 2026-11-30; it was 78).
+do not depend on how many there are). Today: llgraph's decode step 71.5 compute ops a layer, transformers' 52.5 (the
+mask is built once a step, and the RoPE table converted to the model's dtype once, since 2026-11-30; it was 78).
 
 Measured on a lent H200 (torch 2.11+cu130, random weights, bf16):
 - 2026-11-30, `python -m llgraph.runtime.bench.speed llama-3.2-1b --backend torch --device cuda --dtype bfloat16 -p
