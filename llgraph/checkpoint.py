@@ -222,7 +222,7 @@ def _say_widened_blocks(source) -> None:
     exactly as 8-bit blocks, and the cost; another for those (and experts) that run as the super-blocks whose
     weights they are."""
     from llgraph.gguf_source import GGUFSource
-    from llgraph.grid_superblocks import superblocks_line
+    from llgraph.grid_superblocks import AS_SUPERBLOCKS, superblocks_line, why_not
     from llgraph.quant_grid import GRID_TYPES, widened_line
     from llgraph.weights import EXPERTS, QUANTIZABLE
 
@@ -240,7 +240,7 @@ def _say_widened_blocks(source) -> None:
             stored, n = into.get(kind, (0, 0))
             into[kind] = (stored + base.stored_bytes(name), n + math.prod(base.shape(name)))
     if kinds:
-        print(widened_line(kinds), file=sys.stderr)
+        print(widened_line(kinds, why_not(set(kinds) & set(AS_SUPERBLOCKS))), file=sys.stderr)
     if superblocks:
         print(superblocks_line(superblocks), file=sys.stderr)
 

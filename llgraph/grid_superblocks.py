@@ -34,6 +34,13 @@ def fits(raw: np.ndarray, kind: str) -> bool:
         0.5 if kind == "IQ3_XXS" else 16))))
 
 
+def why_not(kinds) -> str:
+    """What keeps tensors of these AS_SUPERBLOCKS types from running as their target (`fits` said no)."""
+    said = {"IQ3_XXS": "d / 2 is no float16", "IQ3_S": "16 d is past float16's range"}
+    return "; ".join(f"{k} tensors holding a block whose scale {AS_SUPERBLOCKS[k]} cannot hold: {said[k]}"
+                     for k in sorted(kinds))
+
+
 def as_superblocks(raw: np.ndarray, kind: str) -> np.ndarray:
     """A tensor's blocks of `kind` -> the same weights as AS_SUPERBLOCKS[kind] super-blocks, checked against gguf's
     dequantization of both (ValueError where they differ: a damaged file, or a d that does not scale: `fits`

@@ -88,9 +88,11 @@ def widen_grid(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> QuantTenso
     return QuantTensor((q + 128).astype(np.uint8), scales, None, GRID_FORMATS[kind])
 
 
-def widened_line(kinds: dict[str, tuple[int, int]]) -> str:
-    """One line: these types' tensors (type -> (bytes stored, weights)) run as 8-bit blocks, and the cost."""
+def widened_line(kinds: dict[str, tuple[int, int]], why: str = "") -> str:
+    """One line: these types' tensors (type -> (bytes stored, weights)) run as 8-bit blocks, and the cost; `why`:
+    what the line adds (the tensors of a type that otherwise runs as super-blocks: grid_superblocks.why_not)."""
     stored = sum(b for b, _ in kinds.values())
     wide = sum(n + 4 * n // GRID_TYPES[k] for k, (_, n) in kinds.items())
     return (f"llgraph: this GGUF's {'/'.join(sorted(kinds))} tensors ({stored / 1e9:.2f} GB) have no llgraph kernel; "
-            f"they run read exactly as 8-bit blocks ({wide / 1e9:.2f} GB, {wide / stored:.1f}x the bytes a token)")
+            f"they run read exactly as 8-bit blocks ({wide / 1e9:.2f} GB, {wide / stored:.1f}x the bytes a token)"
+            + (f" ({why})" if why else ""))

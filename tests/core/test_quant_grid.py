@@ -112,7 +112,8 @@ def test_an_iq3_gguf_runs_as_superblocks(kind, backend, tmp_path, capfd, report)
     said = [line for line in capfd.readouterr().err.splitlines() if "no llgraph kernel" in line]
     print(said)
     assert any(kind in line and f"as {target} super-blocks" in line for line in said)
-    assert any(kind in line and "8-bit blocks" in line for line in said) == (kind == "IQ3_XXS")
+    assert any(kind in line and "8-bit blocks" in line and "d / 2 is no float16" in line
+               for line in said) == (kind == "IQ3_XXS")
     truth = Stepper(cfg, GGUFSource(path), batch=2, max_seq=64, dtype="float64")
     compare_steps(cfg, truth, OrtStepper(folder, cfg, batch=2, max_seq=64), report, f"{backend} {kind} as {target}",
                   tol=1e-3)
