@@ -14,9 +14,9 @@ Measured on a lent H200 (torch 2.11+cu130, random weights, bf16):
   512 -n 128 --repeats 3 --peer transformers`: llgraph pp512 32,580 / tg128 66.3 tok/s, transformers 47,086 / 100.5
   (0.69x / 0.66x). That benchmark repeats the same shapes, and so hid the cost that mattered: SDPA with a mask ran
   cuDNN's attention, which builds a plan for each new shape, and a served decode step's key span is new every step.
-  16 layers of Llama-3.2-1B decoding at positions not seen before: 63-71 ms a step on SDPA, 15.7-16.5 ms with the
-  scores spelled out (llgraph/attention_torch.py, now the GPU's path); a prompt of a length not seen before: 0.9-1.8 s
-  of prefill on SDPA, 42-53 ms spelled out.
+  16 layers of Llama-3.2-1B decoding at positions not seen before (`python -m llgraph.runtime.bench.fresh_shapes`):
+  63-71 ms a step on SDPA, 15.7-16.5 ms with the scores spelled out (llgraph/attention_torch.py, now the GPU's path);
+  a prompt of a length not seen before: 0.9-1.8 s of prefill on SDPA, 42-53 ms spelled out.
 - 2026-11-29, the same benchmark: 19,270 / 53.1 against 41,896 / 85.3 (0.46x / 0.62x; 0.77x / 0.78x on 2026-11-27,
   before the ragged step; a long prefill then read the device three times a layer, once a step since)."""
 
