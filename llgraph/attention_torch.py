@@ -100,35 +100,38 @@ def from_cache(rows, dtype):
     return (rows[..., :-4].float() * rows[..., -4:].contiguous().view(torch.float32)).to(dtype)
 
 
+def kept(t: torch.Tensor, name: str, make):
+    """`make()`, made once and kept on tensor `t` (attribute `_llgraph_<name>`): what a step derives from its feeds
+    is derived by the first layer that needs it and read by the others, and lives as long as the step's tensors."""
+    attr = f"_llgraph_{name}"
+    value = getattr(t, attr, None)
+    if value is None:
+        value = make()
+        setattr(t, attr, value)
+    return value
+
+
 def cache_span(positions: torch.Tensor) -> int:
     """The cache slots a step's attention reads: max(positions) + 1. Read off the device once per step, not once per
     layer (every layer gets the same positions tensor): on a GPU each read waits for the queued kernels."""
-    span = getattr(positions, "_llgraph_span", None)  # kept on the tensor: it lives as long as the step's feeds
-    if span is None:
-        span = int(positions.max()) + 1
-        positions._llgraph_span = span
-    return span
+    return kept(positions, "span", lambda: int(positions.max()) + 1)
 
 
 def step_masks(positions: torch.Tensor) -> dict:
-    """The step's masks, kept on its positions tensor as cache_span's span is: every layer of the same kind (window,
-    ring) attends under the same mask."""
-    masks = getattr(positions, "_llgraph_masks", None)
-    if masks is None:
-        masks = positions._llgraph_masks = {}
-    return masks
+    """The step's masks by kind (window, ring), kept on its positions tensor: every layer of a kind attends under
+    the same mask."""
+    return kept(positions, "masks", dict)
 
 
 def row_groups(slots: torch.Tensor, positions: torch.Tensor) -> list[tuple[int, torch.Tensor, int]]:
     """A ragged step's tokens by cache row: (row, the tokens' indices on the device, max position + 1), in order of
     first appearance. Read off the device once per step (one copy of slots and positions), kept on `slots` like
     cache_span's span, and not once per layer: on a GPU each read waits for the queued kernels."""
-    groups = getattr(slots, "_llgraph_groups", None)
-    if groups is None:
+    def make() -> list[tuple[int, torch.Tensor, int]]:
         rows, pos = torch.stack((slots.reshape(-1), positions.reshape(-1))).cpu()
         groups = []
         for row in dict.fromkeys(rows.tolist()):
             mine = (rows == row).nonzero()[:, 0]
             groups.append((row, mine.to(slots.device), int(pos[mine].max()) + 1))
-        slots._llgraph_groups = groups
-    return groups
+        return groups
+    return kept(slots, "groups", make)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from llgraph.attention_torch import attend, cache_span, row_groups, step_masks, to_cache
+from llgraph.attention_torch import attend, cache_span, kept, row_groups, step_masks, to_cache
 from llgraph.dequant_torch import dequantize, dequantize_superblocks
 from llgraph.ir import Graph, Node
 from llgraph.weights import DTYPES, WeightSource, iter_params
@@ -172,14 +172,7 @@ def _rotary(node: Node, x, cos, sin):
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`t` in `dtype`, converted once and kept on `t`: a step's RoPE table is made once and read by every layer's q
     and k (on a GPU each conversion is a kernel launch, and an eager decode step is bound by them)."""
-    if t.dtype == dtype:
-        return t
-    kept = getattr(t, "_llgraph_as", None)
-    if kept is None:
-        kept = t._llgraph_as = {}
-    if dtype not in kept:
-        kept[dtype] = t.to(dtype)
-    return kept[dtype]
+    return t if t.dtype == dtype else kept(t, f"as_{dtype}".replace(".", "_"), lambda: t.to(dtype))
 
 
 GATHERED_TOKENS = 64  # a ragged step of at most this many tokens gathers each token's keys: no loop, no device read

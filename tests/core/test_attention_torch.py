@@ -1,8 +1,6 @@
 """The executor's attention (llgraph/attention_torch.py): the spelled-out path a GPU runs (no cuDNN plan per shape)
 held to torch's SDPA on the CPU, alone and through a whole model's ragged steps; and the mask built once a step."""
 
-import collections
-
 import numpy as np
 import pytest
 import torch
@@ -68,20 +66,11 @@ def test_a_step_builds_its_mask_once(tmp_path):
     """A decode step's mask (its rings and windows) is built by the first layer and read by the others: the ops
     that make it run as often with 4 layers as with 1."""
     from reference import tiny, write_hf_checkpoint
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from llgraph.checkpoint import random_weights
     from llgraph.runtime import TorchRunner
+    from llgraph.runtime.bench.torch_ops import counted
     from llgraph.runtime.engine.packed import step_logits
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops: collections.Counter = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
 
     made = {}
     for layers in (1, 4):
@@ -90,8 +79,7 @@ def test_a_step_builds_its_mask_once(tmp_path):
                         max_seq_len=32).backend
         b.allocate(1, zeroed=True)
         step_logits(b, [1, 2, 3, 4], 0)
-        with Count() as counted:
-            step_logits(b, [5], 4)
-        made[layers] = {op: counted.ops[op] for op in ("arange", "remainder", "le", "ge")}
+        ops = counted(lambda b=b: step_logits(b, [5], 4))
+        made[layers] = {op: ops[op] for op in ("arange", "remainder", "le", "ge")}
     print(made)
     assert made[1] == made[4] and made[1]["remainder"] >= 1, made
