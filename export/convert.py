@@ -28,9 +28,12 @@ def convert_gguf(gguf: str | Path, out: str | Path, force: bool = False) -> Path
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
         raise MissingExtra("llgraph convert", "torch transformers", "test", e) from None
+    from llgraph.gguf_source import shared_gguf_reads
+
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        with shared_gguf_reads():  # one parse of the file, not transformers' three
+            loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except (ValueError, KeyError, RuntimeError, OSError) as e:
         raise LlgraphError(f"transformers cannot read {gguf.name} ({str(e).splitlines()[0][:160]}); it converts the "
                            "GGUF architectures transformers knows") from None

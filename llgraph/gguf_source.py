@@ -9,6 +9,7 @@ tied head where `output.weight` is absent."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -67,7 +68,7 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
 
 @functools.lru_cache(maxsize=4)
 def _gguf_reader(path: str, mtime_ns: int, size: int):
-    from gguf import GGUFReader
+    from gguf.gguf_reader import GGUFReader  # the class itself, whatever shared_gguf_reads put in gguf's namespace
 
     class Reader(GGUFReader):
         """gguf's reader over a plain ndarray view of its memory map (the same pages, no copy): numpy's memmap
@@ -81,6 +82,24 @@ def _gguf_reader(path: str, mtime_ns: int, size: int):
             return super()._get(*args, **kwargs)
 
     return Reader(path, "r")
+
+
+@contextlib.contextmanager
+def shared_gguf_reads():
+    """Inside the block, `gguf.GGUFReader(path)` is gguf_reader(path): one parse a file, shared. transformers' GGUF
+    loader (llgraph convert's, a test's reference) parses a file with gguf's own reader three times — config,
+    tokenizer, weights —, ~4 s each for SmolLM2's 49k-token vocabulary. The fields and tensors are gguf's own."""
+    import gguf
+
+    original = gguf.GGUFReader
+
+    def shared(path, mode="r"):
+        return gguf_reader(path) if mode == "r" else original(path, mode)
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def _why_unreadable(path: Path, size: int, error: Exception) -> str:
