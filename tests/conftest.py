@@ -91,6 +91,28 @@ def serve_export(smollm2_export):
     return smollm2_export("ort", max_seq_len=512)
 
 
+@pytest.fixture(scope="session")
+def shallow_smollm2(tmp_path_factory):
+    """The bundled SmolLM2 cut to its first 2 layers (reference.truncated_gguf): its tokenizer, chat template and
+    widths at 1/15 of its forward, for the tests that hold what surrounds the model — a server's answers to hostile
+    input, a runtime against another on the same weights — not its text."""
+    from reference import truncated_gguf
+
+    from llgraph.bundled import bundled_model
+
+    return truncated_gguf(bundled_model("smollm2"), tmp_path_factory.mktemp("smollm2-2") / "smollm2-2.gguf", 2)
+
+
+@pytest.fixture(scope="session")
+def shallow_export(shallow_smollm2):
+    """shallow_smollm2 exported for ort, dequantized to float32, 512 positions (as serve_export)."""
+    from llgraph.export import export_model
+    from llgraph.weight_request import Weights
+
+    return export_model(shallow_smollm2, checkpoint=shallow_smollm2, out=shallow_smollm2.parent / "ort",
+                        target="ort", weights=Weights("float32", dequantize=True), max_seq_len=512)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_export_cache(tmp_path_factory):
     """Tests never read or fill the user's export cache (~/.cache/llgraph): `llgraph generate CHECKPOINT` run by a
@@ -153,10 +175,12 @@ def smollm2_transformers():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llgraph.bundled import bundled_model
+    from llgraph.gguf_source import shared_gguf_reads
 
     path = bundled_model("smollm2")
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with shared_gguf_reads():  # gguf's parse of the file, once, not transformers' three times
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        return model.eval(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 @pytest.fixture(scope="session")

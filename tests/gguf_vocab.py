@@ -59,11 +59,12 @@ def _write(path: Path, fill) -> Path:
 
 @functools.cache
 def smollm2_vocabulary() -> tuple[list, list, list]:
-    """SmolLM2's tokens, token types and merges, read once (a GGUFReader of the file takes ~2 s: the relabelled
+    """SmolLM2's tokens, token types and merges, read once (a read of the file takes seconds: the relabelled
     vocabularies were ~80 s of the suite)."""
     from llgraph.bundled import bundled_model
+    from llgraph.gguf_source import gguf_reader
 
-    r = gguf.GGUFReader(str(bundled_model("smollm2")))
+    r = gguf_reader(bundled_model("smollm2"))
     return tuple(r.fields[f"tokenizer.ggml.{key}"].contents() for key in ("tokens", "token_type", "merges"))
 
 
@@ -124,8 +125,9 @@ def with_weights(path: Path, vocab: Path, sampling: dict | None = None) -> Path:
     from reference import tiny, write_gguf
 
     from llgraph.checkpoint import random_weights
+    from llgraph.gguf_source import gguf_reader
 
-    r = gguf.GGUFReader(str(vocab))
+    r = gguf_reader(vocab)  # llgraph's: gguf's own takes 3 s a 49k-token vocabulary, 9 of them in the suite
     keys = [k for k in r.fields if k.startswith("tokenizer.")]
     tokens = r.fields["tokenizer.ggml.tokens"].contents()
     cfg = tiny(vocab_size=len(tokens), hidden_size=64, intermediate_size=128, head_dim=16)

@@ -134,17 +134,39 @@ def gguf_writer(path, arch: str, cfg: LlamaConfig):
     return w
 
 
-def copying_fields(src, dst):
-    """A gguf writer at `dst` with every metadata field of the GGUFReader `src` (its architecture's too)."""
+def copying_fields(src, dst, skip=()):
+    """A gguf writer at `dst` with every metadata field of the GGUFReader `src` (its architecture's too) but the keys
+    in `skip`."""
     import gguf
 
     w = gguf.GGUFWriter(str(dst), src.fields["general.architecture"].contents())
     for key, f in src.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
+        if not key.startswith("GGUF.") and key != "general.architecture" and key not in skip:
             kind = f.types[0]
             w.add_array(key, f.contents()) if kind == gguf.GGUFValueType.ARRAY else \
                 w.add_key_value(key, f.contents(), kind)
     return w
+
+
+def truncated_gguf(src, dst, layers: int):
+    """A copy of the GGUF `src` keeping its first `layers` blocks (tensors as stored, every other field as is): a
+    real model's tokenizer, template and shapes at a fraction of its forward's cost, for tests that hold the model's
+    surroundings (a server's answers to hostile input, a runtime against itself), not its quality."""
+    import re
+
+    import numpy as np
+
+    from llgraph.gguf_source import gguf_reader
+
+    r = gguf_reader(src)
+    key = f"{r.fields['general.architecture'].contents()}.block_count"
+    w = copying_fields(r, dst, skip={key})
+    w.add_uint32(key, layers)
+    for t in r.tensors:
+        if not ((m := re.match(r"blk\.(\d+)\.", t.name)) and int(m[1]) >= layers):
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    finish_gguf(w)
+    return dst
 
 
 def finish_gguf(w) -> None:

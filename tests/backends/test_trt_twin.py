@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from llgraph.bundled import bundled_model
 from llgraph.errors import LlgraphError
 from llgraph.export import export_model
 from llgraph.export.trt_build import build_engine
@@ -39,13 +38,16 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory, smollm2_export):
-    """(SmolLM2's trt export, 128 positions, with an engine built by TensorRT-RTX; the session's float32 ort export)"""
-    path = bundled_model("smollm2")
+def smollm2(tmp_path_factory, shallow_smollm2, shallow_export):
+    """(the trt export of SmolLM2 cut to 2 layers, 128 positions, with an engine built by TensorRT-RTX; its float32
+    ort export). A real tokenizer, real widths and weights: what the twin holds (the backend's bindings, profiles,
+    cache and rows) is the same at every depth, and the full model's build took a minute of the suite;
+    tests/export/test_trt_build.py builds SmolLM2's layers in every dtype"""
     root = tmp_path_factory.mktemp("twin-smollm2")
+    path = shallow_smollm2
     trt = built(export_model(path, checkpoint=path, out=root / "trt", target="trt", max_seq_len=128), max_batch=4)
-    yield trt, smollm2_export("ort", max_seq_len=128)
-    shutil.rmtree(root)  # 650 MB the rest of the session does not need
+    yield trt, shallow_export
+    shutil.rmtree(root)
 
 
 def as_plugin_engine(folder: Path, out: Path) -> Path:

@@ -81,14 +81,17 @@ def test_models_health_and_metrics(server):
 @pytest.mark.parametrize("backend", ["ort", "torch"])
 def test_16_concurrent_clients_get_their_solo_tokens(backend, serve_export, request):
     """Continuous batching at temperature 0: 16 streams of different prompt lengths through 8 slots (so requests
-    queue, join and leave the running batch) each get exactly what generate() gives that prompt alone."""
+    queue, join and leave the running batch) each get exactly what generate() gives that prompt alone. ONNX Runtime
+    serves SmolLM2; torch its first 2 layers (shallow_smollm2: the rows' bookkeeping is the same at every depth, and
+    the executor's eager forward costs the full model's half a minute here)."""
     from llgraph.runtime import ORTRunner, TorchRunner
 
     if backend == "ort":
         s, runner = request.getfixturevalue("server"), ORTRunner(serve_export, max_seq_len=256)
     else:
-        s = Server("smollm2", "--backend", "torch", "--name", "smollm2", "--slots", "8", "--max-seq-len", "256")
-        runner = TorchRunner("smollm2", max_seq_len=256)
+        model = str(request.getfixturevalue("shallow_smollm2"))
+        s = Server(model, "--backend", "torch", "--name", "smollm2", "--slots", "8", "--max-seq-len", "256")
+        runner = TorchRunner(model, max_seq_len=256)
     try:
         lengths = [12 + 3 * (i % 5) for i in range(len(PROMPTS))]  # they also leave at different steps
         solo = [runner.generate(p, n).text for p, n in zip(PROMPTS, lengths)]
@@ -199,14 +202,16 @@ def test_one_slot_queue_full_disconnect_and_sigterm(serve_export):
 
 
 @pytest.mark.slow
-def test_ray_serve_two_local_replicas_answer(serve_export):
+def test_ray_serve_two_local_replicas_answer(shallow_export):
+    """Two replicas of SmolLM2 cut to 2 layers (each loads its own copy: the full model's 0.5 GB twice) answer as
+    generate() does, and both answer."""
     need("ray.serve")
     from llgraph.runtime import ORTRunner
 
-    s = Server(str(serve_export), "--name", "smollm2", "--ray", "--replicas", "2", "--slots", "2",
+    s = Server(str(shallow_export), "--name", "smollm2", "--ray", "--replicas", "2", "--slots", "2",
                "--max-seq-len", "256", ready_timeout=300)
     try:
-        want = ORTRunner(serve_export, max_seq_len=256).generate(PROMPTS[0], 12).text
+        want = ORTRunner(shallow_export, max_seq_len=256).generate(PROMPTS[0], 12).text
         with ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda _: s.client.completions.create(
                 model="smollm2", prompt=PROMPTS[0], max_tokens=12, temperature=0).choices[0].text, range(6)))

@@ -82,8 +82,8 @@ def _cases():
             yield route, json.dumps({**BASES[route], **fill(value)}).encode()
 
 
-def test_no_input_is_a_5xx(serve_export):
-    s = Server(str(serve_export), "--name", "m", "--slots", "2", "--max-seq-len", "64", "--max-queue", "256")
+def test_no_input_is_a_5xx(shallow_export):
+    s = Server(str(shallow_export), "--name", "m", "--slots", "2", "--max-seq-len", "64", "--max-queue", "256")
     cases = list(_cases())
     bad: list = []
 
