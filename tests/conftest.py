@@ -86,9 +86,12 @@ def smollm2_export(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def serve_export(smollm2_export):
-    """The SmolLM2 export the server tests serve: ort, float32, 512 positions (servers and runners of the tests pick
-    their cache length below it: 256 mostly, 512 for tool calling's longer prompts)."""
-    return smollm2_export("ort", max_seq_len=512)
+    """The SmolLM2 export the server tests serve: ort on llgraph's CPU kernels, its GGUF's blocks as stored (as
+    `llgraph serve smollm2` runs them, here at the exact accuracy level 0; a decode step reads a quarter of the
+    float32 export's bytes, and a row's bits do not depend on its neighbours), 512 positions
+    (servers and runners of the tests pick their cache length below it: 256 mostly, 512 for tool calling's longer
+    prompts)."""
+    return smollm2_export("ort", max_seq_len=512, quantized=True)
 
 
 @pytest.fixture(scope="session")

@@ -267,9 +267,13 @@ def hf_folder_from_gguf(gguf_path, folder):
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from llgraph.gguf_source import shared_gguf_reads
+
     gguf_path = Path(gguf_path)
     kw = {"gguf_file": gguf_path.name}
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), dtype=torch.float32, **kw)
+    with shared_gguf_reads():  # gguf's parse of the file, once, not transformers' three times
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), dtype=torch.float32, **kw)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kw)
     tied = model.config.tie_word_embeddings
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")},
@@ -278,5 +282,5 @@ def hf_folder_from_gguf(gguf_path, folder):
     config = json.loads((folder / "config.json").read_text())
     config.pop("quantization_config", None)  # the weights are plain float32 now
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    AutoTokenizer.from_pretrained(str(gguf_path.parent), **kw).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return folder
