@@ -170,13 +170,13 @@ def test_eval_has_built_in_tasks_a_new_user_can_run(tmp_path):
     """`llgraph eval smollm2 --task mc` with no --data: llgraph's own 20 items (one with an empty context, which
     lm-eval accepts), ONNX Runtime against the PyTorch executor item by item; perplexity on the bundled passage."""
     assert len(MC_BASICS.read_text().splitlines()) == 20
-    r = llgraph("eval", "smollm2", "--task", "mc", "--compare", "torch", "--cache-dir", "cache", "--kv-cache", "f32",
-                cwd=tmp_path)
+    # the session's export cache (conftest: this test run's own), where `llgraph generate smollm2` left its export
+    r = llgraph("eval", "smollm2", "--task", "mc", "--compare", "torch", "--kv-cache", "f32", cwd=tmp_path)
     print(r.stdout[-600:])
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("ort ", "torch "))]
     assert [row[1] for row in rows] == ["20", "20"] and rows[0][2] == rows[1][2]  # the same accuracy
     largest = float(r.stdout.rsplit("largest: ", 1)[1].split()[0])
     assert largest < 1e-3, largest
-    r = llgraph("eval", "smollm2", "--task", "perplexity", "--cache-dir", "cache", cwd=tmp_path)
+    r = llgraph("eval", "smollm2", "--task", "perplexity", cwd=tmp_path)
     assert r.returncode == 0 and "perplexity" in r.stdout, r.stderr
