@@ -226,10 +226,12 @@ def fetch_headers(progress: bool = True, root: Path | None = None) -> Path:
         apt = ["apt-get", "-q", f"-o=Dir::Etc::SourceList={s / 'sources.list'}", "-o=Dir::Etc::SourceParts=/dev/null",
                f"-o=Dir::State::Lists={s / 'lists'}", f"-o=Dir::Cache={s / 'cache'}",
                "-o=APT::Sandbox::User=root"]
+        said = []  # apt-get update exits 0 when the archive cannot be reached; what it warned is the cause
         for step in (["update"], ["download", HEADERS_PACKAGE]):
             r = subprocess.run(apt + step, capture_output=True, text=True, cwd=s)
+            said += [line.split(": ", 1)[-1] for line in r.stderr.splitlines() if "Failed to fetch" in line]
             if r.returncode != 0:
-                last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+                last = (said or r.stderr.strip().splitlines() or ["no output"])[-1]
                 why = (f"could not fetch {HEADERS_PACKAGE} from Debian ({last}); set $ORT_INCLUDE_DIR to ONNX "
                        "Runtime's include folder")
                 (root / FAILED).write_text(why)  # remembered: the next runs do not wait on the archive again
