@@ -3,6 +3,7 @@ checkpoints, every backend against the executor on the same weights dequantized,
 
 import subprocess
 import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -259,6 +260,25 @@ def test_gguf_reader_reads_what_ggufs_own_reads():
     assert [(t.name, t.tensor_type, t.data_offset) for t in ours.tensors] == \
         [(t.name, t.tensor_type, t.data_offset) for t in theirs.tensors]
     assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors))
+
+
+def test_shared_gguf_reads_hand_out_the_one_parse_and_put_gguf_back(tmp_path):
+    """Inside shared_gguf_reads, gguf.GGUFReader(path) (what transformers' GGUF loader calls, once each for config,
+    tokenizer and weights) is llgraph's cached reader of that file; a write-mode reader is gguf's own; after the
+    block, even one left by an exception, gguf's class is back."""
+    from llgraph.gguf_source import gguf_reader, shared_gguf_reads
+
+    path, original = bundled_model("smollm2"), gguf.GGUFReader
+    with shared_gguf_reads():
+        assert gguf.GGUFReader(str(path)) is gguf.GGUFReader(path) is gguf_reader(path)
+        copy = tmp_path / "copy.gguf"  # a small GGUF (a vocabulary), opened for writing
+        copy.write_bytes((Path(__file__).parents[1] / "data" / "gguf_tokenizers" / "sentencepiece-bpe-800.gguf")
+                         .read_bytes())
+        assert type(gguf.GGUFReader(str(copy), "r+")) is original
+    assert gguf.GGUFReader is original
+    with pytest.raises(RuntimeError), shared_gguf_reads():
+        raise RuntimeError
+    assert gguf.GGUFReader is original
 
 
 def test_accuracy_level_is_a_weight_flag_of_the_runners(tmp_path):
