@@ -35,7 +35,7 @@ HEADERS_PACKAGE = "libonnxruntime-dev"  # Debian 13 (trixie): ONNX Runtime 1.21'
 HEADERS_SUITE = "deb http://deb.debian.org/debian trixie main"
 BUILDS, HEADERS = "kernels", "ort-headers"  # under the user cache: one folder per build key, the fetched headers
 CHECKSUM = ".sha256"  # beside the built library: its sha256, checked before each use (a damaged one is rebuilt)
-BUILD_LOG = "build.log"  # beside the built library: what the compiler said building it (FLAGS: its warnings)
+BUILD_LOG = "build.log"  # beside the built library: its command line, then the compiler's warning lines (FLAGS)
 FAILED, RETRY_AFTER = ".failed", 3600  # a failed header fetch, remembered an hour (an unreachable archive costs
 # each run ~7 s of apt-get timeouts before the fallback to ONNX Runtime's own ops)
 SCRATCH = "tmp-fetch-"  # the headers' scratch folders: tmp-fetch-PID-…, removed by the next fetch once PID is dead
@@ -168,7 +168,8 @@ def _built(progress: bool, build: bool = True) -> Path:
             first = next((line for line in r.stderr.splitlines() if "error" in line), r.stderr.strip()[:200])
             raise KernelsUnavailable(f"building llgraph's CPU kernels failed ({first}); report it, or use "
                                      "--kernels standard")
-        out.with_name(BUILD_LOG).write_text(" ".join(cmd) + "\n" + r.stderr)
+        said = [line for line in r.stderr.splitlines() if ": warning: " in line or ": error: " in line]
+        out.with_name(BUILD_LOG).write_text("\n".join([" ".join(cmd), *said]) + "\n")  # not 1.8 MB of context
         out.with_name(LIBRARY + CHECKSUM).write_text(file_sha256(partial) + "\n")
         partial.replace(out)  # the checksum first: a library without its record is rebuilt, never trusted
     finally:
