@@ -12,7 +12,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from llgraph.export.lower import RING, Emitter, Target
-from llgraph.export.onnx_moe import moe
+from llgraph.export.onnx_moe import expert_matmul, moe
 from llgraph.ir import Node
 
 OPSET = 24
@@ -324,6 +324,6 @@ def add(em: Emitter, node: Node) -> None:
 LOWERINGS = {"Embedding": embedding, "QEmbedding": qembedding, "RMSNorm": rmsnorm, "Linear": linear,
              "QLinear": qlinear, "Split": split, "RotaryCosSin": rotary_cos_sin, "Rotary": rotary,
              "GroupedAttention": grouped_attention, "SwiGLU": swiglu, "GeGLU": geglu, "SoftCap": softcap, "Add": add,
-             "KeepLast": keep_last, "MoE": moe, "QMoE": moe}
+             "KeepLast": keep_last, "MoE": moe, "QMoE": moe, "ExpertMatMul": expert_matmul}
 
 TARGET = Target("onnx", LOWERINGS, {"": OPSET})

@@ -6,6 +6,8 @@ inputs, its tokens and logits, the shared expert, the experts' weights."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import TensorProto
@@ -57,14 +59,15 @@ def moe_finish(em: Emitter, node: Node, flat: str, routed: str) -> None:
     em.node("Reshape", [routed, em.node("Shape", [x], hint=name)[0]], node.outputs, hint=name)
 
 
-def moe(em: Emitter, node: Node) -> None:
+def moe(em: Emitter, node: Node, product: Callable | None = None) -> None:
     """Standard ONNX: the router's softmax (float32) and TopK, then one of two ways, chosen per forward by an `If`
     on the token count N: where N * k <= experts (decode, small batches) each token's k experts are gathered and
     only they run — a token reads k experts' weights, as llama.cpp's mul_mat_id and ONNX Runtime's MoE op do —;
     else every expert runs on every token as batched MatMuls ([experts, tokens, ffn]), weighted by a dense [tokens,
     experts] matrix that is 0 but at the chosen (a prefill: every expert is read once, whatever N). Both exact (the
     ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py). TensorRT-RTX builds the else-branch alone
-    (export/trt_network.py's without_branches says why)."""
+    (export/trt_network.py's without_branches says why). `product(em, x, weight, chosen, hint)` emits the gathered
+    way's ExpertMatMul (ops.py): its standard decomposition here, the plugin node in the trt target."""
     x = node.inputs[0]
     name, dtype = node.name, em.dtype_of(x)
     flat, logits = moe_tokens(em, node)
@@ -81,7 +84,7 @@ def moe(em: Emitter, node: Node) -> None:
     few = em.node("Squeeze", [few, em.const([0], "int64")], hint=name)[0]  # If's condition: one element
     routed = em.node("If", [few], hint=name,
                      then_branch=_branch(em, f"{name}/gathered", dtype, lambda: _gathered(em, node, flat, top, chosen,
-                                                                                               weights)),
+                                                                                               weights, product)),
                      else_branch=_branch(em, f"{name}/dense", dtype, lambda: _dense(em, node, flat, probs, top,
                                                                                     chosen, weights)))[0]
     moe_finish(em, node, flat, routed)
@@ -100,25 +103,42 @@ def _branch(em: Emitter, name: str, dtype: int, build) -> onnx.GraphProto:
                                                                                                          None)])
 
 
-def _gathered(em: Emitter, node: Node, flat: str, top: str, chosen: str, weights: list[str]) -> str:
-    """Each token's k experts gathered ([tokens, k, in, out]) and run on it alone: [tokens, hidden]."""
+def _gathered(em: Emitter, node: Node, flat: str, top: str, chosen: str, weights: list[str],
+              product: Callable | None) -> str:
+    """Each token's k experts run on it alone (ExpertMatMul, ops.py): [tokens, hidden]."""
     name, dtype = node.name, em.dtype_of(node.inputs[0])
-    gate, up, down = (em.node("Gather", [w, chosen], hint=name, axis=0)[0] for w in weights)
+    product = product or expert_product
+    gate, up, down = weights
     gate_bias, up_bias, down_bias = moe_inputs(node)[10:]
 
-    def biased(y, bias):  # + bias[chosen] : [N, k, 1, out]
+    def biased(y, bias):  # + bias[chosen] : [N, k, out]
         if bias is None:
             return y
-        rows = em.node("Gather", [em.weight(bias), chosen], hint=name, axis=0)[0]  # [N, k, out]
-        return em.node("Add", [y, em.node("Unsqueeze", [rows, em.const([2], "int64")], hint=name)[0]], hint=name)[0]
-    row = em.node("Unsqueeze", [flat, em.const([1, 2], "int64")], hint=name)[0]  # [N, 1, 1, H]
-    g = biased(em.node("MatMul", [row, gate], hint=name)[0], gate_bias)  # [N, k, 1, F]
-    u = biased(em.node("MatMul", [row, up], hint=name)[0], up_bias)
-    y = biased(em.node("MatMul", [gated(em, node, g, u), down], hint=name)[0], down_bias)  # [N, k, 1, H]
+        return em.node("Add", [y, em.node("Gather", [em.weight(bias), chosen], hint=name, axis=0)[0]], hint=name)[0]
+    row = em.node("Unsqueeze", [flat, em.const([1], "int64")], hint=name)[0]  # [N, 1, H]: one row for all k
+    g = biased(product(em, row, gate, chosen, name), gate_bias)  # [N, k, F]
+    u = biased(product(em, row, up, chosen, name), up_bias)
+    y = biased(product(em, gated(em, node, g, u), down, chosen, name), down_bias)  # [N, k, H]
     w = top if dtype == TensorProto.FLOAT else em.node("Cast", [top], hint=name, to=dtype)[0]
-    w = em.node("Unsqueeze", [w, em.const([2, 3], "int64")], hint=name)[0]  # [N, k, 1, 1]
-    return em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([1, 2], "int64")], hint=name,
+    w = em.node("Unsqueeze", [w, em.const([2], "int64")], hint=name)[0]  # [N, k, 1]
+    return em.node("ReduceSum", [em.node("Mul", [y, w], hint=name)[0], em.const([1], "int64")], hint=name,
                    keepdims=0)[0]
+
+
+def expert_product(em: Emitter, x: str, weight: str, chosen: str, hint: str, out: str | None = None) -> str:
+    """ExpertMatMul (ops.py) in standard ONNX: each pair's matrix gathered ([tokens, k, in, out]) and its row
+    multiplied by it; x [tokens, 1 or k, in] -> [tokens, k, out]."""
+    w = em.node("Gather", [weight, chosen], hint=hint, axis=0)[0]
+    rows = em.node("Unsqueeze", [x, em.const([2], "int64")], hint=hint)[0]  # [N, 1 or k, 1, in]
+    y = em.node("MatMul", [rows, w], hint=hint)[0]  # [N, k, 1, out]
+    return em.node("Squeeze", [y, em.const([2], "int64")], [out] if out else 1, hint=hint)[0]
+
+
+def expert_matmul(em: Emitter, node: Node) -> None:
+    """The IR's ExpertMatMul node, in standard ONNX."""
+    x, weight, chosen = (node.arg(i) for i in range(3))
+    expert_product(em, x, em.weight(weight) if weight in em.graph.params else weight, chosen, node.name,
+                   node.outputs[0])
 
 
 def _dense(em: Emitter, node: Node, flat: str, probs: str, top: str, chosen: str, weights: list[str]) -> str:

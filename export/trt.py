@@ -1,6 +1,7 @@
 """Target `trt`: ONNX for TensorRT with llgraph plugins, that ONNX Runtime runs too.
 
-RMSNorm, Rotary, GroupedAttention and SwiGLU become plugin nodes: `op_type` is the plugin name, the attributes are
+RMSNorm, Rotary, GroupedAttention, SwiGLU and ExpertMatMul become plugin nodes (ExpertMatMul where a MoE's step of
+few tokens runs each token's experts: export/onnx_moe.py's `If`): `op_type` is the plugin name, the attributes are
 exactly the plugin's fields (plugins/tensorrt/spec.py, read from the op schemas) plus `plugin_namespace="llgraph"` and
 `plugin_version`. Each such op type also has a model-local ONNX function (domain `llgraph`) whose body is its
 reference decomposition in standard opset-24 ops, written against the node's attributes (`ref_attr_name`), never
@@ -18,10 +19,13 @@ positions in one call must be one contiguous range (the plugin kernel's and the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
 import llgraph.export.onnx as std
+import llgraph.export.onnx_moe as onnx_moe
 from llgraph.export.lower import Emitter, Target
 from llgraph.ir import Node
 from llgraph.passes import ragged_slots
@@ -161,7 +165,14 @@ def _grouped_attention(f: _Body, sinks: bool = False) -> None:
     f("Reshape", y, f("Concat", batch_seq, f.ints(-1), axis=0), out="out")
 
 
-BODIES = {"RMSNorm": _rmsnorm, "SwiGLU": _swiglu, "Rotary": _rotary, "GroupedAttention": _grouped_attention}
+def _expert_matmul(f: _Body) -> None:
+    """Each (token, slot) pair's expert matrix gathered, its row multiplied by it (onnx_moe.expert_product)."""
+    rows = f("Unsqueeze", "x", f.ints(2))  # [N, 1 or k, 1, in]
+    f("Squeeze", f("MatMul", rows, f("Gather", "weight", "chosen", axis=0)), f.ints(2), out="out")
+
+
+BODIES = {"RMSNorm": _rmsnorm, "SwiGLU": _swiglu, "Rotary": _rotary, "GroupedAttention": _grouped_attention,
+          "ExpertMatMul": _expert_matmul}
 
 
 def function(op: str, rows: bool = False, sinks: bool = False) -> FunctionProto:
@@ -188,16 +199,31 @@ def plugin_node(em: Emitter, node: Node) -> None:
     if node.op == "GroupedAttention" and not node.attrs["causal"]:
         raise NotImplementedError("non-causal GroupedAttention has no plugin or ONNX lowering yet")
     inputs = [em.weight(name) if name in em.graph.params else name for name in node.inputs]
+    sinks = False
     if node.op == "GroupedAttention":
         std.slots_input(em, node)
         inputs = inputs if len(inputs) > 7 else [*inputs, std.no_sinks(em)]  # every plugin input, always
-    if node.op not in em.functions:
-        em.functions[node.op] = function(node.op, sinks=inputs[7] != std.NO_SINKS if node.op == "GroupedAttention"
-                                         else False)
-    em.node(node.op, inputs, node.outputs, domain=spec.NAMESPACE, hint=node.name,
-            **spec.onnx_attrs(node.op, node.attrs))
+        sinks = inputs[7] != std.NO_SINKS
+    plugin(em, node.op, inputs, node.outputs, node.attrs, node.name, sinks=sinks)
 
 
-LOWERINGS = {**std.LOWERINGS, **{op: plugin_node for op in spec.PLUGIN_OPS}}
+def plugin(em: Emitter, op: str, inputs: list, outputs, attrs: Mapping, hint: str, sinks: bool = False) -> list[str]:
+    """A plugin node of `op` (its model-local function added once) -> its output names."""
+    if op not in em.functions:
+        em.functions[op] = function(op, sinks=sinks)
+    return em.node(op, inputs, outputs, domain=spec.NAMESPACE, hint=hint, **spec.onnx_attrs(op, attrs))
+
+
+def _expert_plugin(em: Emitter, x: str, weight: str, chosen: str, hint: str) -> str:
+    return plugin(em, "ExpertMatMul", [x, weight, chosen], 1, {}, hint)[0]
+
+
+def moe(em: Emitter, node: Node) -> None:
+    """MoE and QMoE as the onnx target lowers them, a step of few tokens reading each chosen expert's matrices in
+    place through the ExpertMatMul plugin (the standard decomposition gathers them into a new tensor first)."""
+    onnx_moe.moe(em, node, product=_expert_plugin)
+
+
+LOWERINGS = {**std.LOWERINGS, **{op: plugin_node for op in spec.PLUGIN_OPS}, "MoE": moe, "QMoE": moe}
 
 TARGET = Target("trt", LOWERINGS, {"": std.OPSET, spec.NAMESPACE: 1}, passes=(ragged_slots,))

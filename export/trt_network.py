@@ -18,7 +18,7 @@ def for_build(model, max_seq_len: int, plugins: str, flavor: str) -> None:
             if dim.dim_param == MAX_SEQ:
                 dim.dim_value = max_seq_len  # clears dim_param (a oneof)
     if plugins == "none":  # the parser gives a node with plugin_namespace to a registered creator first; without
-        for node in model.graph.node:  # it, the node's function body is imported (TensorRT's native layers)
+        for node in every_node(model.graph):  # it, the node's function body is imported (TensorRT's native layers)
             kept = [a for a in node.attribute if a.name != "plugin_namespace"]
             if len(kept) != len(node.attribute):
                 del node.attribute[:]
@@ -26,6 +26,17 @@ def for_build(model, max_seq_len: int, plugins: str, flavor: str) -> None:
     _ragged_for(model, plugins)
     if flavor == "rtx":
         without_branches(model)
+
+
+def every_node(graph):
+    """A graph's nodes and, depth first, those of its If branches (a MoE's ExpertMatMul plugin nodes)."""
+    from onnx import AttributeProto
+
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == AttributeProto.GRAPH:
+                yield from every_node(a.g)
 
 
 def without_branches(model) -> None:

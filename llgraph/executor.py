@@ -228,6 +228,14 @@ def _qmoe(node: Node, x, router, gate, up, down, *rest):
     return (_routed(node, x, router, expert, *rest),)
 
 
+@torch_impl("ExpertMatMul")
+def _expert_matmul(node: Node, x, weight, chosen):
+    """Every (token, slot) pair's row times its expert's matrix, one batched product over the gathered matrices."""
+    tokens, k = chosen.shape
+    rows = x.expand(tokens, k, x.shape[-1]).reshape(tokens * k, 1, -1)
+    return (torch.bmm(rows, weight[chosen.reshape(-1)]).reshape(tokens, k, -1),)
+
+
 def _routed(node: Node, x, router, expert, shared_gate=None, shared_up=None, shared_down=None, shared_router=None,
             router_bias=None, gate_bias=None, up_bias=None, down_bias=None):
     """The routed experts' weighted sum, expert(e) giving expert e's (gate, up, down), plus a shared expert; the

@@ -273,6 +273,19 @@ def _qmoe(ins, attrs):
     return _moe([x, router, widened(gate, f), widened(up, f), widened(down, fd), *ins[5:]], attrs)
 
 
+def _expert_matmul(ins, attrs):
+    x, weight, chosen = ins
+    _float(x, "x")
+    _require(chosen.dtype == "int64" and len(chosen.shape) == 2, f"chosen must be int64 [tokens, k] (each token's "
+             f"experts), got {chosen.dtype}{list(chosen.shape)}")
+    _require(len(x.shape) == 3 and x.shape[0] == chosen.shape[0] and x.shape[1] in (1, chosen.shape[1]),
+             f"x must be [tokens, 1 or k, in] ({chosen.shape[0]} tokens, k = {chosen.shape[1]}), got {x.shape}")
+    _require(len(weight.shape) == 3 and weight.shape[1] == x.shape[2], f"weight must be [experts, {x.shape[2]}, out]"
+             f", got {weight.shape}")
+    _same(weight.dtype, x.dtype, "weight dtype vs x dtype")
+    return [(x.dtype, (x.shape[0], chosen.shape[1], weight.shape[2]))]
+
+
 def _keep_last(ins, attrs):
     x, keep = ins
     _require(len(x.shape) == 3, f"x must be [batch, seq, features], got {x.shape}")
@@ -374,6 +387,11 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         "[experts, hidden, ffn/P, bytes], each expert's rows QLinear's super-blocks (format, down_format; P their "
         "weights a block, 256 or 32), w as "
         "ggml dequantizes them; router and the shared expert float, as MoE's"),
+    OpSchema("ExpertMatMul", ("x", "weight", "chosen"), ("out",), (), _expert_matmul,
+        "out[t, i] = x[t, i] @ weight[chosen[t, i]] (x[t, 0] where x has one row a token): each token's rows "
+        "through its chosen experts' matrices, ggml's mul_mat_id. x [tokens, 1 or k, in]; weight [experts, in, out], "
+        "as MatMul takes them; chosen [tokens, k] int64 -> [tokens, k, out]. What a MoE's step of few tokens "
+        "lowers to (export/onnx_moe.py): TensorRT's plugin reads each chosen expert's matrix in place"),
     OpSchema("GeGLU", ("gate", "up"), ("out",), (), _swiglu, "gelu_tanh(gate) * up (Gemma's MLP)"),
     OpSchema("SoftCap", ("x",), ("out",), (Attr("cap", float),), _softcap,
              "cap * tanh(x / cap) (Gemma 2's final logits)"),

@@ -16,6 +16,7 @@ import sys
 import onnx
 
 from llgraph.export.trt_build import load_tensorrt
+from llgraph.export.trt_network import every_node
 from llgraph.plugins.tensorrt import spec
 
 trt = load_tensorrt("rtx").module
@@ -51,7 +52,8 @@ for v in (*model.graph.input, *model.graph.output):
     for d in v.type.tensor_type.shape.dim:
         if d.dim_param == "max_seq":
             d.dim_value = max_seq
-plugin_nodes = [n for n in model.graph.node if n.op_type in spec.PLUGIN_OPS]
+
+plugin_nodes = [n for n in every_node(model.graph) if n.op_type in spec.PLUGIN_OPS]
 logger = trt.Logger(trt.Logger.INTERNAL_ERROR)
 for attempt in range(len(plugin_nodes) + 1):
     done = {s["node"] for s in seen}

@@ -1,14 +1,16 @@
-"""TensorRT plugin registrations (`tensorrt.plugin`, QDP) for RMSNorm, Rotary, GroupedAttention and SwiGLU.
+"""TensorRT plugin registrations (`tensorrt.plugin`, QDP) for RMSNorm, Rotary, GroupedAttention, SwiGLU and
+ExpertMatMul.
 
 Nothing here is written per op twice: each plugin's signature (its input tensors, then its fields with their types)
 is generated from the op schema through spec.py, its kernels and launches come from triton_kernels.py
 (`plan`), and its AOT code from aot.py. Each plugin gets:
 - `register`: output descriptions (GroupedAttention's present_key/present_value alias past_key/past_value: the
-  cache is updated in place);
+  cache is updated in place; ExpertMatMul's is [tokens, k, out]);
 - `impl` (JIT): runs the Triton kernel from Python on TensorRT's stream;
 - `aot_impl`: Triton-compiled PTX for this GPU + launch parameters + the int32 scalars as symbolic expressions, so
   the engine runs without Python;
-- `autotune`: fp32, fp16 and bf16 (RoPE tables and sinks stay fp32, positions and slots int64), linear formats.
+- `autotune`: fp32, fp16 and bf16 (RoPE tables and sinks stay fp32, positions, slots and chosen experts int64),
+  linear formats.
 
 `register_plugins()` imports tensorrt lazily; `trtp` may be passed in (the tests pass TensorRT's own plugin module
 loaded over a stand-in `tensorrt`, to run its validators on these signatures without the TensorRT libraries).
@@ -24,7 +26,7 @@ from llgraph.plugins.tensorrt import spec
 
 TYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 # the same in every model dtype
-FIXED_TYPES = {"cos": "FP32", "sin": "FP32", "positions": "INT64", "slots": "INT64", "sinks": "FP32"}
+FIXED_TYPES = {"cos": "FP32", "sin": "FP32", "positions": "INT64", "slots": "INT64", "sinks": "FP32", "chosen": "INT64"}
 _registered: set[int] = set()
 
 
@@ -75,6 +77,10 @@ def _register(trtp, op: str) -> None:
     def describe(args):
         if op == "GroupedAttention":
             return args["q"].like(), args["past_key"].aliased(), args["past_value"].aliased()
+        if op == "ExpertMatMul":  # [tokens, k, out]
+            x = args["x"]
+            return (trtp.from_shape_expr((x.shape_expr[0], args["chosen"].shape_expr[1], args["weight"].shape_expr[2]),
+                                         dtype=x.dtype),)
         return (args[names[0]].like(),)
 
     def impl(args):

@@ -12,7 +12,7 @@ from llgraph.ops import SCHEMAS
 
 NAMESPACE = "llgraph"
 VERSION = "1"
-PLUGIN_OPS = ("RMSNorm", "Rotary", "GroupedAttention", "SwiGLU")
+PLUGIN_OPS = ("RMSNorm", "Rotary", "GroupedAttention", "SwiGLU", "ExpertMatMul")
 
 
 def plugin_id(op: str) -> str:

@@ -166,6 +166,29 @@ def _same_row(slots_ptr, t, hi, seq, row, n_slots):
     return inside & (tl.where(ragged, ids, t // seq) == row)
 
 
+@triton.jit
+def expert_matmul_kernel(x_ptr, w_ptr, chosen_ptr, rows, top_k, in_features, out_features, y_ptr,
+                         BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """ExpertMatMul: one (token, slot) pair and BLOCK_N of its outputs per program. The pair's row (x[t, slot], or
+    x[t, 0] when x has one row a token) times its expert's [in, out] matrix, read in place (no gathered copy), in
+    float32 over the input features in order: a pair's result does not depend on the other pairs."""
+    pair = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < out_features
+    token, slot = pair // top_k, pair % top_k
+    x_row = x_ptr + (token * rows + tl.where(rows > 1, slot, 0)) * in_features
+    w = w_ptr + tl.load(chosen_ptr + pair) * in_features * out_features
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in range(0, in_features, BLOCK_K):
+        kmask = k0 + kk < in_features
+        xv = tl.load(x_row + k0 + kk, mask=kmask, other=0.0).to(tl.float32)
+        wv = tl.load(w + (k0 + kk)[:, None] * out_features + n[None, :], mask=kmask[:, None] & nmask[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum(xv[:, None] * wv, axis=0)
+    tl.store(y_ptr + pair * out_features + n, acc.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
 # -- the launch plan (shared by the JIT launchers below and the plugins' aot_impl) ---------------------------------
 
 @dataclass
@@ -206,6 +229,11 @@ def plan(op: str, shapes: dict, attrs: dict) -> Launch:
             NUM_HEADS=attrs["num_heads"], KV_HEADS=attrs["num_kv_heads"], HEAD_DIM=static(head_dim),
             SCALE=float(attrs["scale"]), WINDOW=int(attrs.get("window", 0)),
             SOFTCAP=float(attrs.get("softcap", 0.0)), BLOCK_N=32, BLOCK_D=triton.next_power_of_2(static(head_dim))))
+    if op == "ExpertMatMul":  # a program per (token, slot) pair and 64 outputs
+        (tokens, rows, in_features), (_, _, out_features), (_, top_k) = shapes["x"], shapes["weight"], shapes["chosen"]
+        block_n = 64
+        return Launch(expert_matmul_kernel, (tokens * top_k, (out_features + block_n - 1) // block_n),
+                      (rows, top_k, in_features, out_features), dict(BLOCK_K=64, BLOCK_N=block_n))
     raise KeyError(f"no kernel for op {op}")
 
 
@@ -234,6 +262,14 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
     x, y = x.contiguous(), torch.empty_like(x)
     launch("Rotary", {"x": x, "cos": cos.float().contiguous(), "sin": sin.float().contiguous()}, [y],
            {"num_heads": num_heads, "interleaved": interleaved})
+    return y
+
+
+def expert_matmul(x: torch.Tensor, weight: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """x [tokens, 1 or k, in]; weight [experts, in, out]; chosen [tokens, k] int64 -> [tokens, k, out]."""
+    x = x.contiguous()
+    y = torch.empty(chosen.shape[0], chosen.shape[1], weight.shape[2], dtype=x.dtype, device=x.device)
+    launch("ExpertMatMul", {"x": x, "weight": weight.contiguous(), "chosen": chosen.contiguous()}, [y], {})
     return y
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from reference import tiny
 
 from llgraph.builder import cache_pairs, new_cache
 from llgraph.config import LlamaConfig
@@ -209,6 +210,27 @@ def test_parser_hands_every_plugin_node_to_its_creator(tmp_path):
             assert value == exact, (node.name, name, value)  # floats travel as float32
     print(f"{len(seen)} plugin nodes reached their creators with their schema fields: "
           f"{sorted({s['op'] for s in seen})}")
+
+
+def test_parser_hands_a_mixtures_expert_products_to_their_creator(tmp_path):
+    """A MoE's ExpertMatMul plugin nodes live in the branch of its If for few tokens (export/onnx_moe.py):
+    TensorRT-RTX's parser reaches each of them there, and hands it to the creator as it does the top-level nodes."""
+    from llgraph.checkpoint import random_weights
+    from llgraph.export import get_target
+    from llgraph.export.lower import export
+    from llgraph.passes import model_graph
+
+    cfg = tiny(moe={"num_experts": 6, "top_k": 2, "intermediate_size": 48})
+    folder = export(model_graph(cfg), random_weights(cfg), get_target("trt"), tmp_path / "trt", max_positions=64)
+    probe = Path(__file__).resolve().parents[1] / "trt_plugin_probe.py"
+    r = subprocess.run([sys.executable, str(probe), str(folder), "64"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    ops = [s["op"] for s in seen]
+    layers = cfg.num_layers
+    assert {op: ops.count(op) for op in set(ops)} == {"RMSNorm": 2 * layers + 1, "Rotary": 2 * layers,
+                                                      "GroupedAttention": layers, "ExpertMatMul": 3 * layers}
+    assert all(s["fields"] == {} for s in seen if s["op"] == "ExpertMatMul")
 
 
 def test_plugin_builds_turn_on_aliased_plugin_io(rtx):

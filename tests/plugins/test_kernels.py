@@ -1,8 +1,8 @@
 """The plugin kernels: under TRITON_INTERPRET=1 on CPU tensors they match the PyTorch executor's op (fp32 <= 1e-5,
-fp16 <= 1e-2) — RMSNorm, SwiGLU, Rotary, and GroupedAttention (prefill and decode, GQA ratios 1/3/4/8, head_dim 64
-and 128, positions up to the last cache slot); compiled ahead of time they give PTX for sm_80 and sm_90 that ptxas
-assembles. On a GPU, `test_kernels_on_cuda` reruns the same comparisons compiled for it
-(LLGRAPH_KERNEL_DEVICE=cuda, no interpreter)."""
+fp16 <= 1e-2) — RMSNorm, SwiGLU, Rotary, GroupedAttention (prefill and decode, GQA ratios 1/3/4/8, head_dim 64
+and 128, positions up to the last cache slot) and ExpertMatMul (against float64); compiled ahead of time they give
+PTX for sm_80 and sm_90 that ptxas assembles. On a GPU, `test_kernels_on_cuda` reruns the same comparisons compiled
+for it (LLGRAPH_KERNEL_DEVICE=cuda, no interpreter)."""
 
 import os
 
@@ -163,6 +163,22 @@ def test_grouped_attention_ragged_rows_by_slot(dtype, window, softcap, report):
            max_diff(got, want), TOL[dtype])
     assert torch.equal(key, ref_key) and torch.equal(value, ref_value)  # the same slots written, idle rows untouched
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, rows, experts, top_k, in_features, out_features", [
+    (1, 1, 8, 2, 128, 96), (3, 2, 8, 2, 96, 130), (2, 1, 64, 8, 70, 64), (5, 4, 6, 4, 64, 64)])  # decode, odd, wide
+def test_expert_matmul(dtype, tokens, rows, experts, top_k, in_features, out_features, report):
+    """Gate/up (one row a token for all k) and down (a row each), widths not a multiple of a block; chosen experts
+    repeat across tokens and the last expert is among them."""
+    torch.manual_seed(5)
+    x = torch.randn(tokens, rows, in_features).to(DEVICE, dtype)
+    w = (torch.randn(experts, in_features, out_features) / in_features ** 0.5).to(DEVICE, dtype)
+    chosen = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)]).to(DEVICE)
+    chosen[0, -1] = experts - 1 if (chosen[0, :-1] != experts - 1).all() else chosen[0, -1]
+    want = reference("ExpertMatMul", x.double(), w.double(), chosen)
+    report(f"expert matmul {dtype} {tokens} tokens x {rows} rows, {top_k} of {experts} experts [{in_features}, "
+           f"{out_features}] vs float64", max_diff(kernels.expert_matmul(x, w, chosen), want), TOL[dtype])
+
+
 AOT = """
 import sys
 from llgraph.plugins.tensorrt import spec
@@ -176,7 +192,8 @@ cases = [("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=4096)),
          ("GroupedAttention", dict(q=(1, 1, 576), past_key=(1, 3, 512, 64), slots=(1,)),
           dict(attn, num_heads=9, num_kv_heads=3)),
          ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(8, 8, 512, 128), slots=(7,)), dict(attn, window=4096)),
-         ("GroupedAttention", dict(q=(1, 1, 4096), past_key=(1, 8, 512, 128), slots=(0,)), dict(attn, softcap=50.0))]
+         ("GroupedAttention", dict(q=(1, 1, 4096), past_key=(1, 8, 512, 128), slots=(0,)), dict(attn, softcap=50.0)),
+         ("ExpertMatMul", dict(x=(1, 1, 2048), weight=(128, 2048, 768), chosen=(1, 8)), {})]
 for cc in [int(sys.argv[1])]:
     for dtype in ("float32", "float16", "bfloat16"):
         for op, shapes, attrs in cases:
@@ -205,7 +222,7 @@ def test_aot_compiles_to_ptx_that_ptxas_assembles():
         print(stdout)
         assert run.returncode == 0, stderr[-3000:]
         out += stdout
-    assert "sm_80: 27 kernels" in out and "sm_90: 27 kernels" in out  # 9 cases x 3 dtypes
+    assert "sm_80: 30 kernels" in out and "sm_90: 30 kernels" in out  # 10 cases x 3 dtypes
 
 
 def test_ptx_for_tensorrt_drops_only_unread_parameters():
