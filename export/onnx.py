@@ -105,8 +105,9 @@ def dequantized(em: Emitter, node: Node) -> str:
 
 
 def scaled_rows(em: Emitter, node: Node, rows: str) -> None:
-    """An embedding's output: its gathered rows times the node's `scale` (Gemma's sqrt(hidden)), in their dtype."""
-    scale = node.attrs["scale"]
+    """An embedding's output: its gathered rows times the node's `scale` (Gemma's sqrt(hidden)), in their dtype; a
+    QEmbedding's rows as its super-blocks say times 2^exponent too (exact: a power of two)."""
+    scale = node.attrs["scale"] * 2.0 ** node.attrs.get("exponent", 0)
     if scale == 1.0:
         em.node("Identity", [rows], node.outputs, hint=node.name)
         return

@@ -192,9 +192,10 @@ def expert_weights(em: Emitter, node: Node, index: int, compute=None) -> str:
     if node.op == "MoE":
         return em.weight(param, compute=compute)
     kind = node.attrs["down_format" if index == 4 else "format"]
+    exponent = node.attrs["down_exponent" if index == 4 else "exponent"]
     dtype = DTYPES[em.graph.values[node.inputs[0]].dtype]
 
     def dequantized(codes):
-        w = dequantize_experts(codes, kind, dtype)
+        w = dequantize_experts(codes, kind, dtype, exponent)
         return w if compute is None else compute(w)
     return em.derived(f"{param}.dequantized{'.' + compute.__name__ if compute else ''}", dequantized, param)

@@ -38,7 +38,7 @@ def moe(em: Emitter, node: Node) -> None:
     gate, up = node.inputs[2:4]
     fc1 = em.derived(f"{gate}.gate_up_interleaved", _gate_up_interleaved, gate, up) if node.op == "MoE" else \
         em.derived(f"{gate}.gate_up_interleaved", lambda g, u: _gate_up_interleaved(
-            *(dequantize_experts(c, node.attrs["format"]) for c in (g, u))), gate, up)
+            *(dequantize_experts(c, node.attrs["format"], exponent=node.attrs["exponent"]) for c in (g, u))), gate, up)
     down = std.expert_weights(em, node, 4)
     gate_bias, up_bias, down_bias = std.moe_inputs(node)[10:]
     fc1_bias = "" if gate_bias is None else em.derived(
@@ -76,7 +76,8 @@ def qmoe(em: Emitter, node: Node) -> None:
                              em.weight(down, compute=per_expert), *(biases if any(biases) else [])],
                      domain=cpu.DOMAIN, hint=node.name,
                      k=a["top_k"], normalize=int(a["normalize"]), format=a["format"], down_format=a["down_format"],
-                     rows=em.graph.values[gate].shape[1], alpha=float(a["alpha"]), beta=float(a["beta"]),
+                     exponent=a["exponent"], down_exponent=a["down_exponent"], rows=em.graph.values[gate].shape[1],
+                     alpha=float(a["alpha"]), beta=float(a["beta"]),
                      limit=float(a["limit"]), accuracy_level=accuracy_level_of(em.options.get("accuracy_level"),
                                                                                 True))[0]
     std.moe_finish(em, node, flat, routed)

@@ -85,7 +85,8 @@ def qlinear_llgraph(em: Emitter, node: Node, swiglu: str | None = None, residual
         attrs["epsilon"] = float(norm.attrs["eps"])
     outputs = [swiglu] if swiglu else [residual[1]] if residual else node.outputs
     em.node("QLinear", inputs, outputs, domain=cpu.DOMAIN, hint=node.name, format=node.attrs["format"], bits=bits,
-            block_size=block, zero_point=zp, code_bits=node.attrs["code_bits"], accuracy_level=level, **attrs)
+            block_size=block, zero_point=zp, code_bits=node.attrs["code_bits"], exponent=node.attrs["exponent"],
+            accuracy_level=level, **attrs)
 
 
 def _codes_layout(node: Node):

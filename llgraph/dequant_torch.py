@@ -20,9 +20,17 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | N
     return w.flatten(1).to(dtype or scales.dtype)
 
 
-def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = torch.float32,
+                           exponent: int = 0) -> torch.Tensor:
     """GGUF K-quant super-blocks [out, in/256, bytes] (uint8) -> float weight [out, in], as ggml's dequantize_row_*
-    defines them (llgraph/quant.py's numpy twin), computed in float32 then cast to `dtype`."""
+    defines them (llgraph/quant.py's numpy twin), computed in float32, times 2^exponent (QuantFormat's), then cast to
+    `dtype`."""
+    w = _superblocks(raw, kind)
+    return (w if exponent == 0 else w * 2.0 ** exponent).to(dtype)
+
+
+def _superblocks(raw: torch.Tensor, kind: str) -> torch.Tensor:
+    """dequantize_superblocks in float32."""
     out, n = raw.shape[:2]
     b = raw.to(torch.int32)
 
@@ -34,7 +42,7 @@ def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = to
         q = ((qs >> (2 * torch.arange(4, device=raw.device)[:, None])) & 3).reshape(out, n * 16, 16).float()
         sc, m = (b[..., 0:16] & 15).float(), (b[..., 0:16] >> 4).float()
         w = q * (half(80)[..., None] * sc).reshape(out, -1, 1) - (half(82)[..., None] * m).reshape(out, -1, 1)
-        return w.reshape(out, -1).to(dtype)
+        return w.reshape(out, -1)
     if kind == "Q3_K":  # hmask[32] qs[64] scales[12] d (llgraph/quant.py's _from_k_blocks)
         dev = raw.device
         hm, qs = b[..., 0:32], b[..., 32:96].reshape(out, n, 2, 1, 32)
@@ -44,18 +52,18 @@ def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = to
         i, sb = torch.arange(16, device=dev), b[..., 96:108]
         sc = ((sb[..., i % 8] >> (4 * (i // 8))) & 15) | (((sb[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)
         w = (q.reshape(out, n * 16, 16).float() - 4) * (half(108)[..., None] * (sc - 32).float()).reshape(out, -1, 1)
-        return w.reshape(out, -1).to(dtype)
+        return w.reshape(out, -1)
     if kind in ("IQ4_NL", "MXFP4"):  # d qs[16]: element l low nibble, 16 + l high (MXFP4: e, d = 2^(e - 128))
         qs, table = (b[..., 2:18], IQ4_VALUES) if kind == "IQ4_NL" else (b[..., 1:17], MXFP4_VALUES)
         kv = torch.tensor(table, dtype=torch.float32, device=raw.device)[torch.cat([qs & 15, qs >> 4], -1)]
         d = half(0) if kind == "IQ4_NL" else torch.ldexp(torch.ones((), device=raw.device), b[..., 0].float() - 128)
-        return (kv * d[..., None]).reshape(out, -1).to(dtype)
+        return (kv * d[..., None]).reshape(out, -1)
     if kind == "IQ4_XS":  # d scales_h(u16) scales_l[4] qs[128]: sub-block j's 16 bytes, element l low, 16 + l high
         ls = ((b[..., 4:8, None] >> torch.tensor([0, 4], device=raw.device)) & 15).reshape(out, n, 8)
         ls = ls | (((b[..., 2:3] | (b[..., 3:4] << 8)) >> (2 * torch.arange(8, device=raw.device)) & 3) << 4)
         qs = b[..., 8:136].reshape(out, n, 8, 16)
         kv = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=raw.device)[torch.cat([qs & 15, qs >> 4], -1)]
-        return (kv * (half(0)[..., None] * (ls - 32).float())[..., None]).reshape(out, -1).to(dtype)
+        return (kv * (half(0)[..., None] * (ls - 32).float())[..., None]).reshape(out, -1)
     if kind == "Q6_K":  # ql[128] qh[64] scales[16] d
         ql, qh = b[..., 0:128].reshape(out, n, 2, 64), b[..., 128:192].reshape(out, n, 2, 32)
         q = torch.stack([(ql[..., :32] & 15) | ((qh & 3) << 4), (ql[..., 32:] & 15) | (((qh >> 2) & 3) << 4),
@@ -63,7 +71,7 @@ def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = to
                         dim=3).reshape(out, n * 16, 16)
         sc = raw[..., 192:208].view(torch.int8).float()
         w = (q.float() - 32) * (half(208)[..., None] * sc).reshape(out, n * 16, 1)
-        return w.reshape(out, -1).to(dtype)
+        return w.reshape(out, -1)
     d, dmin, s = half(0), half(2), b[..., 4:16]  # Q4_K / Q5_K: d dmin scales[12] (qh[32]) qs[128]
     sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
     m = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
@@ -73,4 +81,4 @@ def dequantize_superblocks(raw: torch.Tensor, kind: str, dtype: torch.dtype = to
         qh = b[..., 16:48]
         q = q + (((qh[:, :, None, :] >> torch.arange(8, device=raw.device)[:, None]) & 1) << 4)
     w = q.float() * (d[..., None] * sc)[..., None] - (dmin[..., None] * m)[..., None]
-    return w.reshape(out, -1).to(dtype)
+    return w.reshape(out, -1)

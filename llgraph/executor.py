@@ -106,7 +106,7 @@ def _weight(node: Node, codes, scales, mins, dtype=None) -> torch.Tensor:
     """A QLinear's or QEmbedding's float weight, by its format."""
     a = node.attrs
     if a["format"] != "blocks":
-        return dequantize_superblocks(codes, a["format"], dtype or torch.float32)
+        return dequantize_superblocks(codes, a["format"], dtype or torch.float32, a["exponent"])
     return dequantize(codes, scales, mins, a["bits"], a["zero_point"], dtype)
 
 
@@ -223,8 +223,9 @@ def _qmoe(node: Node, x, router, gate, up, down, *rest):
     a = node.attrs
 
     def expert(e):
-        return tuple(dequantize_superblocks(c[e], kind, x.dtype)
-                     for c, kind in ((gate, a["format"]), (up, a["format"]), (down, a["down_format"])))
+        return tuple(dequantize_superblocks(c[e], kind, x.dtype, exponent) for c, kind, exponent in (
+            (gate, a["format"], a["exponent"]), (up, a["format"], a["exponent"]),
+            (down, a["down_format"], a["down_exponent"])))
     return (_routed(node, x, router, expert, *rest),)
 
 

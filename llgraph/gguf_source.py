@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from llgraph.config import ConfigError
-from llgraph.grid_superblocks import AS_SUPERBLOCKS, as_superblocks, fits
+from llgraph.grid_superblocks import AS_SUPERBLOCKS, as_superblocks, fits, target_format
 from llgraph.ops import EXPERT_FORMATS
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
 from llgraph.quant_grid import GRID_FORMATS, widen_grid
@@ -177,8 +177,8 @@ class GGUFSource(WeightSource):
 
     def quant_format(self, name):
         kind = self.tensor_type(name)
-        kind = AS_SUPERBLOCKS[kind] if self.runs_as_superblocks(name) else kind
-        fmt = GGUF_FORMATS.get(kind) or GRID_FORMATS.get(kind)
+        fmt = target_format(kind) if self.runs_as_superblocks(name) else \
+            GGUF_FORMATS.get(kind) or GRID_FORMATS.get(kind)
         if EXPERTS.fullmatch(name):  # stacked experts: their super-blocks (QMoE); other blocks are read widened
             return fmt if fmt is not None and fmt.format in EXPERT_FORMATS else None
         return fmt if CARRIED.fullmatch(name) else None
@@ -206,9 +206,11 @@ class GGUFSource(WeightSource):
             return super().load_quantized(name)
         raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
         kind = t.tensor_type.name
-        if self.runs_as_superblocks(name):  # IQ3_XXS as Q6_K, IQ3_S as Q5_K
+        fmt = self.quant_format(name)
+        if self.runs_as_superblocks(name):  # IQ3_XXS as Q6_K (exponent -1), IQ3_S as Q5_K
             raw, kind = as_superblocks(raw, kind), AS_SUPERBLOCKS[kind]
         q = (widen_grid if kind in GRID_FORMATS else from_gguf_blocks)(raw, kind, self.shape(name))
+        q = QuantTensor(q.codes, q.scales, q.mins, fmt) if fmt.exponent else q
         if self._unpermute and (m := re.search(r"self_attn\.([qk])_proj", name)):
             heads = self._heads if m[1] == "q" else self._kv_heads
             def half(a):

@@ -137,7 +137,13 @@ def _blocks(codes, scales, mins, attrs, dtype):
     return codes.shape[1] * block
 
 
+def _exponent(attrs, name="exponent"):
+    _require(attrs[name] == 0 or (attrs.get("format", "Q") != "blocks" and -8 <= attrs[name] <= 8),
+             f"{name} ({attrs[name]}) must be 0, or within -8..8 on super-blocks")
+
+
 def _qlinear(ins, attrs):
+    _exponent(attrs)
     x, codes, scales, mins, b = ins
     _float(x, "x")
     _same(_blocks(codes, scales, mins, attrs, x.dtype), x.shape[-1], "the codes' input features vs x's last dim")
@@ -147,6 +153,7 @@ def _qlinear(ins, attrs):
 
 
 def _qembedding(ins, attrs):
+    _exponent(attrs)
     ids, codes, scales, mins = ins
     _require(ids.dtype in INTS, f"ids must be integer, got {ids.dtype}")
     dtype = "float32" if scales is None else scales.dtype  # super-blocks dequantize to float32
@@ -260,6 +267,8 @@ def _moe(ins, attrs):
 
 
 def _qmoe(ins, attrs):
+    _exponent(attrs)
+    _exponent(attrs, "down_exponent")
     x, router, gate, up, down = ins[:5]
     for name, codes, fmt in (("gate", gate, attrs["format"]), ("up", up, attrs["format"]),
                              ("down", down, attrs["down_format"])):
@@ -309,6 +318,7 @@ QUANT_ATTRS = (  # the blocked format (llgraph/quant.py) of QLinear's and QEmbed
     # (the ort export on llgraph's kernels writes blocks of 5-bit codes packed at 5 bits: a layout of that lowering,
     # export/ort_qlinear.py, like its 16-row interleaving; the IR holds them in 8)
     Attr("code_bits", int, "bits the codes use, <= bits (5 for GGUF Q5_0/Q5_1/Q5_K, 6 for Q6_K held in 8)"),
+    Attr("exponent", int, "w is 2^exponent times what super-blocks say (IQ3_XXS carried as Q6_K: -1; else 0)"),
 )
 
 # a mixture's inputs and routing, which MoE and QMoE (its experts in GGUF super-blocks) share
@@ -382,6 +392,8 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         *ROUTING,
         Attr("format", str, "gate's and up's GGUF super-blocks", EXPERT_FORMATS),
         Attr("down_format", str, "down's GGUF super-blocks", EXPERT_FORMATS),
+        Attr("exponent", int, "gate and up are 2^exponent times what their super-blocks say (QLinear's)"),
+        Attr("down_exponent", int, "down is 2^down_exponent times what its super-blocks say"),
     ), _qmoe,
         "MoE with its routed experts as a GGUF stores them: gate, up [experts, ffn, hidden/P, bytes] and down "
         "[experts, hidden, ffn/P, bytes], each expert's rows QLinear's super-blocks (format, down_format; P their "

@@ -174,7 +174,8 @@ def quantize_experts(format_of: Callable[[str], QuantFormat | None]) -> Pass:
                 del params[w.name], values[w.name]
                 codes.append(v.name)
             gate_fmt, down_fmt = formats[0], formats[2]
-            attrs = {**node.attrs, "format": gate_fmt.format, "down_format": down_fmt.format}
+            attrs = {**node.attrs, "format": gate_fmt.format, "down_format": down_fmt.format,
+                     "exponent": gate_fmt.exponent, "down_exponent": down_fmt.exponent}
             nodes.append(Node("QMoE", (*node.inputs[:2], *codes, *node.inputs[5:]), node.outputs, attrs))
         return verify(Graph(graph.inputs, graph.outputs, params, tuple(nodes), values, graph.metadata))
     quantize.__name__ = "quantize_experts"

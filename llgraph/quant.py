@@ -54,10 +54,15 @@ class QuantFormat:
     has_mins: bool
     code_bits: int = 0  # bits the codes use (0: all `bits`); Q5_K and Q6_K hold 5- and 6-bit codes in 8
     format: str = "blocks"  # "blocks" (codes, scales, mins) or a GGUF super-block format (SUPERBLOCK_BYTES)
+    # the weights are 2^exponent times what the super-blocks say: IQ3_XXS carried as Q6_K keeps its own d, -1
+    # (llgraph/grid_superblocks.py); 0 for everything else
+    exponent: int = 0
 
     def __post_init__(self):
         if self.code_bits == 0:
             object.__setattr__(self, "code_bits", self.bits)
+        if self.exponent and (self.format == "blocks" or not -8 <= self.exponent <= 8):
+            raise ValueError(f"exponent ({self.exponent}) is for super-blocks only, within -8..8")
         if self.format != "blocks":
             if self.format not in SUPERBLOCK_BYTES or self.block_size != superblock_weights(self.format) or \
                     self.has_mins:
@@ -78,7 +83,7 @@ class QuantFormat:
     def attrs(self) -> dict:
         """The QLinear attributes of this format."""
         return {"format": self.format, "bits": self.bits, "block_size": self.block_size,
-                "zero_point": self.zero_point, "code_bits": self.code_bits}
+                "zero_point": self.zero_point, "code_bits": self.code_bits, "exponent": self.exponent}
 
     def codes_shape(self, out: int, n_in: int) -> tuple[int, int, int]:
         """The codes' shape for an [out, n_in] weight."""
@@ -113,14 +118,14 @@ class QuantTensor:
         if not self.fmt.superblocks:
             return self
         q, scales, mins = _from_k_blocks(self.codes, self.fmt.format)
-        wide = self.fmt.widened
-        return QuantTensor(pack(q, wide.bits), scales.astype(np.float32),
-                           None if mins is None else mins.astype(np.float32), wide)
+        wide, times = self.fmt.widened, np.float32(2.0 ** self.fmt.exponent)  # exact: a power of two
+        return QuantTensor(pack(q, wide.bits), scales.astype(np.float32) * times,
+                           None if mins is None else mins.astype(np.float32) * times, wide)
 
     def dequantized(self, dtype: np.dtype | None = None) -> np.ndarray:
         """The float weight [out, in] (float32, then `dtype`)."""
         if self.fmt.superblocks:
-            return dequantize_superblocks(self.codes, self.fmt.format, dtype)
+            return dequantize_superblocks(self.codes, self.fmt.format, dtype, self.fmt.exponent)
         assert self.scales is not None  # a blocked format's scales
         return dequantize(self.codes, self.scales, self.mins, self.fmt.bits, self.fmt.zero_point, dtype)
 
@@ -173,20 +178,23 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, b
     return w.reshape(w.shape[0], -1).astype(dtype or scales.dtype, copy=False)
 
 
-def dequantize_superblocks(raw: np.ndarray, kind: str, dtype: np.dtype | None = None) -> np.ndarray:
-    """GGUF K-quant super-blocks [out, in/256, bytes] -> float weight [out, in] (float32, then `dtype`)."""
+def dequantize_superblocks(raw: np.ndarray, kind: str, dtype: np.dtype | None = None, exponent: int = 0) -> np.ndarray:
+    """GGUF K-quant super-blocks [out, in/256, bytes] -> float weight [out, in] (float32, times 2^exponent, then
+    `dtype`)."""
     q, scales, mins = _from_k_blocks(raw, kind)
     w = q.astype(np.float32) - np.float32(CENTRE[kind])
     w = w * scales.astype(np.float32)[..., None]
     if mins is not None:
         w = w + mins.astype(np.float32)[..., None]
+    if exponent:
+        w = w * np.float32(2.0 ** exponent)
     return w.reshape(raw.shape[0], -1).astype(dtype or np.float32, copy=False)
 
 
-def dequantize_experts(codes: np.ndarray, kind: str, dtype: np.dtype | None = None) -> np.ndarray:
+def dequantize_experts(codes: np.ndarray, kind: str, dtype: np.dtype | None = None, exponent: int = 0) -> np.ndarray:
     """Stacked experts' super-blocks [experts, out, in/256, bytes] -> float [experts, out, in] (ops.py's QMoE)."""
     e, out = codes.shape[:2]
-    return dequantize_superblocks(codes.reshape(e * out, *codes.shape[2:]), kind, dtype).reshape(e, out, -1)
+    return dequantize_superblocks(codes.reshape(e * out, *codes.shape[2:]), kind, dtype, exponent).reshape(e, out, -1)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:

@@ -151,7 +151,7 @@ struct BlockFormat {
 // one set per calling thread, which every node reuses: a node runs whole before the next on that thread, so the
 // process holds the largest node's buffers once, not every node's own (at a 2,048-token prefill of an 8B, 13 GB)
 struct Scratch {
-  std::vector<float> reordered, sums, sums16, glu, normed;
+  std::vector<float> reordered, sums, sums16, glu, normed, scaled;
   Int8X int8x;
   Int8Blocks int8b;
   Int8K int8k;
@@ -189,6 +189,17 @@ struct QLinearKernel : BlockFormat {
     if (sb_ != 0 && interleave_ != 16)
       ORT_CXX_API_THROW("llgraph QLinear: super-blocks are read interleaved (interleave=16)", ORT_INVALID_ARGUMENT);
     int8_ = level == 4 && (interleave_ != 0 || Int8Fits(bits_, block_));
+    times_ = PowerOfTwo(info, "exponent");
+  }
+
+  // 2^e for the node's integer attribute `name` (0 when absent; -8..8): the weights are 2^e times what the
+  // super-blocks say (ops.py's `exponent`: IQ3_XXS carried as Q6_K with its own d), which the kernels apply to x
+  // before the product: exact (a power of two scales x, its int8 scales and its block sums alike), and before
+  // any bias, residual or activation the node fuses
+  static float PowerOfTwo(const OrtKernelInfo* info, const char* name) {
+    const int64_t e = OptionalAttribute(info, name, 0);
+    if (e < -8 || e > 8) ORT_CXX_API_THROW("llgraph: exponent must be within -8..8", ORT_INVALID_ARGUMENT);
+    return std::ldexp(1.f, static_cast<int>(e));
   }
 
   void Compute(OrtKernelContext* context) {
@@ -244,6 +255,11 @@ struct QLinearKernel : BlockFormat {
         for (int64_t k = 0; k < K; ++k) s.normed[m * K + k] = in[m * K + k] * inv * norm[k];
       }
       in = s.normed.data();
+    }
+    if (times_ != 1.f) {  // the exponent, on x (PowerOfTwo)
+      s.scaled.resize(static_cast<size_t>(M * K));
+      for (int64_t i = 0; i < M * K; ++i) s.scaled[i] = in[i] * times_;
+      in = s.scaled.data();
     }
     const bool half = Half(scales);
     const Ort::ConstValue mins = ctx.GetInputCount() > 3 ? ctx.GetInput(3) : Ort::ConstValue{nullptr};
@@ -347,7 +363,7 @@ struct QLinearKernel : BlockFormat {
   }
 
   int64_t interleave_, rows_, centre_, glu_;
-  float eps_;
+  float eps_, times_;
   bool int8_;
 };
 

@@ -304,7 +304,7 @@ def test_expert_matmul_alone_on_every_target(target, rows, tmp_path, report):
 
     b = GraphBuilder()
     x, chosen = b.input("x", "float32", ("tokens", rows, 24)), b.input("chosen", "int64", ("tokens", 3))
-    node = b.add("ExpertMatMul", (x, b.param("experts", "float32", (5, 24, 20)), chosen), ("y",))
+    b.add("ExpertMatMul", (x, b.param("experts", "float32", (5, 24, 20)), chosen), ("y",))
     b.output("y")
     graph = b.build({"config": json.dumps({"name": "one op", "tie_word_embeddings": False,
                                            "rope": {"layout": "half"}})})  # what the weights check reads

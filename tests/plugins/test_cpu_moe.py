@@ -70,9 +70,12 @@ def moe(x, logits, gate_up, down, biases=None, **attrs):
 worst, alone_differs = {}, 0
 # gpt-oss's variant last: biases on gate, up and down, its activation (alpha 1.702, beta 1), a clamp that bites; on
 # K-quant experts (llama-quantize's Q4_K_M of it) and on MXFP4, as gpt-oss's GGUFs store them (blocks of 32)
-for gate_kind, down_kind, oai in (("Q4_K", "Q6_K", 0), ("Q5_K", "Q4_K", 0), ("Q6_K", "Q5_K", 0),
-                                  ("IQ4_XS", "IQ4_XS", 0), ("Q2_K", "Q3_K", 0), ("MXFP4", "MXFP4", 0),
-                                  ("Q4_K", "Q6_K", 1), ("MXFP4", "MXFP4", 1)):
+# (and Q6_K experts with exponent -1, as IQ3_XXS experts run: the weights half the blocks', on gate/up or on down)
+for gate_kind, down_kind, oai, (eg, ed) in (
+        ("Q4_K", "Q6_K", 0, (0, 0)), ("Q5_K", "Q4_K", 0, (0, 0)), ("Q6_K", "Q5_K", 0, (0, 0)),
+        ("IQ4_XS", "IQ4_XS", 0, (0, 0)), ("Q2_K", "Q3_K", 0, (0, 0)), ("MXFP4", "MXFP4", 0, (0, 0)),
+        ("Q4_K", "Q6_K", 1, (0, 0)), ("MXFP4", "MXFP4", 1, (0, 0)), ("Q6_K", "Q4_K", 0, (-1, 0)),
+        ("Q4_K", "Q6_K", 0, (0, -1))):
     g, og, graw = experts(gate_kind, F, H, 1)
     u, ou, uraw = experts(gate_kind, F, H, 2)
     d, od, draw = experts(down_kind, H, F, 3)
@@ -97,16 +100,18 @@ for gate_kind, down_kind, oai in (("Q4_K", "Q6_K", 0), ("Q5_K", "Q4_K", 0), ("Q6
                     w = p[t, top] / (p[t, top].sum() if normalize else 1)
                     xt = x[t].astype(np.float64)
                     for e, we in zip(top, w):
-                        a, b = project(xt, g[e], og[e], level), project(xt, u[e], ou[e], level)
+                        a, b = (2.0 ** eg * project(xt, m[e], o[e], level) for m, o in ((g, og), (u, ou)))
                         if oai:
                             a, b = a + biases[0][e], b + biases[1][e]
                             a, b = np.minimum(a, limit), np.clip(b, -limit, limit)
                         act = a / (1 + np.exp(-alpha * a)) * (b + beta)
-                        want[t] += we * (project(act, d[e], od[e], level) + (biases[2][e] if oai else 0))
+                        want[t] += we * (2.0 ** ed * project(act, d[e], od[e], level) + (biases[2][e] if oai else 0))
                 attrs = dict(k=k, normalize=normalize, format=gate_kind, down_format=down_kind, rows=F,
-                             accuracy_level=level, **(dict(alpha=alpha, beta=beta, limit=limit) if oai else {}))
+                             accuracy_level=level, **(dict(alpha=alpha, beta=beta, limit=limit) if oai else {}),
+                             **(dict(exponent=eg, down_exponent=ed) if eg or ed else {}))
                 got = moe(x, logits, gate_up, down, biases, **attrs)
-                key = f"{gate_kind}/{down_kind}{'-gpt-oss' if oai else ''}-level{level}"
+                variant = "-gpt-oss" if oai else f"-exponents{eg},{ed}" if eg or ed else ""
+                key = f"{gate_kind}/{down_kind}{variant}-level{level}"
                 worst[key] = max(worst.get(key, 0.0), float(np.abs(got - want).max() / np.abs(want).max()))
                 for t in range(T):  # each row alone: the same bits as among the others
                     alone_differs += int(not np.array_equal(moe(x[t:t + 1], logits[t:t + 1], gate_up, down,
@@ -118,11 +123,12 @@ print(isa().decode(), f"alone_differs={alone_differs}", " ".join(f"{k}={v}" for 
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
 def test_moe_kernel_equals_float64_on_every_path(library, isa, report):  # noqa: F811
     """Q4_K/Q6_K, Q5_K/Q4_K, Q6_K/Q5_K, IQ4_XS and Q2_K/Q3_K experts (gate-up/down), and Q4_K/Q6_K as gpt-oss's (biased
-    experts, its clamped activation), 6 experts, k 2 renormalised and 3 not, 1 to 9 tokens; exact mode against
-    gguf's dequantization in float64 (the routing included), level 4 against float64 of its int8 arithmetic: the
-    kernel rounds its float32 activations where the reference rounds float64's, so an activation on a rounding
-    boundary can take the next code, one step dx = max|a|/127 of its block, about 2e-3 of max |y| at these shapes
-    (seen on the avx512 path), hence 5e-3; every row alone equals itself in the batch, bit for bit."""
+    experts, its clamped activation), Q6_K experts with exponent -1 on gate/up or on down (IQ3_XXS's); 6 experts, k 2
+    renormalised and 3 not, 1 to 9 tokens; exact mode against gguf's dequantization in float64 (the routing
+    included), level 4 against float64 of its int8 arithmetic: the kernel rounds its float32 activations where the
+    reference rounds float64's, so an activation on a rounding boundary can take the next code, one step dx =
+    max|a|/127 of its block, about 2e-3 of max |y| at these shapes (seen on the avx512 path), hence 5e-3; every row
+    alone equals itself in the batch, bit for bit."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "-c", PROBE, str(library), tests], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa})

@@ -94,6 +94,22 @@ for level in (0, 4):
         xs = (np.rint(np.clip(xb * 127 / amax, -127, 127)) * (amax / 127)).reshape(3, K)
     want = xs @ w.T
     worst[f"MXFP4-exponents-level{level}"] = float((np.abs(got - want).max(0) / np.abs(want).max(0)).max())
+# the exponent (an IQ3_XXS tensor carried as Q6_K with its file's d: the weights are 1/2 of the blocks'), with a bias
+raw = random_k_blocks((N, K), gguf.GGMLQuantizationType.Q6_K, seed=5)
+w = dequantize(raw, gguf.GGMLQuantizationType.Q6_K).reshape(N, K).astype(np.float64) / 2
+bias = rng.standard_normal(N).astype(np.float32)
+for level in (0, 4):
+    x = rng.standard_normal((1, 3, K)).astype(np.float32)
+    got = qlinear({"codes": interleaver("Q6_K")(raw.reshape(N, K // 256, -1)), "scales": None, "mins": None,
+                   "bias": bias}, x, format="Q6_K", bits=6, block_size=256, zero_point=32, interleave=16, rows=N,
+                  accuracy_level=level, exponent=-1).reshape(3, N).astype(np.float64)
+    xs = x.reshape(3, K).astype(np.float64)
+    if level == 4:  # x as level 4 sees it (x / 2 rounds to the same codes, at half the scale)
+        xb = xs.reshape(3, K // 32, 32)
+        amax = np.abs(xb).max(-1, keepdims=True)
+        xs = (np.rint(np.clip(xb * 127 / amax, -127, 127)) * (amax / 127)).reshape(3, K)
+    want = xs @ w.T + bias
+    worst[f"Q6_K-exponent-1-level{level}"] = float(np.abs(got - want).max() / np.abs(want).max())
 print(isa().decode(), " ".join(f"{k}={v}" for k, v in worst.items()))
 '''
 
@@ -101,7 +117,7 @@ print(isa().decode(), " ".join(f"{k}={v}" for k, v in worst.items()))
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
 def test_every_superblock_path_equals_float64(library, isa, report):  # noqa: F811
     """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL, MXFP4 at the exact level (fp32) and at level 4 (int8 x), 1 to 8
-    input rows, with a bias."""
+    input rows, with a bias; Q6_K with exponent -1 (IQ3_XXS's) at both levels."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where reference.py is
     r = subprocess.run([sys.executable, "-c", PROBE, str(library), tests], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa})
