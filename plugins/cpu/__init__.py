@@ -43,6 +43,10 @@ ISA_ENV = "LLGRAPH_CPU_ISA"  # avx512vnni | avx512 | avx2 | scalar: the widest i
 SANITIZE_ENV = "LLGRAPH_CPU_SANITIZE"  # 1: build (and use) the kernels under AddressSanitizer and UBSan, for tests
 # (the process must preload the compiler's libasan: tests/plugins/test_cpu_hardening.py)
 FLAGS = ["-std=c++17", "-O3", "-Wall", "-Wextra", "-fPIC", "-shared", "-fvisibility=hidden"]
+# GCC's link-time optimisation spreads the one translation unit's code generation over the machine's cores: 16.0 ->
+# 9.5 s of a first run's build on 2 cores (user time 15.4 -> 13.3 s), the same kernels; another compiler builds it
+# without (clang's LTO wants a linker plugin the machine may lack)
+PARALLEL = ["-flto=auto"]
 SANITIZED = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
 
 _why_not: str | None = None
@@ -146,8 +150,9 @@ def _built(progress: bool, build: bool = True) -> Path:
     key = hashlib.sha256()
     for path in SOURCES:
         key.update(path.read_bytes())
-    flags = FLAGS + (SANITIZED if os.environ.get(SANITIZE_ENV) == "1" else [])
-    key.update(_version(compiler).encode() + (headers / "onnxruntime_c_api.h").read_bytes() + " ".join(flags).encode())
+    version, gcc = _version(compiler)
+    flags = FLAGS + (SANITIZED if os.environ.get(SANITIZE_ENV) == "1" else PARALLEL if gcc else [])
+    key.update(version.encode() + (headers / "onnxruntime_c_api.h").read_bytes() + " ".join(flags).encode())
     out = user_cache() / BUILDS / key.hexdigest()[:16] / LIBRARY
     damaged = out.exists() and not _intact(out)
     if out.exists() and not damaged:
@@ -177,9 +182,11 @@ def _built(progress: bool, build: bool = True) -> Path:
     return out
 
 
-def _version(compiler: str) -> str:
+def _version(compiler: str) -> tuple[str, bool]:
+    """(the compiler's version line, whether it is GCC)."""
     r = subprocess.run([compiler, "--version"], capture_output=True, text=True)
-    return r.stdout.splitlines()[0] if r.returncode == 0 and r.stdout else compiler
+    said = r.stdout if r.returncode == 0 else ""
+    return (said.splitlines()[0] if said else compiler), "Free Software Foundation" in said
 
 
 def _headers(progress: bool, fetch: bool = True) -> Path:
