@@ -17,7 +17,10 @@ Clients are plain http.client connections in threads, so the numbers do not depe
 Measured (2 cores of an AMD EPYC with AVX-512 VNNI, `--threads 2 --peer llama-server=PATH`), llgraph / llama-server
 tok/s = ratio:
 - SmolLM2 (bundled), `smollm2 --concurrency 1 8 16` (probes 30.8 / 33.9 GB/s): 8 streams 324 / 179 = 1.81, 16: 398 /
-  230 = 1.73;
+  230 = 1.73; again 2026-11-30 (probes 32.9 / 34.3 GB/s; llama-server rebuilt from the same source), 8 streams in
+  eight runs (`--concurrency 8`, and two of them `--rounds 4 --max-tokens 128`): 2.03, 1.94, 2.37, 1.66, 2.10, 2.07,
+  2.01, 2.23 (median 2.05; llgraph ~335-376 tok/s each run, llama-server 152-191: its spread is most of the ratio's);
+  16 streams 1.81, 1.59;
 - 1B Q4_K_M, `1b.gguf --concurrency 8 16`: 93.0 / 46.8 = 1.99, 121.0 / 73.7 = 1.64;
 - 8B Q4_K_M, `8b.gguf --concurrency 8 16 --rounds 1 --max-tokens 32`: 18.4 / 8.8 = 2.09, 22.3 / 14.6 = 1.53;
 - OLMoE-1B-7B shapes Q4_K_M, `olmoe.gguf --concurrency 1 8 16 --slots 16 --rounds 2 --max-tokens 32`: 33.0 / 29.6 =
