@@ -25,6 +25,8 @@ tok/s = ratio:
 - 8B Q4_K_M, `8b.gguf --concurrency 8 16 --rounds 1 --max-tokens 32`: 18.4 / 8.8 = 2.09, 22.3 / 14.6 = 1.53;
 - OLMoE-1B-7B shapes Q4_K_M, `olmoe.gguf --concurrency 1 8 16 --slots 16 --rounds 2 --max-tokens 32`: 33.0 / 29.6 =
   1.12, 49.8 / 36.0 = 1.38, 73.2 / 47.4 = 1.54;
+  again 2026-11-30 (probes 30.2 / 35.4 GB/s; llama-server rebuilt from the same source), three runs: 8 streams 63.1 /
+  40.9 = 1.54, 59.5 / 39.8 = 1.50, 61.4 / 39.3 = 1.56; 16 streams 1.55, 1.54, 1.47; one stream 1.11, 1.09, 1.02;
 - gpt-oss-20b shapes (8 layers, MXFP4 experts), `gpt-oss-8l.gguf --concurrency 1 8 --slots 8 --rounds 1
   --max-tokens 32`: 22.2 / 20.0 = 1.11, 54.7 / 31.0 = 1.76.
 """
