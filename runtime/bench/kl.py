@@ -26,7 +26,7 @@ equal llama.cpp's on the same files (`tests/llama_cpp_answers.py DIR Q3_K_M Q2_K
 two first differ where llama.cpp gives its token 0.27 and llgraph's 0.17, and 0.28 against 0.24 — a 135M model's flat
 distributions at 3 bits). Made IQ3_S / IQ3_XXS (from the bundled Q4_1, with an imatrix; their IQ3 tensors run exactly as
 Q5_K / Q6_K: llgraph/grid_superblocks.py), 2 windows of 512 tokens of README.md: llgraph level 0 KL 0 / 0 (top-1
-1.000 / 0.998: the repacked weights are the file's), the default level (int8 activations) 0.0043 / 0.0044, llama.cpp
+0.998 / 1.000: the repacked weights are the file's), the default level (int8 activations) 0.0043 / 0.0044, llama.cpp
 0.0061 / 0.0068 (`--llama-perplexity`, built here 2026-11-30, IQ3_XXS now carried with the file's own d and exponent
 -1), llgraph's default from llama.cpp's own 0.0081 / 0.0091. On a file
 of blocked formats alone (a Q8_0 or Q4_0 file, no K-quant tensor) the exact default is a choice you can reverse: level 4
