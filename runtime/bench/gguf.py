@@ -63,7 +63,11 @@ peer's (2 cores of an AMD EPYC with AVX-512 VNNI; the read probe beside each):
   Made IQ3_XXS (with an imatrix: 48 IQ3_XXS, 17 IQ3_S, 32 IQ2_S tensors; this random model's IQ3_XXS scales sit
   near float16's smallest normals, where d / 2 is no float16, so its IQ3_XXS tensors ran as 8-bit blocks: 1.138 GB
   a token against 0.443; a real SmolLM2's all run as Q6_K), 1 / 2 threads (32.1 / 35.7 GB/s): tg 20.7 / 40.7, pp
-  90.8 / 171.5; over llama.cpp tg 1.96 / 2.08, pp 1.00 / 0.99.
+  90.8 / 171.5; over llama.cpp tg 1.96 / 2.08, pp 1.00 / 0.99. Since 2026-11-30 every IQ3_XXS tensor runs as Q6_K
+  with the file's d and exponent -1 (llgraph/grid_superblocks.py): 0.893 GB a token (its IQ2_S tensors still as
+  8-bit blocks), probes 29.1 / 35.6 GB/s: tg 30.8 / 51.9, pp 86.4 / 155.3; over llama.cpp tg 2.89 / 2.71, pp 0.94 /
+  0.91 (Q6_K's level-4 GEMM at 128 rows is behind the 8-bit blocks' on this file; at the 8B down shape it is 1.04x
+  ggml's own Q6_K at 512 rows, `runtime/bench/gemv.py`).
 - Gemma 3 1B Q4_K_M shapes, 1 / 2 threads, -p 128 -n 64 (28.6 / 32.3 GB/s): tg 21.8 / 31.0, pp 123.4 / 235.3; over
   llama.cpp tg 1.10 / 1.06, pp 1.83 / 1.72.
 - SmolLM2-135M-Instruct Q4_1 (bundled), 1 / 2 threads, -p 512 -n 128 (30.7 / 33.1 GB/s): tg 119.8 / 188.2, pp 296.8
