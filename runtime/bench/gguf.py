@@ -78,7 +78,10 @@ peer's (2 cores of an AMD EPYC with AVX-512 VNNI; the read probe beside each):
 - Qwen3-30B-A3B shapes, 12 of its 48 layers (`qwen3-30b-a3b --layers 12`), Q4_K_M (128 experts, 8 a token), with
   ik_llama.cpp `-rtr 1 -fmoe 1` (29.3 / 49.6 GB/s): tg 35.2 / 40.3, pp 112.1 / 199.2; over llama.cpp tg 1.20 /
   0.99, pp 1.64 / 1.58; over ik_llama.cpp tg 0.87 / 0.86, pp 0.85 / 0.82 (three more runs: tg 0.99-1.03, pp
-  0.81-0.86 against ik_llama.cpp: this host's memory moves decode by 15% from run to run).
+  0.81-0.86 against ik_llama.cpp: this host's memory moves decode by 15% from run to run). Again 2026-11-30
+  (ik_llama.cpp built from its head 8337e4cd3; -p 128 -n 32 --repeats 2; probes 32.8 / 34.7 GB/s): tg 37.5 / 44.1,
+  pp 118.2 / 221.9; over llama.cpp tg 1.18 / 0.98, pp 1.67 / 1.64; over ik_llama.cpp tg 0.97 / 0.94, pp 0.91 / 0.88
+  (at 2 threads all three decode at 29.8-31.4 GB/s, the memory's pace).
 - gpt-oss-20b shapes, 8 of its 24 layers (`gpt-oss-20b --layers 8`: MXFP4 experts, 32 of 2,880, 4 a token; Q8_0
   elsewhere; 1.27 GB a token, half of it the 201,088-row head), ik_llama.cpp `-rtr 1 -fmoe 1` (25.4 / 34.6 GB/s): tg
   22.1 / 24.1, pp 89.8 / 165.7; over llama.cpp tg 1.47 / 0.91, pp 2.86 / 2.77; over ik_llama.cpp tg 2.36 / 1.48, pp
