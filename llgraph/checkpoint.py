@@ -199,7 +199,7 @@ def _say_widened_experts(source, graph) -> None:
     """GGUF experts stored in blocks that the graph runs in float (MoE, where QMoE carries them as stored): one line
     saying so, why, and the cost."""
     from llgraph.gguf_source import GGUFSource
-    from llgraph.ops import EXPERT_FORMATS
+    from llgraph.op_shapes import EXPERT_FORMATS
 
     while not isinstance(source, GGUFSource) and hasattr(source, "base"):  # the file under its views
         source = source.base

@@ -20,7 +20,7 @@ import numpy as np
 
 from llgraph.config import ConfigError
 from llgraph.grid_superblocks import AS_SUPERBLOCKS, as_superblocks, fits, target_format
-from llgraph.ops import EXPERT_FORMATS
+from llgraph.op_shapes import EXPERT_FORMATS
 from llgraph.quant import GGUF_FORMATS, QuantTensor, from_gguf_blocks
 from llgraph.quant_grid import GRID_FORMATS, widen_grid
 from llgraph.weights import CARRIED, EXPERTS, WeightError, WeightSource

@@ -115,7 +115,7 @@ def _iq3s_as_q5k(blocks: np.ndarray, v: np.ndarray) -> np.ndarray:
 def superblocks_line(kinds: dict[str, tuple[int, int]]) -> str:
     """One line: these types' tensors (type -> (bytes stored, weights)) run as the super-blocks of AS_SUPERBLOCKS,
     and the cost."""
-    from llgraph.ops import SUPERBLOCK_BYTES
+    from llgraph.op_shapes import SUPERBLOCK_BYTES
 
     stored = sum(b for b, _ in kinds.values())
     wide = sum(n * SUPERBLOCK_BYTES[AS_SUPERBLOCKS[k]] // 256 for k, (_, n) in kinds.items())

@@ -35,6 +35,9 @@ zero_point 4; Q2_K: bits 4, B 16, zero_point 0, mins -dmin*m) — at 6, 10, 10, 
 
 IQ4_NL (IQ4_XS's fallback where a row is not whole super-blocks) is the same lookup per block of 32 with an f16 d,
 carried the same way as 18-byte blocks of 32 weights (4.5 bits a weight; widened: bits 8, B 32, zero_point 128).
+MXFP4 (gpt-oss's experts) is blocks of 32 too: an E8M0 scale byte and 16 bytes of E2M1 nibbles (MXFP4_VALUES,
+doubled), 4.25 bits a weight. Carried byte for byte, an export is its GGUF's size: a 1B Q4_K_M's 723.9 MB of weights
+for a 725.4 MB file, SmolLM2 IQ4_XS's 89.53 MB for the file's 89.53 MB of tensors.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llgraph.ops import SUPERBLOCK_BYTES, superblock_weights  # GGUF's bytes per super-block, by format
+from llgraph.op_shapes import SUPERBLOCK_BYTES, superblock_weights  # GGUF's bytes per super-block, by format
 
 
 @dataclass(frozen=True)

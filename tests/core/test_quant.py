@@ -17,7 +17,7 @@ from llgraph.bundled import bundled_model
 from llgraph.checkpoint import load_config, random_weights
 from llgraph.export import export_model
 from llgraph.gguf_source import GGUFSource
-from llgraph.ops import SUPERBLOCK_BYTES
+from llgraph.op_shapes import SUPERBLOCK_BYTES
 from llgraph.quant import dequantize, quantize_rtn
 from llgraph.runtime.engine.logprobs import log_softmax
 from llgraph.source_views import QuantizedSource
