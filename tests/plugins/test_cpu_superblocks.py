@@ -45,12 +45,14 @@ for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K", "IQ4_NL", "MXFP4"
         np.repeat(S.astype(np.float64) * centre + mins, K // S.shape[1], axis=1)
     bias = rng.standard_normal(N).astype(np.float32)
     for level in (0, 4):
-        for M in (1, 3, 5, 8):
+        for M in (1, 3, 5, 8, 19, 70):  # from 8 to 70: the Panel path for many rows (superblocks_panel.inc)
             x = rng.standard_normal((1, M, K)).astype(np.float32)
-            xb = x.reshape(M, K // 32, 32).astype(np.float64)
+            # x as level 4 sees it: codes rint(x * (127 / amax)) and scale amax / 127, each in float32 as the kernels
+            # compute them (in float64 a product within an ulp of a half rounds the other way: 70 rows find one)
+            xb = x.reshape(M, K // 32, 32)
             amax = np.abs(xb).max(-1, keepdims=True)
-            xq = np.rint(np.clip(xb * np.where(amax > 0, 127 / np.where(amax > 0, amax, 1), 0), -127, 127))
-            x4 = (xq * (amax / 127)).reshape(M, K)  # x as level 4 sees it
+            xq = np.rint(np.clip(xb * (np.float32(127) / amax), -127, 127)).astype(np.float64)
+            x4 = (xq * (amax / np.float32(127)).astype(np.float64)).reshape(M, K)
             exact = x.reshape(M, K).astype(np.float64) @ w.T + bias
             # level 4 meets the sub-blocks' offsets (w = S (q - c) + O) with x's own block sums
             want = exact if level == 0 else x4 @ w.T + (x.reshape(M, K) - x4) @ offsets.T + bias
@@ -60,6 +62,12 @@ for kind in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K", "IQ4_NL", "MXFP4"
                           accuracy_level=level).reshape(M, N)
             key = f"{kind}-level{level}"
             worst[key] = max(worst.get(key, 0.0), float(np.abs(got - want).max() / np.abs(want).max()))
+            if M == 70:  # batch invariance: each row alone (Rows' path) is the same bits as in the batch (Panel's)
+                alone = [qlinear({"codes": codes, "scales": None, "mins": None, "bias": bias}, x[:, m:m + 1],
+                                 format=kind, bits=superblock_format(kind).bits, block_size=per,
+                                 zero_point=CENTRE[kind], interleave=16, rows=N, accuracy_level=level)
+                         for m in (0, 33, 69)]
+                worst[key + "-alone"] = float(np.abs(np.concatenate(alone).reshape(3, N) - got[[0, 33, 69]]).max())
             worst[key + "-vs-exact"] = max(worst.get(key + "-vs-exact", 0.0),
                                            float(np.abs(got - exact).max() / np.abs(exact).max()))
     # QEmbedding: rows of the table, gguf's values (the table padded to 48 rows; ids to the last)
@@ -116,8 +124,9 @@ print(isa().decode(), " ".join(f"{k}={v}" for k, v in worst.items()))
 
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx512", "avx2", "scalar"])
 def test_every_superblock_path_equals_float64(library, isa, report):  # noqa: F811
-    """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL, MXFP4 at the exact level (fp32) and at level 4 (int8 x), 1 to 8
-    input rows, with a bias; Q6_K with exponent -1 (IQ3_XXS's) at both levels."""
+    """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL, MXFP4 at the exact level (fp32) and at level 4 (int8 x), 1 to
+    70 input rows, with a bias, a row alone the same bits as in the batch; Q6_K with exponent -1 (IQ3_XXS's) at both
+    levels."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where reference.py is
     r = subprocess.run([sys.executable, "-c", PROBE, str(library), tests], capture_output=True, text=True,
                        env={**os.environ, cpu.ISA_ENV: isa})
@@ -127,7 +136,9 @@ def test_every_superblock_path_equals_float64(library, isa, report):  # noqa: F8
         pytest.skip(f"this CPU has no {isa} (the library runs {ran})")
     worst = {k: float(v) for k, v in (p.split("=") for p in pairs)}
     for key, diff in worst.items():
-        if key.endswith("-vs-exact"):  # level 4's own rounding of x, reported, bounded loosely
+        if key.endswith("-alone"):  # a row alone against the same row in a batch of 70: bit for bit
+            report(f"{key} on {isa}: a row alone vs in a batch of 70", diff, 0.0)
+        elif key.endswith("-vs-exact"):  # level 4's own rounding of x, reported, bounded loosely
             report(f"{key} on {isa} (x's int8 rounding), relative to max |y|", diff, 2e-2 if "level4" in key else 2e-6)
         else:
             report(f"llgraph {key} on {isa} vs float64, relative to max |y| (|w| for the table)", diff, 2e-6)
