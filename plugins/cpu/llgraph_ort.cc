@@ -297,7 +297,8 @@ struct QLinearKernel : BlockFormat {
       p.x = s.reordered.data();
       p.xsum = s.sums.data();
     }
-    if (interleave_ && !glu_) p.chunk = 16 * std::max<int64_t>(1, (N + 15) / 16 / kItems);
+    // a chunk of at least two groups where super-blocks meet many rows: the Panel path takes them in pairs
+    if (interleave_ && !glu_) p.chunk = 16 * std::max<int64_t>(p.sb != 0 && M >= 8 ? 2 : 1, (N + 15) / 16 / kItems);
     const size_t chunks = static_cast<size_t>(glu_ ? N / 32 : (N + p.chunk - 1) / p.chunk);
     ctx.ParallelFor(Chunk, chunks, 0, &p);
     if (const float* residual = Optional(ctx, 5)) {  // y + residual: the residual stream's Add

@@ -179,7 +179,7 @@ def main(argv=None) -> None:
     for kind in types:
         ours = llgraph_gbps(kind, args.rows, args.cols, args.level, args.threads, tokens=args.tokens)
         peer = theirs.get(kind)
-        print(f"| {kind} | {ours:.1f} | {'-' if peer is None else f'{peer:.1f}'} | "
+        print(f"| {kind} | {ours:.3g} | {'-' if peer is None else f'{peer:.3g}'} | "
               f"{'-' if peer is None else f'{ours / peer:.2f}'} |", flush=True)
 
 
