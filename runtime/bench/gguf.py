@@ -53,6 +53,12 @@ peer's (2 cores of an AMD EPYC with AVX-512 VNNI; the read probe beside each):
 - 1B shapes made Q3_K_M / Q2_K / IQ4_XS by `llama-quantize`, 1 thread, -p 512 -n 64 (probes 27.8 / 26.4 / 25.9 GB/s):
   tg 37.7 / 40.7 / 41.8, pp 80.1 / 70.7 / 107.1; over llama.cpp tg 1.46 / 1.37 / 1.94, pp 0.93 / 1.35 / 0.91; over
   ik_llama.cpp tg 1.08 / 1.01 / 1.11, pp 0.85 / 0.74 / 0.96.
+  Since 2026-11-30 a prefill decodes each super-block once for all its rows (plugins/cpu/superblocks_panel.inc),
+  the same files, -p 512 -n 32, llama.cpp and ik_llama.cpp `-rtr 1` (head 8337e4cd3) in the same run: Q3_K_M 1 / 2
+  threads (probes 26.5 / 34.6 GB/s) pp 108.6 / 207.6, over llama.cpp 1.22 / 1.24, over ik_llama.cpp 1.13 / 1.14
+  (tg 1.49 / 1.39 and 1.10 / 0.89); IQ4_XS (30.1 / 34.9 GB/s) pp 123.7 / 229.1, over llama.cpp 1.04 / 1.03, over
+  ik_llama.cpp 1.09 / 1.10 (tg 2.00 / 1.43 and 1.10 / 1.00). The 1B Q4_K_M itself (33.7 / 57.6 GB/s): pp 112.6 /
+  221.1, over llama.cpp 1.51 / 1.47, over ik_llama.cpp 1.13 / 1.10.
 - 8B shapes made the same (3.52 / 2.74 / 3.94 GB a token), 1 thread, -p 128 -n 32 (25.0 / 24.0 / 30.0 GB/s): tg
   3.8 / 4.8 / 5.6, pp 9.9 / 10.3 / 17.6; over llama.cpp tg 1.30 / 1.27 / 1.84, pp 1.05 / 1.50 / 0.98; over
   ik_llama.cpp tg 0.96 / 0.94 / 0.87, pp 0.93 / 0.84 / 1.07.
@@ -67,7 +73,9 @@ peer's (2 cores of an AMD EPYC with AVX-512 VNNI; the read probe beside each):
   with the file's d and exponent -1 (llgraph/grid_superblocks.py): 0.893 GB a token (its IQ2_S tensors still as
   8-bit blocks), probes 29.1 / 35.6 GB/s: tg 30.8 / 51.9, pp 86.4 / 155.3; over llama.cpp tg 2.89 / 2.71, pp 0.94 /
   0.91 (Q6_K's level-4 GEMM at 128 rows is behind the 8-bit blocks' on this file; at the 8B down shape it is 1.04x
-  ggml's own Q6_K at 512 rows, `runtime/bench/gemv.py`).
+  ggml's own Q6_K at 512 rows, `runtime/bench/gemv.py`). With the prefill's Panel path, -p 512 (32.9 / 63.7 GB/s):
+  pp 99.5 / 174.9, over llama.cpp 1.00 / 0.93, over ik_llama.cpp 1.81 / 1.64 (its IQ2_S tensors still run as
+  8-bit blocks).
 - Gemma 3 1B Q4_K_M shapes, 1 / 2 threads, -p 128 -n 64 (28.6 / 32.3 GB/s): tg 21.8 / 31.0, pp 123.4 / 235.3; over
   llama.cpp tg 1.10 / 1.06, pp 1.83 / 1.72.
 - SmolLM2-135M-Instruct Q4_1 (bundled), 1 / 2 threads, -p 512 -n 128 (30.7 / 33.1 GB/s): tg 119.8 / 188.2, pp 296.8
