@@ -27,7 +27,12 @@ llgraph / ggml's own GEMV = ratio; `--threads 1 --ggml test-backend-ops`, read p
 IQ3_XXS,IQ3_S,Q6_K,Q5_K,Q4_K`, probes 31.8 / 34.8 GB/s; IQ3 GB/s in the IQ3 file's bytes): IQ3_XXS 10.4 / 4.0 = 2.64,
 IQ3_S 15.1 / 4.0 = 3.82 (ggml's IQ3 kernels are bound by their grid lookups, not memory), Q6_K 1.83, Q5_K 2.44,
 Q4_K 1.83; at `--tokens 8` IQ3_XXS 3.77, IQ3_S 2.63, Q6_K 3.51, Q5_K 1.57; at `--tokens 512` (a prefill's GEMM:
-test-backend-ops has n = 1..5, 8, 512 at this shape) 0.97, 0.97, 1.04, 0.82.
+test-backend-ops has n = 1..5, 8, 512 at this shape) 0.97, 0.97, 1.04, 0.82. Since a prefill decodes each
+super-block once for all its rows (plugins/cpu/superblocks_panel.inc; `--types Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ4_XS,
+IQ3_XXS,IQ3_S`, probes 32.5 / 35.1 GB/s), at 512 tokens: Q2_K 0.69, Q3_K 1.05 (0.82 before), Q4_K 0.96, Q5_K 0.92
+(0.80), Q6_K 1.21 (1.02), IQ4_XS 1.16 (1.09), IQ3_XXS 1.13 (0.97), IQ3_S 1.13 (0.97); at 8 tokens 1.82, 2.97, 2.27,
+1.65, 3.23, 2.70, 3.48, 2.97. (Q2_K's GEMM trails ggml's at 512 rows; whole files of Q2_K blocks prefill 1.35-1.50x
+llama.cpp, `runtime/bench/gguf.py`.)
 """
 
 from __future__ import annotations
