@@ -56,7 +56,7 @@ peer's (2 cores of an AMD EPYC with AVX-512 VNNI; the read probe beside each):
   Since 2026-11-30 a prefill decodes each super-block once for all its rows (plugins/cpu/superblocks_panel.inc),
   the same files, -p 512 -n 32, llama.cpp and ik_llama.cpp `-rtr 1` (head 8337e4cd3) in the same run: Q3_K_M 1 / 2
   threads (probes 26.5 / 34.6 GB/s) pp 108.6 / 207.6, over llama.cpp 1.22 / 1.24, over ik_llama.cpp 1.13 / 1.14
-  (tg 1.49 / 1.39 and 1.10 / 0.89); IQ4_XS (30.1 / 34.9 GB/s) pp 123.7 / 229.1, over llama.cpp 1.04 / 1.03, over
+  (tg 1.49 / 1.39 and 1.10 / 0.89); IQ4_XS (30.1 / 34.9 GB/s) pp 123.7 / 243.0, over llama.cpp 1.04 / 1.03, over
   ik_llama.cpp 1.09 / 1.10 (tg 2.00 / 1.43 and 1.10 / 1.00). The 1B Q4_K_M itself (33.7 / 57.6 GB/s): pp 112.6 /
   221.1, over llama.cpp 1.51 / 1.47, over ik_llama.cpp 1.13 / 1.10.
 - 8B shapes made the same (3.52 / 2.74 / 3.94 GB a token), 1 thread, -p 128 -n 32 (25.0 / 24.0 / 30.0 GB/s): tg
