@@ -63,7 +63,9 @@ peer's (2 cores of an AMD EPYC with AVX-512 VNNI; the read probe beside each):
   3.8 / 4.8 / 5.6, pp 9.9 / 10.3 / 17.6; over llama.cpp tg 1.30 / 1.27 / 1.84, pp 1.05 / 1.50 / 0.98; over
   ik_llama.cpp tg 0.96 / 0.94 / 0.87, pp 0.93 / 0.84 / 1.07. The 8B IQ4_XS with the prefill's Panel path
   (2026-11-30, 1 / 2 threads, -p 128 -n 32, probes 30.6 / 33.3 GB/s): pp 20.6 / 38.2, tg 6.4 / 10.0; over llama.cpp
-  pp 1.14 / 1.09 (0.98 before), tg 2.00 / 1.75; over ik_llama.cpp pp 1.24 / 1.17, tg 0.98 / 0.84.
+  pp 1.14 / 1.09 (0.98 before), tg 2.00 / 1.75; over ik_llama.cpp pp 1.24 / 1.17, tg 0.98 / 0.84. The 8B Q3_K_M
+  likewise (31.8 / 35.7 GB/s): pp 17.0 / 33.6, tg 5.9 / 8.7; over llama.cpp pp 1.33 / 1.34 (1.05 before), tg 1.42 /
+  1.22; over ik_llama.cpp pp 1.23 / 1.24 (0.93), tg 1.14 / 0.97.
 - 1B shapes made IQ3_S by `llama-quantize --allow-requantize` (97 IQ3_S tensors, run as Q5_K: 0.752 GB a token
   against the file's 0.503), 1 / 2 threads, -p 128 -n 64 (29.2 / 28.9 GB/s): tg 32.5 / 41.2, pp 97.8 / 178.7; over
   llama.cpp tg 3.59 / 2.48, pp 0.99 / 0.94 (ggml's IQ3_S dot product decodes its grid at 4.6-8.4 GB/s: the exact Q5_K
