@@ -59,35 +59,47 @@ def moe_finish(em: Emitter, node: Node, flat: str, routed: str) -> None:
     em.node("Reshape", [routed, em.node("Shape", [x], hint=name)[0]], node.outputs, hint=name)
 
 
-def moe(em: Emitter, node: Node, product: Callable | None = None) -> None:
+def moe(em: Emitter, node: Node) -> None:
     """Standard ONNX: the router's softmax (float32) and TopK, then one of two ways, chosen per forward by an `If`
     on the token count N: where N * k <= experts (decode, small batches) each token's k experts are gathered and
     only they run — a token reads k experts' weights, as llama.cpp's mul_mat_id and ONNX Runtime's MoE op do —;
     else every expert runs on every token as batched MatMuls ([experts, tokens, ffn]), weighted by a dense [tokens,
     experts] matrix that is 0 but at the chosen (a prefill: every expert is read once, whatever N). Both exact (the
-    ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py). TensorRT-RTX builds the else-branch alone
-    (export/trt_network.py's without_branches says why). `product(em, x, weight, chosen, hint)` emits the gathered
-    way's ExpertMatMul (ops.py): its standard decomposition here, the plugin node in the trt target."""
-    x = node.inputs[0]
-    name, dtype = node.name, em.dtype_of(x)
-    flat, logits = moe_tokens(em, node)
-    probs = em.node("Softmax", [logits], hint=name, axis=-1)[0]
+    ort target runs ONNX Runtime's MoE op instead: export/ort_moe.py; the trt target `gathered` below, without an
+    If). TensorRT-RTX builds an onnx export's else-branch alone (export/trt_network.py's without_branches)."""
+    name, dtype = node.name, em.dtype_of(node.inputs[0])
+    flat, probs, top, chosen, weights = route(em, node)
     top_k, experts = node.attrs["top_k"], em.graph.values[node.arg(2)].shape[0]
-    top, chosen = em.node("TopK", [probs, em.const([top_k], "int64")], 2, hint=name, axis=-1, largest=1, sorted=1)
-    if node.attrs["normalize"]:
-        top = em.node("Div", [top, em.node("ReduceSum", [top, em.const([-1], "int64")], hint=name,
-                                            keepdims=1)[0]], hint=name)[0]
-    weights = [expert_weights(em, node, i, _experts_t) for i in (2, 3, 4)]  # [E, in, out], read by both ways
     tokens = em.node("Shape", [flat], hint=name, start=0, end=1)[0]
     few = em.node("LessOrEqual", [em.node("Mul", [tokens, em.const([top_k], "int64")], hint=name)[0],
                                   em.const([experts], "int64")], hint=name)[0]
     few = em.node("Squeeze", [few, em.const([0], "int64")], hint=name)[0]  # If's condition: one element
-    routed = em.node("If", [few], hint=name,
-                     then_branch=_branch(em, f"{name}/gathered", dtype, lambda: _gathered(em, node, flat, top, chosen,
-                                                                                               weights, product)),
-                     else_branch=_branch(em, f"{name}/dense", dtype, lambda: _dense(em, node, flat, probs, top,
-                                                                                    chosen, weights)))[0]
+    then = _branch(em, f"{name}/gathered", dtype, lambda: _gathered(em, node, flat, top, chosen, weights,
+                                                                    expert_product))
+    dense = _branch(em, f"{name}/dense", dtype, lambda: _dense(em, node, flat, probs, top, chosen, weights))
+    routed = em.node("If", [few], hint=name, then_branch=then, else_branch=dense)[0]
     moe_finish(em, node, flat, routed)
+
+
+def gathered(em: Emitter, node: Node, product: Callable) -> None:
+    """The router, then each token's k experts through `product(em, x, weight, chosen, hint)` (an ExpertMatMul:
+    the trt target's plugin node) for every token count, no If."""
+    flat, _, top, chosen, weights = route(em, node)
+    moe_finish(em, node, flat, _gathered(em, node, flat, top, chosen, weights, product))
+
+
+def route(em: Emitter, node: Node) -> tuple[str, str, str, str, list[str]]:
+    """(x as [tokens, hidden], the router's softmax over the experts, the chosen's weights [tokens, k] (renormalised
+    where the node says), the chosen [tokens, k], the experts' gate, up and down as [E, in, out])."""
+    name = node.name
+    flat, logits = moe_tokens(em, node)
+    probs = em.node("Softmax", [logits], hint=name, axis=-1)[0]
+    top, chosen = em.node("TopK", [probs, em.const([node.attrs["top_k"]], "int64")], 2, hint=name, axis=-1,
+                          largest=1, sorted=1)
+    if node.attrs["normalize"]:
+        top = em.node("Div", [top, em.node("ReduceSum", [top, em.const([-1], "int64")], hint=name,
+                                            keepdims=1)[0]], hint=name)[0]
+    return flat, probs, top, chosen, [expert_weights(em, node, i, _experts_t) for i in (2, 3, 4)]
 
 
 def _branch(em: Emitter, name: str, dtype: int, build) -> onnx.GraphProto:
@@ -104,10 +116,9 @@ def _branch(em: Emitter, name: str, dtype: int, build) -> onnx.GraphProto:
 
 
 def _gathered(em: Emitter, node: Node, flat: str, top: str, chosen: str, weights: list[str],
-              product: Callable | None) -> str:
+              product: Callable) -> str:
     """Each token's k experts run on it alone (ExpertMatMul, ops.py): [tokens, hidden]."""
     name, dtype = node.name, em.dtype_of(node.inputs[0])
-    product = product or expert_product
     gate, up, down = weights
     gate_bias, up_bias, down_bias = moe_inputs(node)[10:]
 

@@ -1,13 +1,13 @@
 """Target `trt`: ONNX for TensorRT with llgraph plugins, that ONNX Runtime runs too.
 
-RMSNorm, Rotary, GroupedAttention, SwiGLU and ExpertMatMul become plugin nodes (ExpertMatMul where a MoE's step of
-few tokens runs each token's experts: export/onnx_moe.py's `If`): `op_type` is the plugin name, the attributes are
-exactly the plugin's fields (plugins/tensorrt/spec.py, read from the op schemas) plus `plugin_namespace="llgraph"` and
-`plugin_version`. Each such op type also has a model-local ONNX function (domain `llgraph`) whose body is its
-reference decomposition in standard opset-24 ops, written against the node's attributes (`ref_attr_name`), never
-against one node's values. ONNX Runtime runs the bodies; TensorRT's parser (10.15+) gives a node that carries
-`plugin_namespace` to the registered plugin first. The remaining ops (Embedding, Linear, Split, RotaryCosSin, Add)
-are the `onnx` target's lowerings.
+RMSNorm, Rotary, GroupedAttention, SwiGLU and ExpertMatMul become plugin nodes (ExpertMatMul in the branch of a MoE's
+`If` that runs each token's experts, export/onnx_moe.py, which a plugin build takes for every step): `op_type` is the
+plugin name, the attributes are exactly the plugin's fields (plugins/tensorrt/spec.py, read from the op schemas) plus
+`plugin_namespace="llgraph"` and `plugin_version`. Each such op type also has a model-local ONNX function (domain
+`llgraph`) whose body is its reference decomposition in standard opset-24 ops, written against the node's attributes
+(`ref_attr_name`), never against one node's values. ONNX Runtime runs the bodies; TensorRT's parser (10.15+) gives a
+node that carries `plugin_namespace` to the registered plugin first. The remaining ops (Embedding, Linear, Split,
+RotaryCosSin, Add) are the `onnx` target's lowerings.
 
 Ragged rows by slot id (passes.ragged_slots): every GroupedAttention takes the graph input `slot_ids`, each token's
 cache row, so a step runs only the busy rows (runtime/backends/trt.py); its ONNX initializer is empty (an ONNX
@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import AttributeProto, FunctionProto, TensorProto, helper
 
+import llgraph.export.expert_schedule as expert_schedule
 import llgraph.export.onnx as std
 import llgraph.export.onnx_moe as onnx_moe
 from llgraph.export.lower import Emitter, Target
@@ -166,9 +167,21 @@ def _grouped_attention(f: _Body, sinks: bool = False) -> None:
 
 
 def _expert_matmul(f: _Body) -> None:
-    """Each (token, slot) pair's expert matrix gathered, its row multiplied by it (onnx_moe.expert_product)."""
-    rows = f("Unsqueeze", "x", f.ints(2))  # [N, 1 or k, 1, in]
-    f("Squeeze", f("MatMul", rows, f("Gather", "weight", "chosen", axis=0)), f.ints(2), out="out")
+    """The pairs in their runs of one expert (export/expert_schedule.py): each run's rows gathered ([NB, R, in]), each
+    run's expert matrix gathered ([NB, in, out]), one batched MatMul, and each pair's result taken from its place: a
+    step reads the matrices of its runs' experts (k for a decode step). A padding slot, or a run past the last,
+    multiplies some row or matrix whose result no pair takes."""
+    width, out = f("Shape", "x", start=2), f("Shape", "weight", start=2)
+    rows = f("Reshape", "x", f("Concat", f.ints(-1), width, axis=0))  # [tokens * (1 or k), in]
+    per_row = f("Div", f("Shape", "chosen", start=1), f("Shape", "x", start=1, end=2))  # k (a row a token) or 1
+    last_row = f("Sub", f("Shape", rows, start=0, end=1), f.ints(1))
+    source = f("Min", f("Div", "order", f("Squeeze", per_row)), f("Squeeze", last_row))  # each slot's row of x
+    x_runs = f("Reshape", f("Gather", rows, source, axis=0), f("Concat", f("Shape", "blocks"), f.ints(-1), width,
+                                                                 axis=0))
+    last = f("Sub", f("Shape", "weight", start=0, end=1), f.ints(1))
+    w_runs = f("Gather", "weight", f("Min", "blocks", f("Squeeze", last)), axis=0)  # [NB, in, out]
+    y = f("Reshape", f("MatMul", x_runs, w_runs), f("Concat", f.ints(-1), out, axis=0))  # [NB * R, out]
+    f("Reshape", f("Gather", y, "place", axis=0), f("Concat", f("Shape", "chosen"), out, axis=0), out="out")
 
 
 BODIES = {"RMSNorm": _rmsnorm, "SwiGLU": _swiglu, "Rotary": _rotary, "GroupedAttention": _grouped_attention,
@@ -199,6 +212,9 @@ def plugin_node(em: Emitter, node: Node) -> None:
     if node.op == "GroupedAttention" and not node.attrs["causal"]:
         raise NotImplementedError("non-causal GroupedAttention has no plugin or ONNX lowering yet")
     inputs = [em.weight(name) if name in em.graph.params else name for name in node.inputs]
+    if node.op == "ExpertMatMul" and len(inputs) == 3:  # the pairs grouped by expert, as its kernel takes them
+        experts = em.graph.values[node.inputs[1]].shape[0]
+        inputs += expert_schedule.schedule(em, inputs[2], experts, spec.EXPERT_ROWS, node.name)
     sinks = False
     if node.op == "GroupedAttention":
         std.slots_input(em, node)
@@ -214,14 +230,19 @@ def plugin(em: Emitter, op: str, inputs: list, outputs, attrs: Mapping, hint: st
     return em.node(op, inputs, outputs, domain=spec.NAMESPACE, hint=hint, **spec.onnx_attrs(op, attrs))
 
 
-def _expert_plugin(em: Emitter, x: str, weight: str, chosen: str, hint: str) -> str:
-    return plugin(em, "ExpertMatMul", [x, weight, chosen], 1, {}, hint)[0]
-
-
 def moe(em: Emitter, node: Node) -> None:
-    """MoE and QMoE as the onnx target lowers them, a step of few tokens reading each chosen expert's matrices in
-    place through the ExpertMatMul plugin (the standard decomposition gathers them into a new tensor first)."""
-    onnx_moe.moe(em, node, product=_expert_plugin)
+    """MoE and QMoE without an If: the router, the pairs grouped by expert once (export/expert_schedule.py), then
+    each token's k experts through three ExpertMatMul plugin nodes (gate, up, down), whatever the token count. With
+    llgraph's plugins each chosen expert's matrices are read once for all the rows that chose it; a native build
+    (TensorRT-RTX, `--plugins none`) runs the plugin's function body, batched MatMuls over the same runs: a decode
+    step reads its k experts, not every one."""
+    experts, schedules = em.graph.values[node.arg(2)].shape[0], {}
+
+    def product(em: Emitter, x: str, weight: str, chosen: str, hint: str) -> str:
+        if chosen not in schedules:  # once for the gate, up and down products
+            schedules[chosen] = expert_schedule.schedule(em, chosen, experts, spec.EXPERT_ROWS, hint)
+        return plugin(em, "ExpertMatMul", [x, weight, chosen, *schedules[chosen]], 1, {}, hint)[0]
+    onnx_moe.gathered(em, node, product)
 
 
 LOWERINGS = {**std.LOWERINGS, **{op: plugin_node for op in spec.PLUGIN_OPS}, "MoE": moe, "QMoE": moe}

@@ -40,12 +40,13 @@ def every_node(graph):
 
 
 def without_branches(model) -> None:
-    """Each `If` of the graph replaced by its else-branch, inlined (a routed mixture's way for many tokens, which
-    runs every expert: export/onnx_moe.py). For TensorRT-RTX, whose 1.7.1 builder dies (SIGSEGV, "Determining refit
-    engines") on any ONNX `If` in these networks, even one whose branches are an Identity and a Neg of one
-    activation; TensorRT itself takes the If (IIfConditional), so its decode steps read a token's k experts. (An ONNX
-    Loop over the chosen experts, which would read only them without an If, dies the same way at the same step in a
-    whole model, though the MoE's Loop cut out of it alone builds: tried 2026-11-30.)"""
+    """Each `If` of the graph replaced by its else-branch, inlined (an `onnx` export's routed mixture: its way for
+    many tokens, which runs every expert, export/onnx_moe.py). For TensorRT-RTX, whose 1.7.1 builder dies (SIGSEGV,
+    "Determining refit engines") on any ONNX `If` in these networks, even one whose branches are an Identity and a
+    Neg of one activation; TensorRT itself takes the If (IIfConditional). (An ONNX Loop over the chosen experts dies
+    the same way at the same step in a whole model, though the MoE's Loop cut out of it alone builds: tried
+    2026-11-30.) A `trt` export has no If: its mixtures run the pairs grouped by expert (export/trt.py's moe), on
+    llgraph's plugin or as the plugin's function body, which TensorRT-RTX builds."""
     from onnx import helper
 
     nodes = []

@@ -233,7 +233,11 @@ def qmoe(ins, attrs):
 
 
 def expert_matmul(ins, attrs):
-    x, weight, chosen = ins
+    x, weight, chosen, *schedule = ins
+    for name, v in zip(("order", "blocks", "place"), schedule):
+        if v is not None:
+            _require(v.dtype == "int64" and len(v.shape) == 1, f"{name} must be int64 and 1-D (the pairs grouped by "
+                     f"expert, export/expert_schedule.py), got {v.dtype}{list(v.shape)}")
     _float(x, "x")
     _require(chosen.dtype == "int64" and len(chosen.shape) == 2, f"chosen must be int64 [tokens, k] (each token's "
              f"experts), got {chosen.dtype}{list(chosen.shape)}")

@@ -41,6 +41,17 @@ def max_diff(a, b) -> float:
     return float(np.abs(_f64(a) - _f64(b)).max())
 
 
+def expert_schedule(chosen: np.ndarray, experts: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, blocks, place) for chosen [tokens, k] as the `trt` export computes them (export/expert_schedule.py's ONNX
+    nodes, checked by ONNX's checker and run by ONNX Runtime)."""
+    import onnx
+
+    from llgraph.export import expert_schedule as schedule
+
+    onnx.checker.check_model(schedule.model(experts, rows), full_check=True)
+    return schedule.run(chosen, experts, rows)
+
+
 def _f64(x) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor
         return x.detach().double().cpu().numpy()

@@ -13,6 +13,9 @@ from llgraph.ops import SCHEMAS
 NAMESPACE = "llgraph"
 VERSION = "1"
 PLUGIN_OPS = ("RMSNorm", "Rotary", "GroupedAttention", "SwiGLU", "ExpertMatMul")
+# pairs of one expert an ExpertMatMul program multiplies (its kernel's BLOCK_M; the `trt` export's schedule pads each
+# expert's pairs to a multiple of it, export/expert_schedule.py)
+EXPERT_ROWS = 32
 
 
 def plugin_id(op: str) -> str:

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from llgraph.plugins.tensorrt import spec
+
 
 @triton.jit
 def rmsnorm_kernel(x_ptr, w_ptr, n_cols, y_ptr, EPS: tl.constexpr, BLOCK: tl.constexpr):
@@ -167,26 +169,36 @@ def _same_row(slots_ptr, t, hi, seq, row, n_slots):
 
 
 @triton.jit
-def expert_matmul_kernel(x_ptr, w_ptr, chosen_ptr, rows, top_k, in_features, out_features, y_ptr,
-                         BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """ExpertMatMul: one (token, slot) pair and BLOCK_N of its outputs per program. The pair's row (x[t, slot], or
-    x[t, 0] when x has one row a token) times its expert's [in, out] matrix, read in place (no gathered copy), in
-    float32 over the input features in order: a pair's result does not depend on the other pairs."""
-    pair = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < out_features
-    token, slot = pair // top_k, pair % top_k
-    x_row = x_ptr + (token * rows + tl.where(rows > 1, slot, 0)) * in_features
-    w = w_ptr + tl.load(chosen_ptr + pair) * in_features * out_features
-    kk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, in_features, BLOCK_K):
-        kmask = k0 + kk < in_features
-        xv = tl.load(x_row + k0 + kk, mask=kmask, other=0.0).to(tl.float32)
-        wv = tl.load(w + (k0 + kk)[:, None] * out_features + n[None, :], mask=kmask[:, None] & nmask[None, :],
-                     other=0.0).to(tl.float32)
-        acc += tl.sum(xv[:, None] * wv, axis=0)
-    tl.store(y_ptr + pair * out_features + n, acc.to(y_ptr.dtype.element_ty), mask=nmask)
+def expert_matmul_kernel(x_ptr, w_ptr, chosen_ptr, order_ptr, blocks_ptr, place_ptr, rows, top_k, pairs, experts,
+                         in_features, out_features, y_ptr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
+    """ExpertMatMul on pairs grouped by expert (export/expert_schedule.py): one run of BLOCK_M pairs of one expert
+    (`order`, padded with `pairs`, no pair) and BLOCK_N of their outputs per program. The pairs' rows (x[t, slot], or
+    x[t, 0] when x has one row a token) times the expert's [in, out] matrix, read in place once for all of them, as
+    tl.dot tiles with float32 accumulation over the input features in order (IEEE products for float32 inputs, no
+    TF32). A row's result does not depend on the rows beside it in its run; runs past the last (`blocks` = experts)
+    do nothing. `chosen` is the op's input the schedule was made from, `place` each pair's slot (what the function
+    body gathers by); the kernel reads `order` and `blocks` alone."""
+    run = tl.program_id(0).to(tl.int64)
+    expert = tl.load(blocks_ptr + run)
+    if expert < experts:
+        pair = tl.load(order_ptr + run * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pair < pairs
+        token, slot = pair // top_k, pair % top_k
+        x_rows = x_ptr + (token * rows + tl.where(rows > 1, slot, 0)) * in_features
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < out_features
+        w = w_ptr + expert * in_features * out_features
+        kk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, in_features, BLOCK_K):
+            kmask = k0 + kk < in_features
+            xt = tl.load(x_rows[:, None] + (k0 + kk)[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+            wt = tl.load(w + (k0 + kk)[:, None] * out_features + n[None, :], mask=kmask[:, None] & nmask[None, :],
+                         other=0.0)
+            acc = tl.dot(xt, wt, acc, input_precision="ieee")
+        tl.store(y_ptr + pair[:, None] * out_features + n[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=valid[:, None] & nmask[None, :])
 
 
 # -- the launch plan (shared by the JIT launchers below and the plugins' aot_impl) ---------------------------------
@@ -229,11 +241,13 @@ def plan(op: str, shapes: dict, attrs: dict) -> Launch:
             NUM_HEADS=attrs["num_heads"], KV_HEADS=attrs["num_kv_heads"], HEAD_DIM=static(head_dim),
             SCALE=float(attrs["scale"]), WINDOW=int(attrs.get("window", 0)),
             SOFTCAP=float(attrs.get("softcap", 0.0)), BLOCK_N=32, BLOCK_D=triton.next_power_of_2(static(head_dim))))
-    if op == "ExpertMatMul":  # a program per (token, slot) pair and 64 outputs
-        (tokens, rows, in_features), (_, _, out_features), (_, top_k) = shapes["x"], shapes["weight"], shapes["chosen"]
+    if op == "ExpertMatMul":  # a program per run of EXPERT_ROWS pairs of one expert and 64 outputs
+        (tokens, rows, in_features), (experts, _, out_features) = shapes["x"], shapes["weight"]
+        (_, top_k), (runs,) = shapes["chosen"], shapes["blocks"]
         block_n = 64
-        return Launch(expert_matmul_kernel, (tokens * top_k, (out_features + block_n - 1) // block_n),
-                      (rows, top_k, in_features, out_features), dict(BLOCK_K=64, BLOCK_N=block_n))
+        return Launch(expert_matmul_kernel, (runs, (out_features + block_n - 1) // block_n),
+                      (rows, top_k, tokens * top_k, experts, in_features, out_features),
+                      dict(BLOCK_M=spec.EXPERT_ROWS, BLOCK_K=32, BLOCK_N=block_n))
     raise KeyError(f"no kernel for op {op}")
 
 
@@ -265,11 +279,15 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
     return y
 
 
-def expert_matmul(x: torch.Tensor, weight: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-    """x [tokens, 1 or k, in]; weight [experts, in, out]; chosen [tokens, k] int64 -> [tokens, k, out]."""
+def expert_matmul(x: torch.Tensor, weight: torch.Tensor, chosen: torch.Tensor, order: torch.Tensor,
+                  blocks: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
+    """x [tokens, 1 or k, in]; weight [experts, in, out]; chosen [tokens, k] int64; order, blocks, place: chosen's
+    pairs grouped by expert (export/expert_schedule.py) -> [tokens, k, out]."""
     x = x.contiguous()
     y = torch.empty(chosen.shape[0], chosen.shape[1], weight.shape[2], dtype=x.dtype, device=x.device)
-    launch("ExpertMatMul", {"x": x, "weight": weight.contiguous(), "chosen": chosen.contiguous()}, [y], {})
+    launch("ExpertMatMul", {"x": x, "weight": weight.contiguous(), "chosen": chosen.contiguous(),
+                            "order": order.contiguous(), "blocks": blocks.contiguous(),
+                            "place": place.contiguous()}, [y], {})
     return y
 
 

@@ -91,7 +91,8 @@ def read_bandwidth(threads: int, size: int = 1 << 30, repeats: int = 3) -> float
 def onnx_bytes_per_token(folder: Path) -> int:
     """Bytes of an export's initializers a one-token step reads: all of them but an embedding table the head does
     not share (a gather reads one row of it), and of a routed mixture's experts (llgraph's MoE, ONNX Runtime's, the
-    standard lowering's gathered branch, which one token takes: export/onnx_moe.py) the token's k of them."""
+    standard lowering's gathered branch, which one token takes: export/onnx_moe.py, the trt export's ExpertMatMul)
+    the token's k of them."""
     import onnx
     from onnx import numpy_helper
 
@@ -123,6 +124,8 @@ def onnx_bytes_per_token(folder: Path) -> int:
             share.update({x: k / dims[x][0] for x in n.input[2:] if x in dims})
         if n.op_type == "Gather" and n.input[1] in topk and n.input[0] in dims:  # a token's k experts' rows
             share[n.input[0]] = ks[topk[n.input[1]]] / dims[n.input[0]][0]
+        if n.op_type == "ExpertMatMul" and n.input[2] in topk and n.input[1] in dims:  # the trt export's products
+            share[n.input[1]] = ks[topk[n.input[2]]] / dims[n.input[1]][0]
         gathered.update(tables)
         read.update(x for x in n.input if x not in tables)
     return int(sum(v * share.get(k, 1.0) for k, v in sizes.items()

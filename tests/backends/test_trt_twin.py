@@ -278,9 +278,9 @@ def test_non_contiguous_inputs_are_bound_as_their_values(tiny):
 
 
 def test_a_mixture_on_the_twin_answers_as_onnx_runtime(tmp_path):
-    """A Qwen3-MoE `trt` export — its experts behind an If: a decode step gathers each token's k experts, a prefill
-    runs every expert — built by TensorRT-RTX (which takes the else-branch alone: trt_network.without_branches) and run
-    by the twin, which runs the export's If: the greedy tokens of ONNX Runtime's own MoE op on the ort export, a
+    """A Qwen3-MoE `trt` export — no If: every step's pairs grouped by expert, each run multiplied by its expert's
+    matrix (export/trt.py's moe) — built by TensorRT-RTX (the ExpertMatMul function bodies on its own layers) and run
+    by the twin: the greedy tokens of ONNX Runtime's own MoE op on the ort export, a
     batch of two prompts."""
     from test_families import hf_checkpoint
 

@@ -86,21 +86,25 @@ def test_onnx_runtime_runs_the_experts(files, kernels, tmp_path, report):
 def test_the_standard_lowering_dequantizes_the_experts(files, target, tmp_path, report):
     """QMoE through export/onnx_moe.py's decomposition (what the onnx and trt targets run), the graph taken as the
     executor runs it, checked by ONNX Runtime (decode steps on the chosen experts, the prefill on all): the onnx
-    export gathers the chosen experts' matrices, the trt export's ExpertMatMul plugin nodes read them in place
-    (ONNX Runtime runs their function bodies)."""
+    export's If gathers the chosen experts' matrices for few tokens and runs every expert for many; the trt export
+    has no If, its ExpertMatMul plugin nodes take the pairs grouped by expert at every step (ONNX Runtime runs their
+    function bodies: batched MatMuls over the runs)."""
     q, _ = files
     model = open_model(q, q)
     folder = export(model.graph, model.source, get_target(target), tmp_path / target, max_positions=64)
     onnx.checker.check_model(str(folder / "model.onnx"))
-    # an If a layer, its then-branch gathering each token's k experts (decode here: N * k = 2 * 2 <= 8 experts),
-    # its else-branch every expert (the 7-token prefill: 28 > 8); compare_steps runs both against float64
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
     branches = [n for n in graph.node if n.op_type == "If"]
-    assert len(branches) == model.config.num_layers
-    for n in branches:
-        then = next(a.g for a in n.attribute if a.name == "then_branch")
-        products = [m.op_type for m in then.node if m.op_type in ("Gather", "ExpertMatMul")]
-        assert products == (["Gather"] * 3 if target == "onnx" else ["ExpertMatMul"] * 3)  # gate, up and down
+    if target == "onnx":  # an If a layer, its then-branch gathering each token's k experts (decode here: N * k =
+        # 2 * 2 <= 8 experts), its else-branch every expert (the 7-token prefill: 28 > 8)
+        assert len(branches) == model.config.num_layers
+        for n in branches:
+            then = next(a.g for a in n.attribute if a.name == "then_branch")
+            assert [m.op_type for m in then.node if m.op_type in ("Gather", "ExpertMatMul")] == ["Gather"] * 3
+    else:  # three plugin nodes a layer on one grouping of the pairs by expert (export/expert_schedule.py)
+        products = [m for m in graph.node if m.op_type == "ExpertMatMul"]
+        assert not branches and len(products) == 3 * model.config.num_layers
+        assert len({tuple(m.input[3:]) for m in products}) == model.config.num_layers
     compare_steps(model.config, truth(model.config, files), OrtStepper(folder, model.config, batch=2, max_seq=64),
                   report, f"{target} QMoE", tol=TOL)
 
@@ -216,8 +220,9 @@ def test_gpt_oss_mxfp4_runs_as_gguf_dequantizes_it(mxfp4, backend, tmp_path, rep
 
 def test_a_decode_step_reads_its_k_experts_on_the_standard_lowering(files, tmp_path):
     """`llgraph bench`'s weight bytes a token (runtime/bench/speed.py) follow the lowering: one token takes the
-    gathered branch (k of the stacked experts' bytes); the graph a TensorRT-RTX build parses (its Ifs inlined as
-    their else-branch, trt_network.without_branches) reads every expert, and ONNX Runtime runs it to the same logits."""
+    gathered branch (k of the stacked experts' bytes), as the trt export's ExpertMatMul nodes; the onnx export as a
+    TensorRT-RTX build parses it (its Ifs inlined as their else-branch, trt_network.without_branches) reads every
+    expert, and ONNX Runtime runs it to the same logits."""
     import shutil
 
     import numpy as np
@@ -236,10 +241,14 @@ def test_a_decode_step_reads_its_k_experts_on_the_standard_lowering(files, tmp_p
     without_branches(proto)
     assert not any(n.op_type == "If" for n in proto.graph.node)
     onnx.save(proto, str(dense / "model.onnx"))
-    got = {"gathered": onnx_bytes_per_token(folder), "dense": onnx_bytes_per_token(dense)}
+    trt = export(model.graph, model.source, get_target("trt"), tmp_path / "trt", max_positions=64)
+    got = {"gathered": onnx_bytes_per_token(folder), "dense": onnx_bytes_per_token(dense),
+           "trt": onnx_bytes_per_token(trt)}
     print(got, "expert bytes", experts)
     # equal but for the If's own few int64 constants (the condition's, the branches' axes): under 1 KB
     assert experts > 0 and abs(got["gathered"] - (got["dense"] - experts * (1 - TOP_K / EXPERTS))) < 1024
+    # the trt export's ExpertMatMul reads a token's k experts too (its grouping's constants: under 4 KB)
+    assert abs(got["trt"] - got["gathered"]) < 4096
     steppers = [OrtStepper(f, model.config, batch=2, max_seq=64) for f in (folder, dense)]
     for ids in (np.arange(14).reshape(2, 7) % model.config.vocab_size, np.array([[3], [5]])):  # prefill, a step
         a, b = (s.step(torch.tensor(ids))["logits"] for s in steppers)

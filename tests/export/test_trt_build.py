@@ -213,8 +213,9 @@ def test_parser_hands_every_plugin_node_to_its_creator(tmp_path):
 
 
 def test_parser_hands_a_mixtures_expert_products_to_their_creator(tmp_path):
-    """A MoE's ExpertMatMul plugin nodes live in the branch of its If for few tokens (export/onnx_moe.py):
-    TensorRT-RTX's parser reaches each of them there, and hands it to the creator as it does the top-level nodes."""
+    """A MoE's ExpertMatMul plugin nodes, three a layer after the grouping of the pairs by expert (export/trt.py's
+    moe): TensorRT-RTX's parser imports the grouping's nodes, reaches each plugin node and hands it to the creator
+    with the grouping as its inputs."""
     from llgraph.checkpoint import random_weights
     from llgraph.export import get_target
     from llgraph.export.lower import export
@@ -283,3 +284,60 @@ def test_tensorrt_builds_the_families(family, tmp_path):
     meta = json.loads((folder / "engine.json").read_text())
     print(f"{family}: {meta['flavor']} built a {meta['engine_bytes'] / 2**10:.0f} KiB engine in "
           f"{meta['build_seconds']:.1f} s")
+
+
+def test_tensorrt_builds_the_grouping_of_pairs_by_expert(rtx):
+    """export/expert_schedule.py's nodes (int64 one-hot, CumSum, GatherElements, ScatterElements, Range; no TopK,
+    no size from values) are TensorRT layers: TensorRT-RTX parses and builds them alone for 1 to 512 tokens of
+    Qwen3-30B-A3B's router (8 of 128 experts) — what a `trt` export's mixture runs before its ExpertMatMuls."""
+    from llgraph.export.expert_schedule import model
+    from llgraph.export.trt_build import trt_logger
+
+    t = rtx.module
+    logger = trt_logger(rtx)
+    builder = t.Builder(logger)
+    network = builder.create_network(0)
+    parser = t.OnnxParser(network, logger)
+    assert parser.parse(model(128, 32).SerializeToString()), parser.get_error(0)
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    profile.set_shape("chosen", (1, 8), (64, 8), (512, 8))
+    config.add_optimization_profile(profile)
+    engine = builder.build_serialized_network(network, config)
+    assert engine is not None and engine.nbytes > 0
+    kinds = sorted({str(network.get_layer(i).type).split(".")[-1] for i in range(network.num_layers)})
+    print(f"{network.num_layers} layers ({', '.join(kinds)}), engine {engine.nbytes / 2**10:.0f} KiB")
+
+
+def test_a_trt_export_runs_the_pairs_grouped_by_expert_at_every_step(tmp_path):
+    """A `trt` export's mixture has no If (export/trt.py's moe): each layer's three ExpertMatMul nodes read one
+    grouping of the pairs by expert, and ONNX Runtime running it (the plugins' function bodies: batched MatMuls over
+    the runs) gives a 9-token prefill and decode steps the logits of the `onnx` export, whose If runs every expert for
+    that prefill and gathers each pair's matrix for a step. A build of either kind keeps it as it is."""
+    import numpy as np
+    import onnx
+    import torch
+    from reference import OrtStepper
+    from test_families import hf_checkpoint
+
+    from llgraph.checkpoint import load_config
+    from llgraph.export import export_model
+    from llgraph.export.trt_network import for_build
+
+    hf_checkpoint("qwen3_moe", tmp_path / "hf")
+    cfg = load_config(tmp_path / "hf")
+    folders = {target: export_model(tmp_path / "hf", checkpoint=tmp_path / "hf", out=tmp_path / target,
+                                    target=target, max_seq_len=64) for target in ("trt", "onnx")}
+    model = onnx.load(str(folders["trt"] / "model.onnx"), load_external_data=False)
+    assert not any(n.op_type == "If" for n in model.graph.node)
+    products = [n for n in model.graph.node if n.op_type == "ExpertMatMul"]
+    assert len(products) == 3 * cfg.num_layers and len({tuple(n.input[3:]) for n in products}) == cfg.num_layers
+    for plugins, flavor in (("aot", "tensorrt"), ("none", "rtx")):
+        built = onnx.load(str(folders["trt"] / "model.onnx"), load_external_data=False)
+        for_build(built, 64, plugins, flavor)
+        assert sum(n.op_type == "ExpertMatMul" for n in built.graph.node) == len(products)
+    steppers = [OrtStepper(folders[t], cfg, batch=1, max_seq=64) for t in ("trt", "onnx")]
+    for ids in (np.arange(9).reshape(1, 9) % cfg.vocab_size, np.array([[3]]), np.array([[7]])):  # 9 * k > experts
+        a, b = (s.step(torch.tensor(ids))["logits"] for s in steppers)
+        print(f"{ids.shape[1]} tokens: max|diff| {float((a - b).abs().max()):.2e} (tol 1e-5)")
+        assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())

@@ -75,7 +75,7 @@ MOE = {"num_experts": 6, "top_k": 2, "intermediate_size": 48}
 @pytest.mark.parametrize("cfg", [tiny(), tiny(num_kv_heads=1, rope={"layout": "interleaved", "rotary_dim": 8}),
                                  tiny(moe=MOE), tiny(moe=dict(MOE, bias=True, alpha=1.702, beta=1.0, limit=7.0))])
 def test_plugin_nodes_carry_exactly_the_registered_fields(cfg, registered, tmp_path):
-    """Every plugin node (a MoE's ExpertMatMul ones inside the If's branch for few tokens) has exactly its plugin's
+    """Every plugin node (a MoE's three ExpertMatMul a layer among them) has exactly its plugin's
     inputs, outputs and fields; each op used has its function, with the plugin's signature."""
     folder = export(model_graph(cfg), random_weights(cfg), get_target("trt"), tmp_path / "trt", max_positions=64)
     model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
