@@ -1,16 +1,15 @@
-"""A routed step's (token, slot) pairs grouped by expert, in standard ONNX ops: what ggml's mul_mat_id and vLLM's
-fused MoE sort before their grouped products, so that each run of `rows` pairs of one expert multiplies by that
-expert's matrix, read once for them — in ExpertMatMul's TensorRT kernel (plugins/tensorrt/triton_kernels.py) and in
-its function body, the batched MatMuls a native TensorRT build runs (export/trt.py).
+"""A routed step's (token, slot) pairs grouped by expert, in standard ONNX ops, for ExpertMatMul's TensorRT kernel
+(plugins/tensorrt/triton_kernels.py): what ggml's mul_mat_id and vLLM's fused MoE sort before their grouped
+products, so that each program multiplies a run of `rows` pairs of one expert by that expert's matrix, read once for
+them.
 
 From chosen [tokens, k] (P = tokens * k pairs, E experts, R = `rows`):
 - `order` [NB * R]: pair ids (t * k + i) by expert, in pair order within an expert, each expert's run padded to a
   multiple of R with P (no pair);
 - `blocks` [NB]: the expert of each run of R (E past the last: nothing to do);
-- `place` [P]: each pair's index in `order` (where its result lands in the runs' output);
 - NB = min(E, P) + floor(P / R), a bound on sum_e ceil(count_e / R) (at most min(E, P) experts have pairs, and
   each has at most one run beyond floor(count_e / R)) known from the shape alone, so no size depends on the values
-  (TensorRT builds it as it builds shapes): a decode step's k pairs make k runs, not E.
+  (TensorRT builds it as it builds shapes): a decode step's k pairs make k programs with work, not E.
 
 A counting sort: one-hot [P, E], its exclusive CumSum down the pairs (a pair's rank among its expert's), the counts,
 each expert's first run. No TopK (TensorRT's K is bounded below a prefill's P) and no NonZero (a size from values).
@@ -24,8 +23,8 @@ from onnx import TensorProto, helper
 from llgraph.export.lower import Emitter
 
 
-def schedule(em: Emitter, chosen: str, experts: int, rows: int, hint: str) -> tuple[str, str, str]:
-    """(order, blocks, place) for `chosen` [tokens, k] int64 with `experts` experts, `rows` pairs a run."""
+def schedule(em: Emitter, chosen: str, experts: int, rows: int, hint: str) -> tuple[str, str]:
+    """(order, blocks) for `chosen` [tokens, k] int64 with `experts` experts, `rows` pairs a run."""
     def n(op, *inputs, **attrs):
         return em.node(op, list(inputs), hint=hint, **attrs)[0]
 
@@ -53,11 +52,11 @@ def schedule(em: Emitter, chosen: str, experts: int, rows: int, hint: str) -> tu
     run = n("Unsqueeze", n("Range", scalar(0), n("Squeeze", bound, c(0)), scalar(1)), c(1))  # [NB, 1]
     owner = n("Cast", n("LessOrEqual", n("Unsqueeze", ends, c(0)), run), to=TensorProto.INT64)  # [NB, E]
     blocks = n("ReduceSum", owner, c(1), keepdims=0)  # [NB]: how many experts end at or before the run: its own
-    return order, blocks, place
+    return order, blocks
 
 
 def model(experts: int, rows: int):
-    """The schedule as an ONNX model of its own (chosen [tokens, k] int64 -> order, blocks, place): what the tests
+    """The schedule as an ONNX model of its own (chosen [tokens, k] int64 -> order, blocks): what the tests
     and the kernel's benchmark run through ONNX Runtime, and TensorRT builds alone."""
     em = Emitter(graph=None, source=None, data=None)
     outputs = schedule(em, "chosen", experts, rows, "s")
@@ -68,10 +67,10 @@ def model(experts: int, rows: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)])
 
 
-def run(chosen: np.ndarray, experts: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(order, blocks, place) for chosen [tokens, k], the model above run by ONNX Runtime on the CPU."""
+def run(chosen: np.ndarray, experts: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, blocks) for chosen [tokens, k], the model above run by ONNX Runtime on the CPU."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(model(experts, rows).SerializeToString(), providers=["CPUExecutionProvider"])
-    order, blocks, place = session.run(None, {"chosen": np.ascontiguousarray(chosen, dtype=np.int64)})
-    return order, blocks, place
+    order, blocks = session.run(None, {"chosen": np.ascontiguousarray(chosen, dtype=np.int64)})
+    return order, blocks

@@ -167,21 +167,32 @@ def _grouped_attention(f: _Body, sinks: bool = False) -> None:
 
 
 def _expert_matmul(f: _Body) -> None:
-    """The pairs in their runs of one expert (export/expert_schedule.py): each run's rows gathered ([NB, R, in]), each
-    run's expert matrix gathered ([NB, in, out]), one batched MatMul, and each pair's result taken from its place: a
-    step reads the matrices of its runs' experts (k for a decode step). A padding slot, or a run past the last,
-    multiplies some row or matrix whose result no pair takes."""
-    width, out = f("Shape", "x", start=2), f("Shape", "weight", start=2)
-    rows = f("Reshape", "x", f("Concat", f.ints(-1), width, axis=0))  # [tokens * (1 or k), in]
-    per_row = f("Div", f("Shape", "chosen", start=1), f("Shape", "x", start=1, end=2))  # k (a row a token) or 1
-    last_row = f("Sub", f("Shape", rows, start=0, end=1), f.ints(1))
-    source = f("Min", f("Div", "order", f("Squeeze", per_row)), f("Squeeze", last_row))  # each slot's row of x
-    x_runs = f("Reshape", f("Gather", rows, source, axis=0), f("Concat", f("Shape", "blocks"), f.ints(-1), width,
-                                                                 axis=0))
-    last = f("Sub", f("Shape", "weight", start=0, end=1), f.ints(1))
-    w_runs = f("Gather", "weight", f("Min", "blocks", f("Squeeze", last)), axis=0)  # [NB, in, out]
-    y = f("Reshape", f("MatMul", x_runs, w_runs), f("Concat", f.ints(-1), out, axis=0))  # [NB * R, out]
-    f("Reshape", f("Gather", y, "place", axis=0), f("Concat", f("Shape", "chosen"), out, axis=0), out="out")
+    """Each expert some pair chose (U of them, in expert order) against every token: the U matrices gathered
+    ([U, in, out]; a decode step's k, not every expert), each token's row for that expert gathered ([U, tokens, in]),
+    one batched MatMul, and each pair's result taken from its (expert, token) cell. For a prefill U is every expert
+    and the work that of running every expert on every token, as the standard lowering's dense way (no tensor grows
+    with the pairs beyond [tokens, k, U]). Reads chosen alone: the grouping (order, blocks) is the kernel's."""
+    chosen, k = f("Reshape", "chosen", f.ints(-1)), f("Shape", "chosen", start=1)
+    tokens, width, out = f("Shape", "chosen", start=0, end=1), f("Shape", "x", start=2), f("Shape", "weight", start=2)
+    experts = f("Range", f.scalar(0), f("Squeeze", f("Shape", "weight", start=0, end=1)), f.scalar(1))  # [E]
+    hits = f("Cast", f("Equal", f("Unsqueeze", chosen, f.ints(1)), experts), to=TensorProto.INT64)  # [P, E]
+    used = f("Min", f("ReduceSum", hits, f.ints(0), keepdims=0), f.ints(1))  # [E]: 1 where some pair chose it
+    pos = f("CumSum", used, f.scalar(0), exclusive=1)  # [E]: its index among the used
+    count = f("Min", f("Shape", "weight", start=0, end=1), f("Mul", tokens, k))  # [1]: U = min(E, pairs)
+    slots = f("Unsqueeze", f("Range", f.scalar(0), f("Squeeze", count), f.scalar(1)), f.ints(1))  # [U, 1]
+    listed = f("Cast", f("And", f("Equal", slots, pos), f("Cast", used, to=TensorProto.BOOL)), to=TensorProto.INT64)
+    listed = f("ReduceSum", f("Mul", listed, experts), f.ints(1), keepdims=0)  # [U]: the used experts (then 0s)
+    w = f("Gather", "weight", listed, axis=0)  # [U, in, out]
+    match = f("Cast", f("Equal", f("Unsqueeze", "chosen", f.ints(2)), listed), to=TensorProto.FLOAT)  # [T, k, U]
+    slot = f("ArgMax", match, axis=1, keepdims=0)  # [T, U]: the token's slot that chose the expert (any if none)
+    rows = f("Shape", "x", start=1, end=2)  # 1 (a row a token) or k (a row a pair)
+    token = f("Unsqueeze", f("Range", f.scalar(0), f("Squeeze", tokens), f.scalar(1)), f.ints(1))  # [T, 1]
+    row = f("Add", f("Mul", token, rows), f("Sub", slot, f("Mul", f("Div", slot, rows), rows)))  # t*rows + slot%rows
+    x = f("Gather", f("Reshape", "x", f("Concat", f.ints(-1), width, axis=0)), f("Transpose", row, perm=[1, 0]),
+          axis=0)  # [U, T, in]
+    y = f("Reshape", f("MatMul", x, w), f("Concat", f.ints(-1), out, axis=0))  # [U * T, out]
+    cell = f("Add", f("Mul", f("Gather", pos, "chosen", axis=0), tokens), token)  # [T, k]: u * T + t
+    f("Gather", y, cell, axis=0, out="out")  # [T, k, out]
 
 
 BODIES = {"RMSNorm": _rmsnorm, "SwiGLU": _swiglu, "Rotary": _rotary, "GroupedAttention": _grouped_attention,
@@ -234,8 +245,8 @@ def moe(em: Emitter, node: Node) -> None:
     """MoE and QMoE without an If: the router, the pairs grouped by expert once (export/expert_schedule.py), then
     each token's k experts through three ExpertMatMul plugin nodes (gate, up, down), whatever the token count. With
     llgraph's plugins each chosen expert's matrices are read once for all the rows that chose it; a native build
-    (TensorRT-RTX, `--plugins none`) runs the plugin's function body, batched MatMuls over the same runs: a decode
-    step reads its k experts, not every one."""
+    (TensorRT-RTX, `--plugins none`) runs the plugin's function body, one batched MatMul over the experts some pair
+    chose: a decode step reads its k experts, not every one, and a prefill runs every expert on every token."""
     experts, schedules = em.graph.values[node.arg(2)].shape[0], {}
 
     def product(em: Emitter, x: str, weight: str, chosen: str, hint: str) -> str:

@@ -45,8 +45,8 @@ def without_branches(model) -> None:
     "Determining refit engines") on any ONNX `If` in these networks, even one whose branches are an Identity and a
     Neg of one activation; TensorRT itself takes the If (IIfConditional). (An ONNX Loop over the chosen experts dies
     the same way at the same step in a whole model, though the MoE's Loop cut out of it alone builds: tried
-    2026-11-30.) A `trt` export has no If: its mixtures run the pairs grouped by expert (export/trt.py's moe), on
-    llgraph's plugin or as the plugin's function body, which TensorRT-RTX builds."""
+    2026-11-30.) A `trt` export has no If: its mixtures run ExpertMatMul at every step (export/trt.py's moe), on
+    llgraph's plugin or as the plugin's function body, which TensorRT-RTX builds: a decode step reads its k experts."""
     from onnx import helper
 
     nodes = []

@@ -230,9 +230,9 @@ def _qmoe(node: Node, x, router, gate, up, down, *rest):
 
 
 @torch_impl("ExpertMatMul")
-def _expert_matmul(node: Node, x, weight, chosen, order=None, blocks=None, place=None):
+def _expert_matmul(node: Node, x, weight, chosen, order=None, blocks=None):
     """Every (token, slot) pair's row times its expert's matrix, one batched product over the gathered matrices
-    (order, blocks and place only say how a kernel groups the pairs: the result is chosen's)."""
+    (order and blocks only say how a kernel groups the pairs: the result is chosen's)."""
     tokens, k = chosen.shape
     rows = x.expand(tokens, k, x.shape[-1]).reshape(tokens * k, 1, -1)
     return (torch.bmm(rows, weight[chosen.reshape(-1)]).reshape(tokens, k, -1),)

@@ -234,7 +234,7 @@ def qmoe(ins, attrs):
 
 def expert_matmul(ins, attrs):
     x, weight, chosen, *schedule = ins
-    for name, v in zip(("order", "blocks", "place"), schedule):
+    for name, v in zip(("order", "blocks"), schedule):
         if v is not None:
             _require(v.dtype == "int64" and len(v.shape) == 1, f"{name} must be int64 and 1-D (the pairs grouped by "
                      f"expert, export/expert_schedule.py), got {v.dtype}{list(v.shape)}")

@@ -148,14 +148,15 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (
         "[experts, hidden, ffn/P, bytes], each expert's rows QLinear's super-blocks (format, down_format; P their "
         "weights a block, 256 or 32), w as "
         "ggml dequantizes them; router and the shared expert float, as MoE's"),
-    OpSchema("ExpertMatMul", ("x", "weight", "chosen", "order?", "blocks?", "place?"), ("out",), (),
+    OpSchema("ExpertMatMul", ("x", "weight", "chosen", "order?", "blocks?"), ("out",), (),
         shapes.expert_matmul,
         "out[t, i] = x[t, i] @ weight[chosen[t, i]] (x[t, 0] where x has one row a token): each token's rows "
         "through its chosen experts' matrices, ggml's mul_mat_id. x [tokens, 1 or k, in]; weight [experts, in, out], "
-        "as MatMul takes them; chosen [tokens, k] int64 -> [tokens, k, out]. order, blocks and place (int64, 1-D) "
-        "are the pairs grouped by expert in runs (export/expert_schedule.py: the `trt` lowering derives them from "
-        "chosen); the result is chosen's alone. What a MoE's gathered way lowers to (export/onnx_moe.py): "
-        "TensorRT's plugin reads each chosen expert's matrix once for all the rows that chose it"),
+        "as MatMul takes them; chosen [tokens, k] int64 -> [tokens, k, out]. order and blocks (int64, 1-D) are "
+        "the pairs grouped by expert in runs, as a kernel takes them (export/expert_schedule.py: the `trt` lowering "
+        "derives them from chosen); the result is chosen's alone. What a MoE's gathered way lowers to "
+        "(export/onnx_moe.py): TensorRT's plugin reads each chosen expert's matrix once for all the rows that chose "
+        "it"),
     OpSchema("GeGLU", ("gate", "up"), ("out",), (), shapes.swiglu, "gelu_tanh(gate) * up (Gemma's MLP)"),
     OpSchema("SoftCap", ("x",), ("out",), (Attr("cap", float),), shapes.softcap,
              "cap * tanh(x / cap) (Gemma 2's final logits)"),

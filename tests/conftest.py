@@ -41,8 +41,8 @@ def max_diff(a, b) -> float:
     return float(np.abs(_f64(a) - _f64(b)).max())
 
 
-def expert_schedule(chosen: np.ndarray, experts: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(order, blocks, place) for chosen [tokens, k] as the `trt` export computes them (export/expert_schedule.py's ONNX
+def expert_schedule(chosen: np.ndarray, experts: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, blocks) for chosen [tokens, k] as the `trt` export computes them (export/expert_schedule.py's ONNX
     nodes, checked by ONNX's checker and run by ONNX Runtime)."""
     import onnx
 

@@ -26,8 +26,7 @@ from llgraph.plugins.tensorrt import triton_kernels as kernels
 POINTER = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
 # the same in every model dtype
 FIXED_POINTERS = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slots_ptr": "*i64", "sinks_ptr": "*fp32",
-                  "chosen_ptr": "*i64", "order_ptr": "*i64", "blocks_ptr": "*i64",
-                  "place_ptr": "*i64"}
+                  "chosen_ptr": "*i64", "order_ptr": "*i64", "blocks_ptr": "*i64"}
 
 
 # the PTX ISA each module declares: CUDA 12.0's (8.0, what TensorRT 10.15+'s CUDA 12 drivers all read; the kernels

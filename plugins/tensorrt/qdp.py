@@ -27,7 +27,7 @@ from llgraph.plugins.tensorrt import spec
 TYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 # the same in every model dtype
 FIXED_TYPES = {"cos": "FP32", "sin": "FP32", "positions": "INT64", "slots": "INT64", "sinks": "FP32", "chosen": "INT64",
-               "order": "INT64", "blocks": "INT64", "place": "INT64"}
+               "order": "INT64", "blocks": "INT64"}
 _registered: set[int] = set()
 
 

@@ -169,7 +169,7 @@ def _same_row(slots_ptr, t, hi, seq, row, n_slots):
 
 
 @triton.jit
-def expert_matmul_kernel(x_ptr, w_ptr, chosen_ptr, order_ptr, blocks_ptr, place_ptr, rows, top_k, pairs, experts,
+def expert_matmul_kernel(x_ptr, w_ptr, chosen_ptr, order_ptr, blocks_ptr, rows, top_k, pairs, experts,
                          in_features, out_features, y_ptr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                          BLOCK_N: tl.constexpr):
     """ExpertMatMul on pairs grouped by expert (export/expert_schedule.py): one run of BLOCK_M pairs of one expert
@@ -177,8 +177,7 @@ def expert_matmul_kernel(x_ptr, w_ptr, chosen_ptr, order_ptr, blocks_ptr, place_
     x[t, 0] when x has one row a token) times the expert's [in, out] matrix, read in place once for all of them, as
     tl.dot tiles with float32 accumulation over the input features in order (IEEE products for float32 inputs, no
     TF32). A row's result does not depend on the rows beside it in its run; runs past the last (`blocks` = experts)
-    do nothing. `chosen` is the op's input the schedule was made from, `place` each pair's slot (what the function
-    body gathers by); the kernel reads `order` and `blocks` alone."""
+    do nothing. `chosen` is the op's input the schedule was made from; the kernel reads the schedule alone."""
     run = tl.program_id(0).to(tl.int64)
     expert = tl.load(blocks_ptr + run)
     if expert < experts:
@@ -280,14 +279,13 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
 
 
 def expert_matmul(x: torch.Tensor, weight: torch.Tensor, chosen: torch.Tensor, order: torch.Tensor,
-                  blocks: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
-    """x [tokens, 1 or k, in]; weight [experts, in, out]; chosen [tokens, k] int64; order, blocks, place: chosen's
+                  blocks: torch.Tensor) -> torch.Tensor:
+    """x [tokens, 1 or k, in]; weight [experts, in, out]; chosen [tokens, k] int64; order, blocks: chosen's
     pairs grouped by expert (export/expert_schedule.py) -> [tokens, k, out]."""
     x = x.contiguous()
     y = torch.empty(chosen.shape[0], chosen.shape[1], weight.shape[2], dtype=x.dtype, device=x.device)
     launch("ExpertMatMul", {"x": x, "weight": weight.contiguous(), "chosen": chosen.contiguous(),
-                            "order": order.contiguous(), "blocks": blocks.contiguous(),
-                            "place": place.contiguous()}, [y], {})
+                            "order": order.contiguous(), "blocks": blocks.contiguous()}, [y], {})
     return y
 
 

@@ -1,30 +1,28 @@
 """export/expert_schedule.py: the `trt` export's grouping of a routed step's pairs by expert (ONNX nodes, run by
 ONNX Runtime) against the grouping written out by hand, pair by pair: every expert's pairs in pair order, in runs of
-`rows` padded with P, each run labelled with its expert, each pair's place in the runs, and the bound's leftover runs
-empty: min(E, P) + floor(P / rows) runs, so a decode step's k pairs make k runs."""
+`rows` padded with P, each run labelled with its expert, and the bound's leftover runs empty: min(E, P) +
+floor(P / rows) runs, so a decode step's k pairs make k runs."""
 
 import numpy as np
 import pytest
 from conftest import expert_schedule
 
 
-def by_hand(chosen: np.ndarray, experts: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def by_hand(chosen: np.ndarray, experts: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     flat = chosen.reshape(-1)
     pairs = flat.size
     bound = min(experts, pairs) + pairs // rows
-    order, blocks, place = [], [], np.zeros(pairs, np.int64)
+    order, blocks = [], []
     for e in range(experts):
         mine = [p for p in range(pairs) if flat[p] == e]
         for start in range(0, len(mine), rows):
             run = mine[start:start + rows]
-            for i, p in enumerate(run):
-                place[p] = len(order) + i
             order += run + [pairs] * (rows - len(run))
             blocks.append(e)
     assert len(blocks) <= bound
     order += [pairs] * ((bound - len(blocks)) * rows)
     blocks += [experts] * (bound - len(blocks))
-    return np.array(order), np.array(blocks), place
+    return np.array(order), np.array(blocks)
 
 
 @pytest.mark.parametrize("tokens, experts, top_k, rows, skew", [
@@ -42,11 +40,10 @@ def test_the_schedule_groups_every_pair_once_by_expert(tokens, experts, top_k, r
                            for t in range(tokens)])
     else:
         chosen = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)])
-    order, blocks, place = expert_schedule(chosen, experts, rows)
-    want_order, want_blocks, want_place = by_hand(chosen, experts, rows)
+    order, blocks = expert_schedule(chosen, experts, rows)
+    want_order, want_blocks = by_hand(chosen, experts, rows)
     np.testing.assert_array_equal(blocks, want_blocks)
     np.testing.assert_array_equal(order, want_order)
-    np.testing.assert_array_equal(place, want_place)
     used = blocks < experts
     print(f"{tokens} tokens, {top_k} of {experts}: {used.sum()} runs of {rows} of the bound's {blocks.size}, "
           f"{(order < chosen.size).sum()} pairs placed")

@@ -204,9 +204,9 @@ cases = [("RMSNorm", dict(x=(1, 7, 4096)), dict(eps=1e-5, group=4096)),
          ("GroupedAttention", dict(q=(1, 7, 4096), past_key=(8, 8, 512, 128), slots=(7,)), dict(attn, window=4096)),
          ("GroupedAttention", dict(q=(1, 1, 4096), past_key=(1, 8, 512, 128), slots=(0,)), dict(attn, softcap=50.0)),
          ("ExpertMatMul", dict(x=(1, 1, 2048), weight=(128, 2048, 768), chosen=(1, 8), order=(8 * 32,),
-                               blocks=(8,), place=(8,)), {}),
+                               blocks=(8,)), {}),
          ("ExpertMatMul", dict(x=(512, 8, 768), weight=(128, 768, 2048), chosen=(512, 8), order=(256 * 32,),
-                               blocks=(256,), place=(4096,)), {})]
+                               blocks=(256,)), {})]
 for cc in [int(sys.argv[1])]:
     for dtype in ("float32", "float16", "bfloat16"):
         for op, shapes, attrs in cases:
