@@ -1,13 +1,12 @@
 """Target `trt`: ONNX for TensorRT with llgraph plugins, that ONNX Runtime runs too.
 
-RMSNorm, Rotary, GroupedAttention, SwiGLU and ExpertMatMul become plugin nodes (ExpertMatMul in the branch of a MoE's
-`If` that runs each token's experts, export/onnx_moe.py, which a plugin build takes for every step): `op_type` is the
-plugin name, the attributes are exactly the plugin's fields (plugins/tensorrt/spec.py, read from the op schemas) plus
-`plugin_namespace="llgraph"` and `plugin_version`. Each such op type also has a model-local ONNX function (domain
-`llgraph`) whose body is its reference decomposition in standard opset-24 ops, written against the node's attributes
-(`ref_attr_name`), never against one node's values. ONNX Runtime runs the bodies; TensorRT's parser (10.15+) gives a
-node that carries `plugin_namespace` to the registered plugin first. The remaining ops (Embedding, Linear, Split,
-RotaryCosSin, Add) are the `onnx` target's lowerings.
+RMSNorm, Rotary, GroupedAttention, SwiGLU and ExpertMatMul become plugin nodes (ExpertMatMul three a MoE layer, at every
+step: `moe` below, no If): `op_type` is the plugin name, the attributes are exactly the plugin's fields
+(plugins/tensorrt/spec.py, read from the op schemas) plus `plugin_namespace="llgraph"` and `plugin_version`. Each such
+op type also has a model-local ONNX function (domain `llgraph`) whose body is its reference decomposition in standard
+opset-24 ops, written against the node's attributes (`ref_attr_name`), never against one node's values. ONNX Runtime
+runs the bodies; TensorRT's parser (10.15+) gives a node that carries `plugin_namespace` to the registered plugin first.
+The remaining ops (Embedding, Linear, Split, RotaryCosSin, Add) are the `onnx` target's lowerings.
 
 Ragged rows by slot id (passes.ragged_slots): every GroupedAttention takes the graph input `slot_ids`, each token's
 cache row, so a step runs only the busy rows (runtime/backends/trt.py); its ONNX initializer is empty (an ONNX
@@ -170,8 +169,9 @@ def _expert_matmul(f: _Body) -> None:
     """Each expert some pair chose (U of them, in expert order) against every token: the U matrices gathered
     ([U, in, out]; a decode step's k, not every expert), each token's row for that expert gathered ([U, tokens, in]),
     one batched MatMul, and each pair's result taken from its (expert, token) cell. For a prefill U is every expert
-    and the work that of running every expert on every token, as the standard lowering's dense way (no tensor grows
-    with the pairs beyond [tokens, k, U]). Reads chosen alone: the grouping (order, blocks) is the kernel's."""
+    and the work that of running every expert on every token, as the standard lowering's dense way, with a copy of
+    the experts and of each token's row per expert beside it (not [pairs, in, out], as gathering a matrix per pair
+    would). Reads chosen alone: the grouping (order, blocks) is the kernel's."""
     chosen, k = f("Reshape", "chosen", f.ints(-1)), f("Shape", "chosen", start=1)
     tokens, width, out = f("Shape", "chosen", start=0, end=1), f("Shape", "x", start=2), f("Shape", "weight", start=2)
     experts = f("Range", f.scalar(0), f("Squeeze", f("Shape", "weight", start=0, end=1)), f.scalar(1))  # [E]

@@ -98,6 +98,22 @@ peer's (2 cores of an AMD EPYC with AVX-512 VNNI; the read probe beside each):
   elsewhere; 1.27 GB a token, half of it the 201,088-row head), ik_llama.cpp `-rtr 1 -fmoe 1` (25.4 / 34.6 GB/s): tg
   22.1 / 24.1, pp 89.8 / 165.7; over llama.cpp tg 1.47 / 0.91, pp 2.86 / 2.77; over ik_llama.cpp tg 2.36 / 1.48, pp
   1.63 / 1.55 (another 1-thread run: tg 19.7 against llama.cpp's 14.8, 1.33).
+- The three mixtures again, later on 2026-11-30 (`llgraph bench FILE -p 128 -n 32 --repeats 3 --threads T --peer
+  llama-bench=PATH --peer 'llama-bench=IK_PATH -rtr 1 -fmoe 1'`; ik_llama.cpp head 8337e4cd3 refuses the OLMoE
+  file, "failed to load model", so its rows have llama.cpp alone), 1 / 2 threads, tg32 and pp128 tok/s, bytes a
+  token llgraph / llama.cpp:
+  Qwen3-30B-A3B 12 layers (0.676 / 0.671 GB; probes 33.9 / 35.8 GB/s): tg 40.0 / 46.9, pp 131.6 / 241.8; over
+  llama.cpp tg 1.27 / 1.05, pp 1.86 / 1.79; over ik_llama.cpp tg 1.03 / 0.70, pp 0.98 / 0.97. gpt-oss-20b 8 layers
+  (1.271 / 1.268 GB; 32.9 / 33.0 GB/s): tg 21.3 / 23.8, pp 91.2 / 165.8; over llama.cpp tg 1.38 / 0.94, pp 2.90 /
+  2.69; over ik_llama.cpp (rebuilt since the row above) tg 1.02 / 0.75, pp 0.92 / 0.87. OLMoE-1B-7B (0.745 / 0.741
+  GB; 32.4 / 27.0 GB/s): tg 31.8 / 38.0, pp 81.5 / 137.5; over llama.cpp tg 1.14 / 0.92, pp 1.84 / 1.57 (a run
+  minutes before: tg 1.19 / 1.04, pp 1.84 / 1.60).
+  The 2-thread decode ratios are this host's, not the kernels': its 2-thread read speed moves between two levels
+  for minutes at a time (the same llgraph process decodes the Qwen3 file at 65 tok/s, or at 45-48, for all its
+  steps), and ik_llama.cpp run alone moved alike (46.9, 48.5, 46.8 tok/s in a row, against 65-67 inside the
+  benchmark above); with 6 repeats in turn, `--repeats 6 --threads 2 --peer 'llama-bench=IK_PATH -rtr 1 -fmoe 1'`,
+  both caught the fast level: tg 64.6 against 65.5 (0.99), pp64 222.5 against 246.1 (0.90). One thread, where the
+  memory is steady, shows the kernels: decode at or above ik_llama.cpp on all three.
 """
 
 from __future__ import annotations
