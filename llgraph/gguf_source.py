@@ -128,6 +128,10 @@ def gguf_reader(path: str | Path):
                           "damaged or not a GGUF; download it again, or check the path") from None
 
 
+# HF weights of one row ([1, n]), which a GGUF may store as [n]
+ROW_MATRICES = re.compile(r".*\.mlp\.shared_expert_gate\.weight")
+
+
 class GGUFSource(WeightSource):
     """A GGUF file, dequantized per tensor with the `gguf` package (F32, F16, Q4_0, Q4_1, Q8_0, K-quants, ...).
 
@@ -166,7 +170,10 @@ class GGUFSource(WeightSource):
         return list(self._tensors)
 
     def shape(self, name):
-        return tuple(int(d) for d in reversed(self._tensors[name].shape))  # ggml lists the fastest dim first
+        shape = tuple(int(d) for d in reversed(self._tensors[name].shape))  # ggml lists the fastest dim first
+        if len(shape) == 1 and ROW_MATRICES.fullmatch(name):  # llama.cpp writes [1, n] as [n] (ggml_n_dims drops
+            return (1, *shape)  # trailing dims of 1: llama-quantize's Qwen2-MoE files): the same one row
+        return shape
 
     def tensor_type(self, name) -> str:
         return self._tensors[name].tensor_type.name

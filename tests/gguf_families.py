@@ -7,7 +7,8 @@ sdist (float32, the vocabulary step skipped), both kept in tests/data/gguf_famil
     python tests/gguf_families.py --greedy FAMILY ...   # 16 greedy tokens from llama.cpp (llama-cpp-python) and
                                                         # llgraph on the same file, side by side
     python tests/gguf_families.py --greedy-quantized PATH/TO/llama.cpp FAMILY ...   # the same on a Q4_K_M file
-                              # made by llama.cpp's own quantizer from the family at K-quant-sized shapes (QUANTIZED)
+                              # made by llama.cpp's own quantizer from the family at K-quant-sized shapes (QUANTIZED);
+                              # where they part, both tokens' logits beside float64's (a near-tie or not)
                               # (FTYPE=38: MXFP4_MOE, gpt-oss's experts in MXFP4, as its published GGUFs)
     python tests/gguf_families.py --mxfp4 PATH/TO/llama.cpp   # tests/data/gguf_families/gpt_oss/mxfp4.gguf: the
                               # family (ffn 64, whole blocks of 32) through llama-quantize's MXFP4_MOE
@@ -40,6 +41,8 @@ QUANTIZED = {"qwen3_moe": {"hidden_size": 256, "intermediate_size": 512, "moe_in
                            "head_dim": 64, "num_experts": 8},
              "mixtral": {"hidden_size": 256, "intermediate_size": 256, "num_local_experts": 8},
              "olmoe": {"hidden_size": 256, "intermediate_size": 256, "num_experts": 8},
+             "qwen2_moe": {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256,
+                           "shared_expert_intermediate_size": 256, "num_experts": 8},
              "gpt_oss": {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64, "num_local_experts": 8}}
 STD = float(os.environ.get("STD", 0.3))
 
@@ -77,7 +80,10 @@ def with_vocabulary(src: Path, dst: Path, n: int = 97) -> Path:
     return dst
 
 
-def greedy(family: str | Path, prompt=(5, 17, 33, 8, 61, 42, 9, 11, 70), steps: int = 16) -> tuple[list, list]:
+PROMPT = (5, 17, 33, 8, 61, 42, 9, 11, 70)
+
+
+def greedy(family: str | Path, prompt=PROMPT, steps: int = 16) -> tuple[list, list]:
     """(llama.cpp's, llgraph's ort) greedy tokens after `prompt` on the family's GGUF (or the GGUF at a path)."""
     path = family if isinstance(family, Path) else DATA / family / "model.gguf"
     import tempfile
@@ -97,6 +103,38 @@ def greedy(family: str | Path, prompt=(5, 17, 33, 8, 61, 42, 9, 11, 70), steps: 
             llm.eval([theirs[-1]])
         runner = open_runner(str(path), "ort", max_seq_len=64, cache_dir=tmp)
         return theirs, runner.generate(list(prompt), steps, eos_token_ids=[]).token_ids
+
+
+def near_tie(path: Path, prompt, theirs: list, ours: list) -> str:
+    """At the first position where the two engines' greedy tokens part: both tokens' logits from llama.cpp, from
+    llgraph, and from float64 on gguf's dequantization of the same file (tests/reference.py's Stepper), and each
+    engine's largest logit error from float64 there — a near-tie when float64's gap is inside those errors."""
+    import tempfile
+
+    import numpy as np
+    import torch
+    from llama_cpp import Llama
+    from reference import Stepper
+
+    from llgraph.checkpoint import load_config
+    from llgraph.gguf_source import GGUFSource
+    from llgraph.runtime import open_runner
+    from llgraph.runtime.engine.packed import step_logits
+
+    i = next(j for j, (a, b) in enumerate(zip(theirs, ours)) if a != b)
+    context, (a, b) = list(prompt) + theirs[:i], (theirs[i], ours[i])
+    with tempfile.TemporaryDirectory() as tmp:
+        llm = Llama(str(with_vocabulary(path, Path(tmp) / "v.gguf")), n_ctx=64, verbose=False, logits_all=True)
+        llm.eval(context)
+        cpp = np.array(llm.scores[llm.n_tokens - 1], np.float64)
+        runner = open_runner(str(path), "ort", max_seq_len=64, cache_dir=tmp)
+        runner.backend.allocate(1)
+        mine = np.asarray(step_logits(runner.backend, context, 0)[-1], np.float64)
+    truth = Stepper(load_config(path), GGUFSource(path), dtype="float64").step(torch.tensor([context]))
+    f64 = truth["logits"][0, -1].numpy()
+    return (f"first parting at token {i}: float64 {a}: {f64[a]:.5f}, {b}: {f64[b]:.5f} (gap {f64[a] - f64[b]:+.5f}); "
+            f"llama.cpp {cpp[a] - cpp[b]:+.5f} (its max error {np.abs(cpp - f64).max():.5f}); llgraph "
+            f"{mine[a] - mine[b]:+.5f} (its max error {np.abs(mine - f64).max():.5f})")
 
 
 def quantized(family: str, source: Path, folder: Path, ftype: int = 15) -> Path:
@@ -150,6 +188,8 @@ elif __name__ == "__main__" and sys.argv[1] == "--greedy-quantized":
             verdict = "equal" if theirs == ours else "DIFFER"
             print(f"{family} {os.environ.get('FTYPE', 'Q4_K_M')} (experts {'/'.join(kinds)}): llama.cpp {theirs}\n"
                   f"{' ' * len(family)}                      llgraph   {ours}  {verdict}")
+            if theirs != ours:
+                print(f"{' ' * len(family)}  {near_tie(path, PROMPT, theirs, ours)}")
 elif __name__ == "__main__" and sys.argv[1] == "--greedy":
     for family in sys.argv[2:]:
         theirs, ours = greedy(family)

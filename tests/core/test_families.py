@@ -335,6 +335,41 @@ def test_llama_cpp_s_gguf_of_the_family_equals_transformers(family, backend, tmp
     report(f"llama.cpp's {family} GGUF on {backend} vs transformers", worst, TOL)
 
 
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_a_one_row_shared_expert_gate_stored_flat(backend, tmp_path, report):
+    """llama.cpp writes a [1, n] tensor as [n] wherever it writes tensors itself (ggml_n_dims drops trailing dims of
+    1): llama-quantize's Qwen2-MoE files store ffn_gate_inp_shexp so. The converter's file with that one tensor
+    re-stored flat reads as the same model: transformers' logits, prefill + 8 decode steps."""
+    from gguf_families import DATA
+    from reference import copying_fields
+    from transformers import AutoModelForCausalLM
+
+    from llgraph.gguf_source import gguf_reader
+
+    folder = DATA / "qwen2_moe"
+    source, flat = gguf_reader(folder / "model.gguf"), tmp_path / "flat.gguf"
+    w = copying_fields(source, flat)
+    for t in source.tensors:
+        data = np.array(t.data)
+        w.add_tensor(t.name, data.reshape(-1) if "ffn_gate_inp_shexp" in t.name else data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert [list(t.shape) for t in gguf_reader(flat).tensors if "inp_shexp" in t.name] == [[64], [64]]
+    model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), attn_implementation="eager").float().eval()
+    cfg = load_config(flat)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    want = hf_steps(model, ids, 8)
+    ours = Stepper(cfg, open_checkpoint(flat, cfg), batch=2, max_seq=64) if backend == "torch" else \
+        OrtStepper(export_model(flat, checkpoint=flat, out=tmp_path / "ort", max_seq_len=64), cfg, batch=2, max_seq=64)
+    worst = 0.0
+    for logits in want:
+        worst = max(worst, (ours.step(ids)["logits"] - logits).abs().max().item())
+        ids = logits[:, -1:].argmax(-1)
+    report(f"Qwen2-MoE GGUF, shared-expert gate stored [n], on {backend} vs transformers", worst, TOL)
+
+
 def test_phi3_s_fused_blocks_are_carried_as_stored(tmp_path, report):
     """A Q8_0 Phi-3 GGUF: its fused qkv and gate/up blocks are split by rows, not dequantized (every Linear a
     QLinear on the export), and the export equals the executor on gguf's own dequantization of the same file."""
