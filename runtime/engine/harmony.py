@@ -8,7 +8,10 @@ the reasoning (`reasoning_content`), the `final` channel (and a `commentary` mes
 The answer's text holds these marks because the tokenizer renders them (llgraph/gguf_tokenizer.py's HARMONY_TEXT,
 as llama.cpp does, <|end|> too; a text without <|end|> parses the same, a message running to the next <|start|>);
 the turn ends at <|return|> or <|call|>, which are end-of-generation tokens and not in the text.
-A template speaks harmony when it writes <|channel|> (`speaks`).
+A template speaks harmony when it writes <|channel|> (`speaks`). The server carries the reasoning as each API does:
+`reasoning_content` (chat completions), a thinking block (Anthropic's Messages API), a reasoning item (the Responses
+API); `llgraph chat` shows the final channel. A required or named `tool_choice` is not built for harmony yet: a 400
+says so (runtime/serve/ask.py).
 
     answer = parse(text)                     # Answer(reasoning, content, calls)
     reasoning, content = visible(text)       # streaming: what may be sent now (no half-written mark)

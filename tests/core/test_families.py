@@ -91,6 +91,16 @@ def hf_steps(model, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
     return out
 
 
+def worst_over_steps(ours, want: list[torch.Tensor], ids: torch.Tensor) -> float:
+    """The largest |logits - transformers' logits| over the steps of `want` (hf_steps), each step fed the token
+    transformers chose."""
+    worst = 0.0
+    for logits in want:
+        worst = max(worst, (ours.step(ids)["logits"] - logits).abs().max().item())
+        ids = logits[:, -1:].argmax(-1)
+    return worst
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
@@ -133,11 +143,7 @@ def test_family_equals_transformers(family, backend, tmp_path, report):
             nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
             assert sum((n.domain, n.op_type) == ("com.microsoft", "MoE") for n in nodes) == cfg.num_layers
         ours = OrtStepper(out, cfg, batch=2, max_seq=64)
-    worst = 0.0
-    for logits in want:
-        got = ours.step(ids)["logits"]
-        worst = max(worst, (got - logits).abs().max().item())
-        ids = logits[:, -1:].argmax(-1)
+    worst = worst_over_steps(ours, want, ids)
     report(f"{name} on {backend}: prefill + 8 decode steps vs transformers, logits", worst, TOL)
 
 
@@ -288,10 +294,7 @@ def test_gguf_of_the_family_equals_transformers(family, tmp_path, report):
     ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(3))
     want = hf_steps(model, ids, 8)
     out = export_model(tmp_path / "m.gguf", checkpoint=tmp_path / "m.gguf", out=tmp_path / "ort", max_seq_len=64)
-    ours, worst = OrtStepper(out, cfg, batch=2, max_seq=64), 0.0
-    for logits in want:
-        worst = max(worst, (ours.step(ids)["logits"] - logits).abs().max().item())
-        ids = logits[:, -1:].argmax(-1)
+    worst = worst_over_steps(OrtStepper(out, cfg, batch=2, max_seq=64), want, ids)
     report(f"{family} GGUF on ort vs transformers", worst, TOL)
     if cfg.head_dim != cfg.hidden_size // cfg.num_heads:
         return  # transformers' GGUF reader derives head_dim from the hidden size (it ignores key_length)
@@ -328,10 +331,7 @@ def test_llama_cpp_s_gguf_of_the_family_equals_transformers(family, backend, tmp
     else:
         ours = OrtStepper(export_model(gguf, checkpoint=gguf, out=tmp_path / "ort", max_seq_len=64), cfg, batch=2,
                           max_seq=64)
-    worst = 0.0
-    for logits in want:
-        worst = max(worst, (ours.step(ids)["logits"] - logits).abs().max().item())
-        ids = logits[:, -1:].argmax(-1)
+    worst = worst_over_steps(ours, want, ids)
     report(f"llama.cpp's {family} GGUF on {backend} vs transformers", worst, TOL)
 
 
@@ -352,10 +352,7 @@ def test_a_one_row_shared_expert_gate_stored_flat(backend, tmp_path, report):
     for t in source.tensors:
         data = np.array(t.data)
         w.add_tensor(t.name, data.reshape(-1) if "ffn_gate_inp_shexp" in t.name else data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
     assert [list(t.shape) for t in gguf_reader(flat).tensors if "inp_shexp" in t.name] == [[64], [64]]
     model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), attn_implementation="eager").float().eval()
     cfg = load_config(flat)
@@ -363,10 +360,7 @@ def test_a_one_row_shared_expert_gate_stored_flat(backend, tmp_path, report):
     want = hf_steps(model, ids, 8)
     ours = Stepper(cfg, open_checkpoint(flat, cfg), batch=2, max_seq=64) if backend == "torch" else \
         OrtStepper(export_model(flat, checkpoint=flat, out=tmp_path / "ort", max_seq_len=64), cfg, batch=2, max_seq=64)
-    worst = 0.0
-    for logits in want:
-        worst = max(worst, (ours.step(ids)["logits"] - logits).abs().max().item())
-        ids = logits[:, -1:].argmax(-1)
+    worst = worst_over_steps(ours, want, ids)
     report(f"Qwen2-MoE GGUF, shared-expert gate stored [n], on {backend} vs transformers", worst, TOL)
 
 
@@ -422,10 +416,7 @@ def test_a_moe_gguf_with_blocked_experts_runs_them_widened_and_says_so(tmp_path,
                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
     r = subprocess.run([sys.executable, "-m", "llgraph", "generate", str(path), "--tokens", "5,17,33",
                         "--max-new-tokens", "2"], capture_output=True, text=True)
     notes = [line for line in r.stderr.splitlines() if "widened to float32" in line]
